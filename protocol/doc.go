@@ -1,0 +1,14 @@
+// Package protocol reads and writes the parts of the Kafka wire protocol that
+// dedupproxy needs: size-prefixed frames, request and response headers,
+// a zero-allocation scan of Produce requests, and the rewriting of every
+// response that carries a broker address.
+//
+// It has no sockets, no metrics and no logging: callers hand it bytes and get
+// bytes or typed errors back. Bad input never panics; it yields an error
+// wrapping one of the package's sentinels.
+//
+// Everything that is not rewritten is relayed as raw bytes; only the APIs
+// listed in [Decoded] are ever decoded, and their versions are capped in
+// ApiVersions responses (see [CapAPIVersions]) to what kmsg can decode, so a
+// newer broker degrades gracefully instead of breaking clients.
+package protocol

@@ -1,0 +1,211 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+)
+
+// Config is the whole application configuration, read from YAML (see
+// config.example.yaml, which a test keeps in step with this struct) and
+// overridden by command-line flags. The zero value of each field means the
+// default documented on it; call [Config.EnsureDefaults] then
+// [Config.Validate].
+type Config struct {
+	// Upstream lists bootstrap brokers of the real cluster as host:port.
+	// Empty means the command starts an embedded in-memory cluster.
+	Upstream []string `yaml:"upstream"`
+
+	// Listen is the bootstrap listener's bind address. Default
+	// 127.0.0.1:9092. Broker node N is served on the same host at port
+	// (listen port + 1 + N) unless Nodes maps it. With port 0 every
+	// listener takes a free port (how tests run).
+	Listen string `yaml:"listen"`
+
+	// Advertise is the host:port clients are told for the bootstrap
+	// listener; node N is advertised at (advertise port + 1 + N). Empty
+	// means the address actually bound, which needs a concrete listen host.
+	// Set it behind NAT, in containers and behind port-forwards.
+	Advertise string `yaml:"advertise"`
+
+	// Nodes overrides the listen and advertised address of single broker
+	// nodes, by node id.
+	Nodes map[int32]NodeConfig `yaml:"nodes"`
+
+	// Admin is the HTTP address of /metrics, /healthz and /readyz. Default
+	// 127.0.0.1:9080, below the default broker port range. "off" disables it.
+	Admin string `yaml:"admin"`
+
+	// MaxFrameBytes caps one request or response frame. Default 100 MiB,
+	// Kafka's socket.request.max.bytes.
+	MaxFrameBytes int32 `yaml:"max_frame_bytes"`
+
+	// MaxInflight caps the requests of one client connection awaiting their
+	// response; when reached the proxy stops reading from that client
+	// (backpressure). Default 256.
+	MaxInflight int `yaml:"max_inflight"`
+
+	// DialTimeout bounds connecting to a broker. Default 10s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+
+	// IdleTimeout closes a client connection that sends nothing for this
+	// long, like Kafka's connections.max.idle.ms. Default 10m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+
+	// WriteTimeout bounds writing one frame to a client or a broker, so a
+	// client that stops reading cannot pin memory. Default 30s.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+
+	// DrainTimeout bounds how long shutdown, or a client that disconnected,
+	// waits for responses to requests already sent to a broker. Default 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string `yaml:"log_level"`
+}
+
+// NodeConfig pins the listener of one broker node.
+type NodeConfig struct {
+	// Listen is the bind address. Empty means the derived one.
+	Listen string `yaml:"listen"`
+	// Advertise is what clients are told. Empty means the derived one.
+	Advertise string `yaml:"advertise"`
+}
+
+// Defaults.
+const (
+	DefaultListen       = "127.0.0.1:9092"
+	DefaultAdmin        = "127.0.0.1:9080"
+	DefaultMaxInflight  = 256
+	DefaultDialTimeout  = 10 * time.Second
+	DefaultIdleTimeout  = 10 * time.Minute
+	DefaultWriteTimeout = 30 * time.Second
+	DefaultDrainTimeout = 30 * time.Second
+)
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("proxy: invalid config")
+
+// EnsureDefaults fills zero fields with their defaults.
+func (c *Config) EnsureDefaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.Admin == "" {
+		c.Admin = DefaultAdmin
+	}
+	if c.MaxFrameBytes == 0 {
+		c.MaxFrameBytes = protocol.DefaultMaxFrameSize
+	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = DefaultMaxInflight
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+}
+
+// Validate reports the first problem with the configuration.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	for _, u := range c.Upstream {
+		if _, _, err := splitHostPort(u); err != nil {
+			return bad("upstream %q: %v", u, err)
+		}
+	}
+	host, port, err := splitHostPort(c.Listen)
+	if err != nil {
+		return bad("listen %q: %v", c.Listen, err)
+	}
+	if c.Advertise == "" && unspecifiedHost(host) {
+		return bad("listen %q binds every interface: clients cannot connect to that address, so set advertise to the host:port they should use", c.Listen)
+	}
+	if c.Advertise != "" {
+		if _, aport, err := splitHostPort(c.Advertise); err != nil {
+			return bad("advertise %q: %v", c.Advertise, err)
+		} else if aport == 0 {
+			return bad("advertise %q: port 0 cannot be advertised", c.Advertise)
+		}
+	}
+	for id, n := range c.Nodes {
+		if id < 0 {
+			return bad("nodes: node id %d is negative", id)
+		}
+		if n.Listen != "" {
+			if _, _, err := splitHostPort(n.Listen); err != nil {
+				return bad("nodes[%d].listen %q: %v", id, n.Listen, err)
+			}
+		}
+		if n.Advertise != "" {
+			if _, _, err := splitHostPort(n.Advertise); err != nil {
+				return bad("nodes[%d].advertise %q: %v", id, n.Advertise, err)
+			}
+		}
+	}
+	if c.Admin != "off" {
+		ahost, aport, err := splitHostPort(c.Admin)
+		if err != nil {
+			return bad("admin %q: %v", c.Admin, err)
+		}
+		// The admin port must not fall in the broker range of the default
+		// derivation, or the first broker listener that lands on it fails.
+		if port != 0 && aport >= port && aport <= port+1024 && (ahost == host || unspecifiedHost(ahost) || unspecifiedHost(host)) {
+			return bad("admin port %d collides with the proxy's listener range %d..%d (listen port + 1 + node id)", aport, port, port+1024)
+		}
+	}
+	if c.MaxFrameBytes < 1024 {
+		return bad("max_frame_bytes %d is below 1024", c.MaxFrameBytes)
+	}
+	if c.MaxInflight < 1 {
+		return bad("max_inflight %d must be at least 1", c.MaxInflight)
+	}
+	for name, d := range map[string]time.Duration{"dial_timeout": c.DialTimeout, "idle_timeout": c.IdleTimeout, "write_timeout": c.WriteTimeout, "drain_timeout": c.DrainTimeout} {
+		if d < 0 {
+			return bad("%s %s is negative", name, d)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("log_level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	return nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", ps)
+	}
+	return host, port, nil
+}
+
+func unspecifiedHost(host string) bool {
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}

@@ -1,0 +1,193 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// newCluster starts a 3-broker kfake cluster on random loopback ports.
+func newCluster(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(3)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// syncBuffer is a goroutine-safe log sink that tests can search.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type testProxy struct {
+	*Server
+	reg  *prometheus.Registry
+	logs *syncBuffer
+}
+
+// startProxy runs a proxy on 127.0.0.1:0 in front of c. On cleanup it shuts
+// down and fails the test if any connection goroutine panicked.
+func startProxy(t testing.TB, c *kfake.Cluster, mod func(*Config)) *testProxy {
+	t.Helper()
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	cfg := Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Admin: "off", DrainTimeout: 10 * time.Second}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s := &Server{
+		Config:  cfg,
+		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Metrics: NewMetrics(reg),
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if n := testutil.ToFloat64(s.Metrics.Panics); n != 0 {
+			t.Errorf("%v panics recovered; logs:\n%s", n, logs.String())
+		}
+		if t.Failed() {
+			t.Logf("proxy logs:\n%s", logs.String())
+		}
+	})
+	return &testProxy{Server: s, reg: reg, logs: logs}
+}
+
+func (p *testProxy) addr() string { return p.Addr().String() }
+
+// rawConn is a hand-driven Kafka connection for crafted requests.
+type rawConn struct {
+	t    testing.TB
+	conn net.Conn
+	corr int32
+}
+
+func dialRaw(t testing.TB, addr string) *rawConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	return &rawConn{t: t, conn: c}
+}
+
+// send writes req and returns its correlation id.
+func (r *rawConn) send(req kmsg.Request) int32 {
+	r.t.Helper()
+	r.corr++
+	frame := kmsg.NewRequestFormatter(kmsg.FormatterClientID("raw")).AppendRequest(nil, req, r.corr)
+	if _, err := r.conn.Write(frame); err != nil {
+		r.t.Fatal(err)
+	}
+	return r.corr
+}
+
+// recv reads one response to req (sent with corr) and decodes it.
+func (r *rawConn) recv(req kmsg.Request, corr int32) kmsg.Response {
+	r.t.Helper()
+	body, err := readFrame(r.conn)
+	if err != nil {
+		r.t.Fatalf("read response to %s: %v", kmsg.NameForKey(req.Key()), err)
+	}
+	if got := int32(binary.BigEndian.Uint32(body)); got != corr {
+		r.t.Fatalf("correlation id %d, want %d", got, corr)
+	}
+	resp := req.ResponseKind()
+	off := 4
+	if resp.IsFlexible() && req.Key() != int16(kmsg.ApiVersions) {
+		off++ // empty header tag section
+	}
+	if err := resp.ReadFrom(body[off:]); err != nil {
+		r.t.Fatalf("decode %s: %v", kmsg.NameForKey(req.Key()), err)
+	}
+	return resp
+}
+
+func (r *rawConn) roundTrip(req kmsg.Request) kmsg.Response {
+	r.t.Helper()
+	return r.recv(req, r.send(req))
+}
+
+func readFrame(c io.Reader) ([]byte, error) {
+	var head [4]byte
+	if _, err := io.ReadFull(c, head[:]); err != nil {
+		return nil, err
+	}
+	body := make([]byte, binary.BigEndian.Uint32(head[:]))
+	_, err := io.ReadFull(c, body)
+	return body, err
+}
+
+// waitFor polls cond every few milliseconds, at most until timeout.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for i := 0; ; i++ {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s (%d checks) waiting for %s", timeout, i, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// realAddrs returns the set of the cluster's real broker addresses.
+func realAddrs(c *kfake.Cluster) map[string]bool {
+	m := map[string]bool{}
+	for _, a := range c.ListenAddrs() {
+		m[a] = true
+	}
+	return m
+}
+
+func addrString(host string, port int32) string {
+	return net.JoinHostPort(host, fmt.Sprint(port))
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}

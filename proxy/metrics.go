@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"runtime"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Version is the proxy's version, reported by dedupproxy_build_info.
+var Version = "dev"
+
+// Metrics are the proxy's Prometheus metrics. Every label takes its values
+// from a small closed set: never a producer id, topic, client id or address.
+type Metrics struct {
+	ClientConnectionsTotal prometheus.Counter
+	ClientConnections      prometheus.Gauge
+	ClientReadBytes        prometheus.Counter
+	ClientWrittenBytes     prometheus.Counter
+	BrokerReadBytes        prometheus.Counter
+	BrokerWrittenBytes     prometheus.Counter
+	Panics                 prometheus.Counter
+
+	requests        *prometheus.CounterVec
+	requestDuration *prometheus.HistogramVec
+	clientErrors    *prometheus.CounterVec
+	brokerErrors    *prometheus.CounterVec
+
+	// Per-API children are resolved once, on first use, so the hot path
+	// does no label lookups and only APIs actually seen get series.
+	apiMu sync.Mutex
+	apis  [kmsg.MaxKey + 1]*apiMetrics
+}
+
+type apiMetrics struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+// Closed label sets.
+const (
+	// broker_errors_total{reason}
+	brokerDial     = "dial"
+	brokerRead     = "read"
+	brokerWrite    = "write"
+	brokerProtocol = "protocol"
+	// client_errors_total{reason}
+	clientFrame   = "bad_frame"
+	clientHeader  = "bad_header"
+	clientTLS     = "tls"
+	clientHTTP    = "http"
+	clientIdle    = "idle_timeout"
+	clientWrite   = "write"
+	clientRequest = "bad_request"
+)
+
+// NewMetrics creates the metrics and registers them, with the Go and
+// process collectors, on reg. A nil reg registers nothing.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns = "dedupproxy"
+	m := &Metrics{
+		ClientConnectionsTotal: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "connections_total",
+			Help: "Client connections accepted."}),
+		ClientConnections: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: "client", Name: "connections",
+			Help: "Client connections open now."}),
+		ClientReadBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "read_bytes_total",
+			Help: "Bytes read from clients (requests)."}),
+		ClientWrittenBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "written_bytes_total",
+			Help: "Bytes written to clients (responses)."}),
+		BrokerReadBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "broker", Name: "read_bytes_total",
+			Help: "Bytes read from brokers (responses)."}),
+		BrokerWrittenBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "broker", Name: "written_bytes_total",
+			Help: "Bytes written to brokers (requests)."}),
+		Panics: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "panics_total",
+			Help: "Panics recovered in connection goroutines; each closed its connection."}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total",
+			Help: "Requests read from clients, by Kafka API."}, []string{"api"}),
+		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "request_duration_seconds",
+			Help:    "Time from reading a request to writing its response, by Kafka API.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"api"}),
+		clientErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "errors_total",
+			Help: "Client connections closed for an error, by reason."}, []string{"reason"}),
+		brokerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "broker", Name: "errors_total",
+			Help: "Broker (upstream) connection errors, by reason."}, []string{"reason"}),
+	}
+	for _, r := range []string{brokerDial, brokerRead, brokerWrite, brokerProtocol} {
+		m.brokerErrors.WithLabelValues(r)
+	}
+	for _, r := range []string{clientFrame, clientHeader, clientTLS, clientHTTP, clientIdle, clientWrite, clientRequest} {
+		m.clientErrors.WithLabelValues(r)
+	}
+	if reg != nil {
+		buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
+			Help:        "Always 1; labels carry the build.",
+			ConstLabels: prometheus.Labels{"version": Version, "goversion": runtime.Version()}})
+		buildInfo.Set(1)
+		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
+			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
+			m.clientErrors, m.brokerErrors, buildInfo,
+			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	return m
+}
+
+// api returns the resolved children for key, which the caller has checked
+// is a known API.
+func (m *Metrics) api(key int16) *apiMetrics {
+	m.apiMu.Lock()
+	defer m.apiMu.Unlock()
+	a := m.apis[key]
+	if a == nil {
+		name := kmsg.NameForKey(key)
+		a = &apiMetrics{requests: m.requests.WithLabelValues(name), duration: m.requestDuration.WithLabelValues(name)}
+		m.apis[key] = a
+	}
+	return a
+}
+
+// BrokerError counts one upstream error; reason is one of the closed set.
+func (m *Metrics) brokerError(reason string) { m.brokerErrors.WithLabelValues(reason).Inc() }
+
+func (m *Metrics) clientError(reason string) { m.clientErrors.WithLabelValues(reason).Inc() }

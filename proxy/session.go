@@ -1,0 +1,374 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// session is one client connection and its own upstream connection.
+//
+// Three goroutines, each a named loop so stacks read well:
+//   - readLoop reads client requests, queues a pending entry for each one that
+//     gets a response, and forwards the frame upstream as it came;
+//   - upstreamLoop reads broker responses in request order, rewrites broker
+//     addresses, and hands each to its pending entry;
+//   - writeLoop writes responses to the client strictly in request order.
+//
+// inflight holds every request that gets a response, in order, and is bounded
+// by MaxInflight: when it is full readLoop blocks, which is the backpressure.
+// toUpstream is the subset that awaits a broker response (all of them until
+// the proxy answers some requests itself).
+type session struct {
+	s        *Server
+	id       uint64
+	client   net.Conn
+	upstream net.Conn
+	log      *slog.Logger
+
+	inflight   chan *pending
+	toUpstream chan *pending
+
+	stopping  atomic.Bool // Shutdown: stop reading, drain, close
+	closeOnce sync.Once
+}
+
+// pending is one request awaiting its response.
+type pending struct {
+	key, version int16
+	corrID       int32
+	start        time.Time
+	api          *apiMetrics
+	ready        chan struct{} // receives once when resp or failed is set
+	resp         *[]byte       // the whole response frame, from framePool
+	failed       bool          // no response will come; the connection closes
+}
+
+var pendingPool = sync.Pool{New: func() any { return &pending{ready: make(chan struct{}, 1)} }}
+
+// framePool recycles response frame buffers. Buffers that grew beyond
+// maxPooledFrame are dropped so one huge Fetch does not pin memory.
+var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+const maxPooledFrame = 1 << 20
+
+func putFrame(b *[]byte) {
+	if b != nil && cap(*b) <= maxPooledFrame {
+		framePool.Put(b)
+	}
+}
+
+func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
+	return &session{
+		s: s, id: id, client: client, upstream: upstream, log: log,
+		inflight:   make(chan *pending, s.Config.MaxInflight),
+		toUpstream: make(chan *pending, s.Config.MaxInflight),
+	}
+}
+
+func (c *session) run() {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.upstreamLoop() }()
+	go func() { defer wg.Done(); c.writeLoop() }()
+	c.readLoop()
+	wg.Wait()
+	c.closeAll()
+}
+
+// stopReading makes readLoop end at its next read; what was already
+// forwarded still gets its response.
+func (c *session) stopReading() {
+	c.stopping.Store(true)
+	c.client.SetReadDeadline(time.Now())
+}
+
+func (c *session) closeAll() {
+	c.closeOnce.Do(func() {
+		c.client.Close()
+		c.upstream.Close()
+	})
+}
+
+// recoverPanic keeps a panic inside one connection: log it with the stack,
+// count it and close the connection (like net/http's conn.serve).
+func (c *session) recoverPanic(where string) {
+	if r := recover(); r != nil {
+		c.s.Metrics.Panics.Inc()
+		c.log.Error("panic in connection; closing it", "loop", where, "panic", r, "stack", string(debug.Stack()))
+		c.closeAll()
+	}
+}
+
+func (c *session) readLoop() {
+	defer func() {
+		// No more requests: let upstreamLoop drain what was forwarded, but
+		// not forever. A client that disconnected never abandons its
+		// in-flight requests (DESIGN.md §1).
+		c.upstream.SetReadDeadline(time.Now().Add(c.s.Config.DrainTimeout))
+		close(c.toUpstream)
+		close(c.inflight)
+	}()
+	defer c.recoverPanic("read")
+
+	cfg := &c.s.Config
+	m := c.s.Metrics
+	buf := make([]byte, 4096)
+	for {
+		if cfg.IdleTimeout > 0 {
+			c.client.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
+		}
+		if c.stopping.Load() { // after the deadline, so Shutdown's wins (see stopReading)
+			return
+		}
+		body, nbuf, err := protocol.ReadFrame(c.client, buf, cfg.MaxFrameBytes, protocol.RequestMinSize)
+		buf = nbuf
+		if err != nil {
+			c.readFailed(err)
+			return
+		}
+		start := time.Now()
+		frame := buf[:4+len(body)]
+		m.ClientReadBytes.Add(float64(len(frame)))
+		h, err := protocol.ParseRequestHeader(body)
+		if err != nil {
+			m.clientError(clientHeader)
+			c.log.Warn("closing client connection: bad request header", "err", err)
+			return
+		}
+		api := m.api(h.APIKey)
+		api.requests.Inc()
+		respond := true
+		if h.APIKey == int16(kmsg.Produce) {
+			acks, err := protocol.ProduceAcks(body, h)
+			if err != nil {
+				m.clientError(clientRequest)
+				c.log.Warn("closing client connection: bad produce request", "api_version", h.APIVersion, "err", err)
+				return
+			}
+			// acks=0: the broker sends nothing back, so nothing is queued.
+			respond = acks != 0
+		}
+		if respond {
+			p := pendingPool.Get().(*pending)
+			p.key, p.version, p.corrID, p.start, p.api = h.APIKey, h.APIVersion, h.CorrelationID, start, api
+			c.inflight <- p // blocks at MaxInflight: backpressure
+			c.toUpstream <- p
+		}
+		if cfg.WriteTimeout > 0 {
+			c.upstream.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
+		}
+		if _, err := c.upstream.Write(frame); err != nil {
+			m.brokerError(brokerWrite)
+			c.log.Warn("closing connection: write to broker failed", "err", err)
+			c.upstream.Close() // upstreamLoop fails what is queued
+			return
+		}
+		m.BrokerWrittenBytes.Add(float64(len(frame)))
+		if cap(buf) > maxPooledFrame { // one large request does not pin memory for the connection's life
+			buf = make([]byte, 4096)
+		}
+	}
+}
+
+func (c *session) readFailed(err error) {
+	m := c.s.Metrics
+	switch {
+	case c.stopping.Load():
+		c.log.Debug("stopped reading for shutdown")
+	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+		c.log.Debug("client closed connection")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		m.clientError(clientIdle)
+		c.log.Info("closing idle client connection", "idle_timeout", c.s.Config.IdleTimeout)
+	case errors.Is(err, protocol.ErrLooksLikeTLS):
+		m.clientError(clientTLS)
+		c.log.Warn("closing client connection: it speaks TLS; this listener is plaintext", "err", err)
+	case errors.Is(err, protocol.ErrLooksLikeHTTP):
+		m.clientError(clientHTTP)
+		c.log.Warn("closing client connection: it speaks HTTP, not the Kafka protocol", "err", err)
+	case errors.Is(err, protocol.ErrFrameTooLarge), errors.Is(err, protocol.ErrFrameSize):
+		m.clientError(clientFrame)
+		c.log.Warn("closing client connection: bad frame", "err", err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		m.clientError(clientFrame)
+		c.log.Warn("closing client connection: truncated frame", "err", err)
+	default:
+		c.log.Info("client connection read failed", "err", err)
+	}
+}
+
+func (c *session) upstreamLoop() {
+	failed := false
+	defer func() {
+		c.upstream.Close()
+		for p := range c.toUpstream { // fail whatever is still queued
+			c.fail(p)
+		}
+	}()
+	defer func() {
+		if r := recover(); r != nil {
+			c.s.Metrics.Panics.Inc()
+			c.log.Error("panic in connection; closing it", "loop", "upstream", "panic", r, "stack", string(debug.Stack()))
+			c.closeAll()
+		}
+	}()
+	cfg := &c.s.Config
+	m := c.s.Metrics
+	for p := range c.toUpstream {
+		if failed {
+			c.fail(p)
+			continue
+		}
+		bp := framePool.Get().(*[]byte)
+		body, nbuf, err := protocol.ReadFrame(c.upstream, *bp, cfg.MaxFrameBytes, protocol.ResponseMinSize)
+		*bp = nbuf[:4+len(body)] // the frame with its size prefix
+		if err == nil && protocol.ResponseCorrelationID(body) != p.corrID {
+			err = errCorrelation
+		}
+		if err == nil {
+			m.BrokerReadBytes.Add(float64(4 + len(body)))
+			err = c.rewrite(p, bp, body)
+		}
+		if err != nil {
+			putFrame(bp)
+			failed = true
+			c.upstreamFailed(err, p)
+			c.fail(p)
+			// The client must not wait for responses that cannot come.
+			c.closeAll()
+			continue
+		}
+		p.resp = bp
+		p.ready <- struct{}{}
+	}
+}
+
+var errCorrelation = errors.New("broker response out of order (correlation id mismatch)")
+
+func (c *session) upstreamFailed(err error, p *pending) {
+	m := c.s.Metrics
+	switch {
+	case errors.Is(err, errCorrelation), errors.Is(err, protocol.ErrMalformedResponse), errors.Is(err, protocol.ErrFrameTooLarge), errors.Is(err, protocol.ErrFrameSize):
+		m.brokerError(brokerProtocol)
+		c.log.Error("closing connection: bad broker response", "api", kmsg.NameForKey(p.key), "api_version", p.version, "err", err)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		m.brokerError(brokerRead)
+		c.log.Warn("gave up waiting for broker responses after the client left", "drain_timeout", c.s.Config.DrainTimeout)
+	default:
+		m.brokerError(brokerRead)
+		c.log.Warn("closing connection: broker connection failed", "api", kmsg.NameForKey(p.key), "err", err)
+	}
+}
+
+// rewrite replaces the broker addresses in a response, or caps the versions
+// of an ApiVersions response, in place in *bp. Most responses pass through
+// untouched.
+func (c *session) rewrite(p *pending, bp *[]byte, body []byte) error {
+	var (
+		out     []byte
+		changed bool
+		err     error
+	)
+	if p.key == int16(kmsg.ApiVersions) {
+		off, herr := protocol.ResponseBodyOffset(body, p.key, p.version)
+		if herr != nil {
+			return herr
+		}
+		out, changed, err = protocol.CapAPIVersions(nil, p.version, body[off:])
+		if changed {
+			*bp = spliceBody(*bp, off, out)
+		}
+		return err
+	}
+	if !protocol.RewritesAddresses(p.key, p.version) {
+		return nil
+	}
+	off, err := protocol.ResponseBodyOffset(body, p.key, p.version)
+	if err != nil {
+		return err
+	}
+	out, changed, err = protocol.RewriteAddresses(nil, p.key, p.version, body[off:], &c.s.nodes)
+	if err != nil {
+		return err
+	}
+	if changed {
+		*bp = spliceBody(*bp, off, out)
+	}
+	return nil
+}
+
+// spliceBody replaces the body of the response frame in buf (size prefix,
+// header of hdrLen bytes, body) with newBody and fixes the size prefix.
+func spliceBody(buf []byte, hdrLen int, newBody []byte) []byte {
+	buf = append(buf[:4+hdrLen], newBody...)
+	size := uint32(len(buf) - 4)
+	buf[0], buf[1], buf[2], buf[3] = byte(size>>24), byte(size>>16), byte(size>>8), byte(size)
+	return buf
+}
+
+func (c *session) fail(p *pending) {
+	p.failed = true
+	p.ready <- struct{}{}
+}
+
+func (c *session) writeLoop() {
+	dead := false
+	defer func() {
+		for p := range c.inflight { // keep the queue moving so readLoop never blocks
+			<-p.ready
+			c.release(p)
+		}
+	}()
+	defer func() {
+		if r := recover(); r != nil {
+			c.s.Metrics.Panics.Inc()
+			c.log.Error("panic in connection; closing it", "loop", "write", "panic", r, "stack", string(debug.Stack()))
+			c.closeAll()
+		}
+	}()
+	cfg := &c.s.Config
+	m := c.s.Metrics
+	for p := range c.inflight {
+		<-p.ready
+		if p.failed && !dead {
+			dead = true
+			c.closeAll()
+		}
+		if !dead {
+			frame := *p.resp
+			if cfg.WriteTimeout > 0 {
+				c.client.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
+			}
+			if _, err := c.client.Write(frame); err != nil {
+				dead = true
+				if !c.stopping.Load() {
+					m.clientError(clientWrite)
+					c.log.Info("client write failed; draining broker responses", "err", err)
+				}
+				// readLoop ends on the closed socket; upstreamLoop keeps
+				// reading what was forwarded until drained.
+				c.client.Close()
+			} else {
+				m.ClientWrittenBytes.Add(float64(len(frame)))
+				p.api.duration.Observe(time.Since(p.start).Seconds())
+			}
+		}
+		c.release(p)
+	}
+}
+
+func (c *session) release(p *pending) {
+	putFrame(p.resp)
+	*p = pending{ready: p.ready}
+	pendingPool.Put(p)
+}
