@@ -1,0 +1,98 @@
+package seqstate
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"runtime"
+	"time"
+)
+
+// ErrInvalidConfig is returned, wrapped with the reason, by Config.Validate and
+// New.
+var ErrInvalidConfig = errors.New("seqstate: invalid config")
+
+const (
+	// DefaultMaxEntries bounds the table when Config.MaxEntries is zero. At
+	// about 300 bytes per entry (see BenchmarkTableMemory) it is ~80 MB full.
+	DefaultMaxEntries = 1 << 18
+	// DefaultRetainedBatches is Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN.
+	DefaultRetainedBatches = 5
+	// MaxRetainedBatches bounds Config.RetainedBatches: the window lives in
+	// a fixed-stride slab of 32-byte slots and its indexes are bytes.
+	MaxRetainedBatches = 16
+	// DefaultProducerIDExpiration is Kafka's producer.id.expiration.ms
+	// default, 86400000 (KIP-854).
+	DefaultProducerIDExpiration = 24 * time.Hour
+	// DefaultMaxFencedProducers bounds the per-producer epoch floors kept by
+	// Table.ObserveInitProducerID when Config.MaxFencedProducers is zero.
+	DefaultMaxFencedProducers = 1 << 14
+)
+
+// Config configures a Table. The zero value means all defaults.
+type Config struct {
+	// MaxEntries caps the number of (producer, topic, partition) entries.
+	// Each shard holds MaxEntries/Shards (rounded up) and evicts its least
+	// recently used entry when full; an evicted producer is unknown, which
+	// Kafka accepts with any sequence. Zero means DefaultMaxEntries.
+	MaxEntries int
+	// Shards is the number of independently locked shards, a power of two.
+	// Zero means 4*GOMAXPROCS rounded up to a power of two: pebble's rule of
+	// thumb, enough shards that two busy goroutines rarely pick the same lock,
+	// and a power of two so picking one is a multiply and a shift.
+	Shards int
+	// RetainedBatches is the number of batches kept per entry, the dedup
+	// window, 1..MaxRetainedBatches. Zero means DefaultRetainedBatches (5, as
+	// Kafka); more detects older retries than Kafka does.
+	RetainedBatches int
+	// ProducerIDExpiration is how long an entry with no state change lives,
+	// like producer.id.expiration.ms. Zero means DefaultProducerIDExpiration.
+	ProducerIDExpiration time.Duration
+	// MaxFencedProducers caps the producers whose InitProducerId epoch is
+	// remembered (Table.ObserveInitProducerID). Zero means
+	// DefaultMaxFencedProducers.
+	MaxFencedProducers int
+}
+
+// EnsureDefaults replaces zero fields with their defaults.
+func (c *Config) EnsureDefaults() {
+	if c.MaxEntries == 0 {
+		c.MaxEntries = DefaultMaxEntries
+	}
+	if c.Shards == 0 {
+		c.Shards = 1 << bits.Len(uint(4*runtime.GOMAXPROCS(0)-1))
+		for c.Shards > 1 && c.Shards > c.MaxEntries {
+			c.Shards /= 2
+		}
+	}
+	if c.RetainedBatches == 0 {
+		c.RetainedBatches = DefaultRetainedBatches
+	}
+	if c.ProducerIDExpiration == 0 {
+		c.ProducerIDExpiration = DefaultProducerIDExpiration
+	}
+	if c.MaxFencedProducers == 0 {
+		c.MaxFencedProducers = DefaultMaxFencedProducers
+	}
+}
+
+// Validate reports the first invalid field, wrapping ErrInvalidConfig. Call it
+// after EnsureDefaults.
+func (c *Config) Validate() error {
+	switch {
+	case c.MaxEntries < 1 || c.MaxEntries > math.MaxInt32:
+		return fmt.Errorf("%w: MaxEntries %d not in [1, 2^31-1]", ErrInvalidConfig, c.MaxEntries)
+	case c.Shards < 1 || c.Shards&(c.Shards-1) != 0:
+		return fmt.Errorf("%w: Shards %d is not a positive power of two", ErrInvalidConfig, c.Shards)
+	case c.Shards > c.MaxEntries:
+		return fmt.Errorf("%w: Shards %d > MaxEntries %d", ErrInvalidConfig, c.Shards, c.MaxEntries)
+	case c.RetainedBatches < 1 || c.RetainedBatches > MaxRetainedBatches:
+		return fmt.Errorf("%w: RetainedBatches %d not in [1, %d]", ErrInvalidConfig, c.RetainedBatches, MaxRetainedBatches)
+	case c.ProducerIDExpiration <= 0:
+		return fmt.Errorf("%w: ProducerIDExpiration %v <= 0", ErrInvalidConfig, c.ProducerIDExpiration)
+	case c.MaxFencedProducers < 1:
+		return fmt.Errorf("%w: MaxFencedProducers %d < 1", ErrInvalidConfig, c.MaxFencedProducers)
+	}
+	return nil
+}

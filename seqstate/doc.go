@@ -1,0 +1,107 @@
+// Package seqstate decides, for each idempotent Produce batch, what a Kafka
+// partition leader would decide: accept it, answer it as a duplicate with the
+// original offsets, or reject it as out of order or fenced. The rules, and the
+// Kafka source each comes from, are in reference/kafka-idempotence.md
+// (sections 1–4 and 6); comments cite the Kafka function beside each rule.
+//
+// # Contract
+//
+//   - Deterministic: the same calls in the same order give the same results.
+//   - No I/O and no clock: time is an argument (now), never time.Now.
+//   - Imports only the standard library and golang-lru/v2's simplelru; no
+//     prometheus, slog or net (lint_test.go enforces this). Counters are plain
+//     getters for the proxy to wrap in GaugeFunc/CounterFunc.
+//   - No allocation for a known key: Check, Decide, Commit and Release of a
+//     producer-partition the table holds allocate nothing, nor does interning
+//     a known topic. The first batch of a new key allocates its LRU element.
+//
+// # Layout
+//
+// The decision core (entry.go) works on one entry's memory: no locks, no
+// clock, no allocation. An entry is the epoch plus a ring of the last
+// RetainedBatches batches (5, Kafka's NUM_BATCHES_TO_RETAIN), each with its
+// sequence range, original base offset and max timestamp, records
+// fingerprint, and a pending flag. Table (table.go) shards entries by producer
+// id; each shard is a simplelru under its own mutex that maps a Key to an index
+// into pointer-free slabs. It bounds the entry count, expires idle entries and
+// counts both.
+//
+// # State
+//
+// The state is per (producer id, topic, partition), as in Kafka
+// (ProducerStateManager is per partition). A key with no entry — never seen,
+// evicted, expired or forgotten — is unknown, and Kafka ≥ 2.5 accepts an
+// unknown producer with any sequence, so bounding memory can never make the
+// proxy reject what the broker would accept. It only costs dedup.
+//
+// Accepted batches are pending until the upstream confirms them: they are the
+// tail the next batch must follow (clients pipeline up to 5), and an identical
+// batch meanwhile is InFlight, never forwarded twice. Duplicates are found
+// among committed batches only, as Kafka checks its committed state.
+//
+// # Commit and Release
+//
+// Commit marks a pending batch committed with its offsets. A batch the table
+// does not hold as pending is applied as the broker applied it (the broker
+// appended it, so its state changed): a lower epoch than the entry's is
+// ignored, a higher epoch restarts the window, the same epoch is appended if
+// it follows the tail, an unknown key gets a new entry; otherwise the entry is
+// forgotten.
+//
+// Release drops a pending batch the broker did not append and every batch
+// registered after it; the next expected sequence falls back to the batch
+// before it. The later pending batches will be rejected by the broker as out
+// of order (their predecessor is missing), so dropping them keeps the table
+// where the broker is; their own Release is a no-op. If that leaves no batch,
+// or if a committed batch followed the released one, the entry is forgotten:
+// the table no longer knows the broker's state, and unknown is always safe.
+//
+// # Fingerprints
+//
+// Kafka matches duplicates on (epoch, first sequence, last sequence) only.
+// kafkajs reuses sequences for different records after a failed send, so the
+// table also compares a caller-supplied records fingerprint: a match with a
+// different fingerprint is SequenceReuse, which the proxy answers with
+// OUT_OF_ORDER_SEQUENCE_NUMBER rather than a success that would lose records.
+// Fingerprint 0 means unknown and is never compared.
+//
+// # Where the table differs from a broker
+//
+//   - Expiry uses the proxy's clock at the last state change (now passed to
+//     Check or Commit), not the batch's maxTimestamp, which on CreateTime
+//     topics is client-supplied (§6.1). A caller that wants Kafka's rule can
+//     pass the batch's maxTimestamp as now to Commit.
+//   - Pending batches occupy window slots, so while k batches are in flight
+//     only the last RetainedBatches-k committed ones are duplicates. Every
+//     batch a client may retry is unacknowledged, and clients keep at most 5
+//     of those per partition, so RetainedBatches ≥ 5 loses none of them.
+//   - SequenceReuse and ObserveInitProducerID are deliberate, documented
+//     differences (see Decision and Table.ObserveInitProducerID).
+//   - The table knows only what passed through it: after a proxy restart a
+//     producer is unknown, where the broker still has its last batch.
+//
+// # Usage
+//
+//	t, err := seqstate.New(seqstate.Config{}) // defaults: 5 batches, 24h expiry
+//	if err != nil { ... }
+//	k := seqstate.Key{ProducerID: pid, Topic: t.TopicBytes(name), Partition: p}
+//	b := seqstate.Batch{Epoch: epoch, FirstSeq: baseSeq, Count: lastOffsetDelta + 1, Fingerprint: fp}
+//	switch r := t.Check(k, b, now); r.Decision {
+//	case seqstate.Accept:
+//		// forward; on the response:
+//		//   appended (error 0, 7 or 20): t.Commit(k, b, baseOffset, maxTimestamp, now)
+//		//   otherwise:                   t.Release(k, b)
+//	case seqstate.Duplicate:
+//		// answer error 0, base_offset r.BaseOffset, log_append_time_ms r.MaxTimestamp
+//	case seqstate.InFlight:
+//		// wait for the pending original's outcome and answer with it
+//	case seqstate.OutOfOrder, seqstate.SequenceReuse:
+//		// answer OUT_OF_ORDER_SEQUENCE_NUMBER (45)
+//	case seqstate.Fenced:
+//		// answer INVALID_PRODUCER_EPOCH (47)
+//	case seqstate.Invalid:
+//		// answer INVALID_RECORD (87)
+//	}
+//	// periodically, e.g. every producer.id.expiration.check.interval.ms (10 min):
+//	t.Expire(now)
+package seqstate
