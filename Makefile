@@ -1,0 +1,26 @@
+.PHONY: run test race fuzz bench lint
+
+run:
+	go run ./cmd/dedupproxy
+
+test:
+	go test ./...
+
+race:
+	go test -race ./...
+
+# Each fuzz target for a short while; the committed corpus runs in `make test`.
+FUZZTIME ?= 30s
+fuzz:
+	go test -run x -fuzz '^FuzzRewriteMetadata$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzRewriteResponse$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzRequestHeader$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzTableVsModel$$' -fuzztime $(FUZZTIME) ./seqstate
+
+bench:
+	go test -run x -bench . -benchmem ./...
+
+lint:
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
+	go vet ./...
