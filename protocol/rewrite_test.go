@@ -609,9 +609,9 @@ func TestRewriteAgreesWithKmsgOnTruncation(t *testing.T) {
 					_, _, err := RewriteAddresses(nil, tc.key.Int16(), v, prefix, m)
 					r := kmsg.ResponseForKey(tc.key.Int16())
 					r.SetVersion(v)
-					kerr := r.ReadFrom(prefix)
-					if (err == nil) != (kerr == nil) {
-						t.Fatalf("prefix %d/%d: rewrite err %v, kmsg err %v", n, len(body), err, kerr)
+					derr := r.ReadFrom(prefix)
+					if (err == nil) != (derr == nil) {
+						t.Fatalf("prefix %d/%d: rewrite err %v, kmsg err %v", n, len(body), err, derr)
 					}
 					if err != nil {
 						if !errors.Is(err, ErrMalformedResponse) {
