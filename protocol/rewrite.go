@@ -113,8 +113,9 @@ func RewritesAddresses(key, version int16) bool {
 // kmsg would not decode yields an error wrapping [ErrMalformedResponse], and no
 // MapBroker call is made. dst must not overlap body.
 //
-// Produce and Fetch responses without NodeEndpoints, the common case, cost a
-// walk over the body and zero allocations.
+// Produce, Fetch and ShareFetch responses without NodeEndpoints, the common
+// case, cost one walk over the body (records are skipped by length, not
+// read) and zero allocations.
 func RewriteAddresses(dst []byte, key, version int16, body []byte, m AddrMapper) (out []byte, changed bool, err error) {
 	if !RewritesAddresses(key, version) {
 		return body, false, nil
