@@ -389,13 +389,13 @@ func (t *Table) dumpAll(tb testing.TB) string {
 // retries, with epoch bumps, random sequences, commits and releases in any
 // order, InitProducerId, clock jumps and sweeps.
 type driver struct {
-	tb    testing.TB
-	next  func() (byte, bool)
-	t     *Table
-	m     *model
-	now   int64
-	ops   int
-	sent  map[Key]*client
+	tb        testing.TB
+	next      func() (byte, bool)
+	t         *Table
+	m         *model
+	now       int64
+	ops       int
+	sent      map[Key]*client
 	decisions map[Decision]int
 }
 

@@ -1,0 +1,321 @@
+package seqstate
+
+import (
+	"errors"
+	"go/parser"
+	"go/token"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestDecisionString(t *testing.T) {
+	t.Parallel()
+	want := map[Decision]string{
+		Accept: "accept", Duplicate: "duplicate", InFlight: "in_flight", OutOfOrder: "out_of_order",
+		Fenced: "fenced", SequenceReuse: "sequence_reuse", Invalid: "invalid", 0: "Decision(0)", 99: "Decision(99)",
+	}
+	for d, s := range want {
+		if got := d.String(); got != s {
+			t.Errorf("Decision(%d).String() = %q, want %q", d, got, s)
+		}
+	}
+}
+
+// TestSequenceArithmetic pins DefaultRecordBatch.incrementSequence and
+// ProducerAppendInfo.inSequence at the Integer.MAX_VALUE wrap.
+func TestSequenceArithmetic(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		b    Batch
+		last int32
+	}{
+		{Batch{FirstSeq: 0, Count: 1}, 0},
+		{Batch{FirstSeq: 0, Count: 5}, 4},
+		{Batch{FirstSeq: math.MaxInt32, Count: 1}, math.MaxInt32},
+		{Batch{FirstSeq: math.MaxInt32, Count: 2}, 0},
+		{Batch{FirstSeq: math.MaxInt32 - 1, Count: 4}, 1},
+		{Batch{FirstSeq: 1, Count: math.MaxInt32}, math.MaxInt32},
+		{Batch{FirstSeq: 2, Count: math.MaxInt32}, 0},
+	}
+	for _, c := range cases {
+		if got := c.b.LastSeq(); got != c.last {
+			t.Errorf("%+v.LastSeq() = %d, want %d", c.b, got, c.last)
+		}
+	}
+	if !inSequence(math.MaxInt32, 0) || !inSequence(-1, 0) || !inSequence(4, 5) {
+		t.Error("inSequence rejects a valid successor")
+	}
+	if inSequence(math.MaxInt32, 1) || inSequence(4, 4) || inSequence(4, 6) || inSequence(-1, 1) {
+		t.Error("inSequence accepts an invalid successor")
+	}
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	var c Config
+	c.EnsureDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	if c.RetainedBatches != 5 || c.ProducerIDExpiration != 24*time.Hour || c.Shards&(c.Shards-1) != 0 ||
+		c.Shards < 4*runtime.GOMAXPROCS(0) {
+		t.Errorf("unexpected defaults %+v", c)
+	}
+	bad := []Config{
+		{MaxEntries: -1},
+		{Shards: 3},
+		{MaxEntries: 4, Shards: 8},
+		{RetainedBatches: MaxRetainedBatches + 1},
+		{RetainedBatches: -1},
+		{ProducerIDExpiration: -time.Second},
+		{MaxFencedProducers: -1},
+	}
+	for _, b := range bad {
+		if _, err := New(b); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", b, err)
+		}
+	}
+	// a small MaxEntries lowers the default shard count instead of failing
+	if _, err := New(Config{MaxEntries: 1}); err != nil {
+		t.Errorf("New(MaxEntries: 1) = %v", err)
+	}
+}
+
+func TestTopicInterning(t *testing.T) {
+	t.Parallel()
+	tab, _ := New(Config{})
+	a, b := tab.Topic("orders"), tab.Topic("payments")
+	if a == b || tab.Topic("orders") != a || tab.TopicBytes([]byte("payments")) != b {
+		t.Fatal("interning is not stable")
+	}
+	if c := tab.TopicBytes([]byte("new")); c == a || c == b || tab.Topic("new") != c {
+		t.Fatal("TopicBytes of a new name")
+	}
+	if name, ok := tab.TopicName(b); !ok || name != "payments" {
+		t.Errorf("TopicName(%d) = %q, %v", b, name, ok)
+	}
+	if _, ok := tab.TopicName(99); ok {
+		t.Error("TopicName of an unknown id")
+	}
+}
+
+// TestConcurrentProducers runs many goroutines on one table under -race. Each
+// goroutine is one producer pipelining batches to a few partitions, with
+// retries, duplicates, releases and epoch bumps, and checks every decision
+// against what Kafka would answer: producers share shards and locks but never
+// state. A second group hammers shared keys, sweeps and interning to shake
+// out races in eviction and expiry; the table's bookkeeping is checked at the
+// end.
+func TestConcurrentProducers(t *testing.T) {
+	t.Parallel()
+	tab, err := New(Config{MaxEntries: 4096, Shards: 4, ProducerIDExpiration: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Unix(1_700_000_000, 0)
+	const producers, rounds = 16, 300
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Go(func() {
+			pid := int64(p)
+			topic := tab.Topic("t" + strconv.Itoa(p%3))
+			var epoch int16
+			seq := [4]int32{}
+			for r := range rounds {
+				now := base.Add(time.Duration(r) * time.Millisecond)
+				k := Key{ProducerID: pid, Topic: topic, Partition: int32(r % 4)}
+				part := r % 4
+				b1 := Batch{Epoch: epoch, FirstSeq: seq[part], Count: 3, Fingerprint: uint64(r) + 1}
+				b2 := Batch{Epoch: epoch, FirstSeq: seq[part] + 3, Count: 2, Fingerprint: uint64(r) + 1000}
+				expect(t, tab.Check(k, b1, now), Accept)
+				expect(t, tab.Check(k, b2, now), Accept) // pipelined
+				expect(t, tab.Check(k, b1, now), InFlight)
+				tab.Commit(k, b1, int64(r)*10, int64(r), now)
+				if r%5 == 0 { // b2 fails upstream; the client retries it
+					tab.Release(k, b2)
+					expect(t, tab.Check(k, b2, now), Accept)
+				}
+				tab.Commit(k, b2, int64(r)*10+3, int64(r), now)
+				got := tab.Check(k, b1, now)
+				if got.Decision != Duplicate || got.BaseOffset != int64(r)*10 {
+					t.Errorf("pid %d round %d: retry = %+v, want duplicate at %d", pid, r, got, r*10)
+				}
+				expect(t, tab.Check(k, Batch{Epoch: epoch, FirstSeq: seq[part] + 9, Count: 1}, now), OutOfOrder)
+				seq[part] += 5
+				if r%50 == 49 {
+					epoch++
+					seq = [4]int32{}
+				}
+			}
+		})
+	}
+	for g := range 4 {
+		wg.Go(func() {
+			for r := range rounds * 4 {
+				// a clock that stays before the producers' (base onwards), so
+				// sweeps expire only these keys
+				now := base.Add(-3*time.Hour + time.Duration(r)*8*time.Second)
+				k := Key{ProducerID: 1000 + int64(r%7), Partition: int32(g)}
+				b := Batch{Epoch: int16(r % 3), FirstSeq: int32(r % 11), Count: 1}
+				tab.Check(k, b, now)
+				tab.Decide(k, b, now)
+				tab.Commit(k, b, 1, 1, now)
+				tab.Release(k, b)
+				tab.ObserveInitProducerID(2000+int64(r%5), int16(r%4), now)
+				tab.Topic("shared" + strconv.Itoa(r%9))
+				if r%50 == 0 {
+					tab.Expire(now)
+				}
+				_ = tab.Len() + int(tab.Evictions()+tab.Expirations())
+			}
+		})
+	}
+	wg.Wait()
+	tab.dumpAll(t) // checks shard bookkeeping
+}
+
+func expect(t *testing.T, r Result, d Decision) {
+	t.Helper()
+	if r.Decision != d {
+		t.Errorf("got %v, want %v", r.Decision, d)
+	}
+}
+
+// TestLargeExpireSweep expires more than one lock hold's worth of entries.
+func TestLargeExpireSweep(t *testing.T) {
+	t.Parallel()
+	tab, _ := New(Config{MaxEntries: 3 * expireBatch, Shards: 1, ProducerIDExpiration: time.Minute})
+	now := time.Unix(0, 0)
+	for i := range 3 * expireBatch {
+		tab.Check(Key{ProducerID: int64(i)}, Batch{FirstSeq: 0, Count: 1}, now)
+	}
+	if n := tab.Expire(now.Add(time.Minute)); n != 3*expireBatch || tab.Len() != 0 || tab.Expirations() != uint64(n) {
+		t.Fatalf("Expire = %d, Len = %d, Expirations = %d", n, tab.Len(), tab.Expirations())
+	}
+	tab.dumpAll(t)
+}
+
+// Sinks keep the compiler from optimising the measured calls away.
+var (
+	sinkResult Result
+	sinkTopic  TopicID
+)
+
+// TestNoAllocs pins zero allocations on the hot paths for a known key:
+// check-then-commit, duplicate detection, in-flight detection, release and
+// interning a known topic (netip's TestNoAllocs style: each call is checked to
+// have done what it should, so an early return cannot fake a pass).
+func TestNoAllocs(t *testing.T) {
+	tab, _ := New(Config{Shards: 4})
+	now := time.Unix(1_700_000_000, 0)
+	k := Key{ProducerID: 42, Topic: tab.Topic("orders"), Partition: 3}
+	name := []byte("orders")
+	tab.Commit(k, Batch{FirstSeq: 0, Count: 1}, 0, 0, now) // create the entry outside the measurement
+	seq := int32(1)
+	tab.ObserveInitProducerID(42, 0, now) // exercise the fence lookup too
+
+	cases := []struct {
+		name string
+		f    func()
+	}{
+		{"check-then-commit", func() {
+			b := Batch{FirstSeq: seq, Count: 1, Fingerprint: 7}
+			sinkResult = tab.Check(k, b, now)
+			if sinkResult.Decision != Accept {
+				t.Fatalf("check: %v", sinkResult.Decision)
+			}
+			tab.Commit(k, b, int64(seq), 1, now)
+			seq = incrementSequence(seq, 1)
+		}},
+		{"duplicate", func() {
+			sinkResult = tab.Check(k, Batch{FirstSeq: seq - 1, Count: 1, Fingerprint: 7}, now)
+			if sinkResult.Decision != Duplicate {
+				t.Fatalf("duplicate: %v", sinkResult.Decision)
+			}
+		}},
+		{"in-flight-then-release", func() {
+			b := Batch{FirstSeq: seq, Count: 1}
+			if d := tab.Check(k, b, now).Decision; d != Accept {
+				t.Fatalf("check: %v", d)
+			}
+			sinkResult = tab.Check(k, b, now)
+			if sinkResult.Decision != InFlight {
+				t.Fatalf("in flight: %v", sinkResult.Decision)
+			}
+			tab.Release(k, b)
+		}},
+		{"decide", func() {
+			sinkResult = tab.Decide(k, Batch{FirstSeq: seq, Count: 1}, now)
+			if sinkResult.Decision != Accept {
+				t.Fatalf("decide: %v", sinkResult.Decision)
+			}
+		}},
+		{"topic", func() {
+			sinkTopic = tab.Topic("orders") + tab.TopicBytes(name)
+			if sinkTopic != 2*k.Topic {
+				t.Fatal("topic")
+			}
+		}},
+	}
+	for _, c := range cases {
+		if n := testing.AllocsPerRun(1000, c.f); n != 0 {
+			t.Errorf("%s: %v allocs per run, want 0", c.name, n)
+		}
+	}
+}
+
+// TestImports enforces the package contract (lint as a test, pebble style):
+// only the standard library and golang-lru's simplelru; no prometheus, slog,
+// net or log; and no time.Now, because time is an argument.
+func TestImports(t *testing.T) {
+	t.Parallel()
+	files, _ := filepath.Glob("*.go")
+	fset := token.NewFileSet()
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			first, _, _ := strings.Cut(p, "/")
+			switch {
+			case p == "github.com/hashicorp/golang-lru/v2/simplelru":
+			case strings.Contains(first, "."):
+				t.Errorf("%s imports %s: only stdlib and simplelru are allowed", path, p)
+			case p == "log" || p == "log/slog" || p == "net" || strings.HasPrefix(p, "net/"):
+				t.Errorf("%s imports %s: seqstate does no I/O or logging", path, p)
+			}
+		}
+	}
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		data, err := readFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(data, "\n") {
+			code, _, _ := strings.Cut(line, "//")
+			if strings.Contains(code, "time.Now") {
+				t.Errorf("%s:%d calls time.Now: time must be an argument", path, i+1)
+			}
+		}
+	}
+}
+
+func readFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	return string(b), err
+}
