@@ -196,3 +196,36 @@ func dialLeader(t testing.TB, p *testProxy, c *kfake.Cluster, topic string, part
 	}
 	return dialRaw(t, addr)
 }
+
+// TestApiVersionsNewerThanKnown: a client opening with an ApiVersions newer
+// than the proxy can decode gets what a broker gives for one newer than it
+// supports (KIP-511): UNSUPPORTED_VERSION in a v0 body naming the highest
+// version to retry with; the retry then works.
+func TestApiVersionsNewerThanKnown(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, newCluster(t), nil)
+	raw := dialRaw(t, p.addr())
+	maxV, _ := protocol.KnownAPI(int16(kmsg.ApiVersions))
+	frame := []byte{0, 0, 0, 0, 0, byte(kmsg.ApiVersions), 0, byte(maxV + 1), 0, 0, 0, 5, 0xff, 0xff, 0}
+	frame[3] = byte(len(frame) - 4)
+	if _, err := raw.conn.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	body, err := readFrame(raw.conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := kmsg.NewPtrApiVersionsResponse()
+	resp.SetVersion(0)
+	if err := resp.ReadFrom(body[4:]); err != nil {
+		t.Fatal(err)
+	}
+	if resp.ErrorCode != 35 || len(resp.ApiKeys) != 1 || resp.ApiKeys[0].ApiKey != int16(kmsg.ApiVersions) || resp.ApiKeys[0].MaxVersion != maxV {
+		t.Fatalf("got %+v", resp)
+	}
+	retry := kmsg.NewPtrApiVersionsRequest()
+	retry.SetVersion(maxV)
+	if r := raw.roundTrip(retry).(*kmsg.ApiVersionsResponse); r.ErrorCode != 0 || len(r.ApiKeys) < 10 {
+		t.Fatalf("retry at v%d: %+v", maxV, r)
+	}
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -147,6 +149,10 @@ func (c *session) readLoop() {
 		}
 		api := m.api(h.APIKey)
 		api.requests.Inc()
+		if h.BodyOffset == 0 { // ApiVersions newer than the proxy knows
+			c.answerUnsupportedAPIVersions(h, start, api)
+			continue
+		}
 		respond := true
 		if h.APIKey == int16(kmsg.Produce) {
 			acks, err := protocol.ProduceAcks(body, h)
@@ -371,4 +377,30 @@ func (c *session) release(p *pending) {
 	putFrame(p.resp)
 	*p = pending{ready: p.ready}
 	pendingPool.Put(p)
+}
+
+// answerUnsupportedAPIVersions answers an ApiVersions request newer than the
+// proxy can decode the way a broker answers one newer than it supports
+// (KIP-511): UNSUPPORTED_VERSION in a v0 body offering the versions the proxy
+// can read, so the client retries lower. Relaying it instead could bring
+// back a response the proxy cannot cap.
+func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start time.Time, api *apiMetrics) {
+	maxV, _ := protocol.MaxVersion(int16(kmsg.ApiVersions))
+	resp := kmsg.NewPtrApiVersionsResponse()
+	resp.SetVersion(0)
+	resp.ErrorCode = kerr.UnsupportedVersion.Code
+	k := kmsg.NewApiVersionsResponseApiKey()
+	k.ApiKey, k.MinVersion, k.MaxVersion = int16(kmsg.ApiVersions), 0, maxV
+	resp.ApiKeys = append(resp.ApiKeys, k)
+	bp := framePool.Get().(*[]byte)
+	buf := append((*bp)[:0], 0, 0, 0, 0)
+	buf = binary.BigEndian.AppendUint32(buf, uint32(h.CorrelationID)) // v0 response header
+	buf = resp.AppendTo(buf)
+	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
+	*bp = buf
+	p := pendingPool.Get().(*pending)
+	p.key, p.version, p.corrID, p.start, p.api = h.APIKey, h.APIVersion, h.CorrelationID, start, api
+	p.resp = bp
+	p.ready <- struct{}{}
+	c.inflight <- p
 }
