@@ -225,6 +225,7 @@ func TestApiVersionsNewerThanKnown(t *testing.T) {
 	}
 	retry := kmsg.NewPtrApiVersionsRequest()
 	retry.SetVersion(maxV)
+	retry.ClientSoftwareName, retry.ClientSoftwareVersion = "test", "1"
 	if r := raw.roundTrip(retry).(*kmsg.ApiVersionsResponse); r.ErrorCode != 0 || len(r.ApiKeys) < 10 {
 		t.Fatalf("retry at v%d: %+v", maxV, r)
 	}
