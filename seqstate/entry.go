@@ -59,12 +59,22 @@ func (e entry) at(i int) *slot {
 
 // find returns the index in the window of the batch with exactly this
 // sequence range, or -1: ProducerStateEntry.batchWithSequenceRange, where both
-// ends must match, so a partial overlap is not a duplicate.
+// ends must match, so a partial overlap is not a duplicate. Kafka returns the
+// first match; a window never holds two batches with the same range (a
+// matching batch is never registered or committed again), so scanning from
+// the newest, where commits and most retries land, finds the same one.
 func (e entry) find(first, last int32) int {
-	for i := 0; i < int(e.h.n); i++ {
-		s := e.at(i)
-		if s.firstSeq() == first && s.last == last {
+	n := int(e.h.n)
+	j := int(e.h.head) + n - 1
+	if j >= len(e.s) {
+		j -= len(e.s)
+	}
+	for i := n - 1; i >= 0; i-- {
+		if s := &e.s[j]; s.last == last && s.first&^pendingBit == uint32(first) {
 			return i
+		}
+		if j--; j < 0 {
+			j = len(e.s) - 1
 		}
 	}
 	return -1
@@ -91,7 +101,10 @@ func absent() entry { return entry{h: &absentHeader} }
 // the duplicate check, then the epoch check, then the sequence check. It does
 // not change the entry.
 func (e entry) decide(b Batch) Result {
-	last := b.LastSeq()
+	return e.decideLast(b, b.LastSeq())
+}
+
+func (e entry) decideLast(b Batch, last int32) Result {
 	epoch := e.h.epoch
 
 	// UnifiedLog.analyzeAndValidateProducerState, then
@@ -172,14 +185,14 @@ func (e entry) setEpoch(epoch int16) {
 // lost; only a client with more than RetainedBatches in flight can push a
 // pending batch out (its Release is then a no-op and its Commit forgets the
 // entry, see commit).
-func (e entry) register(b Batch, now int64) {
+func (e entry) register(b Batch, last int32, now int64) {
 	e.setEpoch(b.Epoch)
 	e.push(slot{
 		baseOffset:   -1,
 		maxTimestamp: -1,
 		fingerprint:  b.Fingerprint,
 		first:        uint32(b.FirstSeq) | pendingBit,
-		last:         b.LastSeq(),
+		last:         last,
 	})
 	e.h.lastSeen = now
 }

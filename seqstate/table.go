@@ -95,16 +95,17 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 		return result(Fenced)
 	}
 	var r Result
+	last := b.LastSeq()
 	if idx, ok := s.lookup(k, now); ok {
 		e := s.entry(idx)
-		r = e.decide(b)
+		r = e.decideLast(b, last)
 		if register && r.Decision == Accept {
-			e.register(b, now)
+			e.register(b, last, now)
 		}
 	} else {
-		r = absent().decide(b)
+		r = absent().decideLast(b, last)
 		if register && r.Decision == Accept {
-			s.insert(k).register(b, now)
+			s.insert(k).register(b, last, now)
 		}
 	}
 	s.mu.Unlock()
@@ -329,7 +330,7 @@ func (s *shard) lookup(k Key, now int64) (uint32, bool) {
 	if !ok {
 		return 0, false
 	}
-	if s.expired(s.headers[idx>>s.pageShift][idx&(1<<s.pageShift-1)].lastSeen, now) {
+	if now-s.headers[idx>>s.pageShift][idx&(1<<s.pageShift-1)].lastSeen >= s.expiration {
 		s.remove(k, idx)
 		s.expirations.Add(1)
 		return 0, false

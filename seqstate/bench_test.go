@@ -1,0 +1,148 @@
+package seqstate
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var benchNow = time.Unix(1_700_000_000, 0)
+
+// BenchmarkCheckCommit is the proxy's hot path for a known producer: Check a
+// new in-sequence batch, then Commit it when the upstream confirms. One op is
+// one Check plus one Commit.
+func BenchmarkCheckCommit(b *testing.B) {
+	for _, retained := range []int{1, 5, 16} {
+		b.Run(fmt.Sprintf("retained=%d", retained), func(b *testing.B) {
+			tab, _ := New(Config{RetainedBatches: retained})
+			k := Key{ProducerID: 42, Topic: tab.Topic("orders"), Partition: 3}
+			seq := int32(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				bt := Batch{FirstSeq: seq, Count: 10, Fingerprint: 7}
+				if tab.Check(k, bt, benchNow).Decision != Accept {
+					b.Fatal("not accepted")
+				}
+				tab.Commit(k, bt, int64(seq), 1, benchNow)
+				seq = incrementSequence(seq, 10)
+			}
+		})
+	}
+}
+
+// BenchmarkDuplicate is a retry of the oldest retained batch: the full
+// window is scanned.
+func BenchmarkDuplicate(b *testing.B) {
+	for _, retained := range []int{5, 16} {
+		b.Run(fmt.Sprintf("retained=%d", retained), func(b *testing.B) {
+			tab, _ := New(Config{RetainedBatches: retained})
+			k := Key{ProducerID: 42, Topic: tab.Topic("orders"), Partition: 3}
+			for i := range retained {
+				tab.Commit(k, Batch{FirstSeq: int32(i * 10), Count: 10}, int64(i), 1, benchNow)
+			}
+			oldest := Batch{FirstSeq: 0, Count: 10}
+			b.ReportAllocs()
+			b.ReportMetric(1, "dups/op")
+			for b.Loop() {
+				if tab.Check(k, oldest, benchNow).Decision != Duplicate {
+					b.Fatal("not a duplicate")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkCheckCommitParallel runs check-then-commit from every P
+// (-cpu 1,2 sweeps GOMAXPROCS), each goroutine one producer on its own keys,
+// as connections of different producers would. ns/op is per Check+Commit
+// pair across all goroutines, so it should fall as cores are added.
+func BenchmarkCheckCommitParallel(b *testing.B) {
+	for _, partitions := range []int{1, 100} {
+		b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
+			tab, _ := New(Config{})
+			topic := tab.Topic("orders")
+			var nextPID atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				pid := nextPID.Add(1)
+				seqs := make([]int32, partitions)
+				for i := range partitions { // create the entries outside the loop
+					tab.Commit(Key{ProducerID: pid, Topic: topic, Partition: int32(i)}, Batch{FirstSeq: 0, Count: 1}, 0, 0, benchNow)
+					seqs[i] = 1
+				}
+				i := 0
+				for pb.Next() {
+					k := Key{ProducerID: pid, Topic: topic, Partition: int32(i)}
+					bt := Batch{FirstSeq: seqs[i], Count: 1}
+					if tab.Check(k, bt, benchNow).Decision != Accept {
+						panic("not accepted")
+					}
+					tab.Commit(k, bt, 1, 1, benchNow)
+					seqs[i]++
+					if i++; i == partitions {
+						i = 0
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkTableMemory fills a table with 1,000,000 producer-partitions, each
+// holding a full window of committed batches (the steady state of an active
+// producer), and reports the heap per entry (HeapAlloc delta after GC, the
+// whole table: LRU elements, its map, slabs). It then measures a duplicate
+// lookup on a random entry of the large table, where cache misses dominate.
+func BenchmarkTableMemory(b *testing.B) {
+	const entries = 1_000_000
+	for _, retained := range []int{1, 5} {
+		b.Run(fmt.Sprintf("entries=1M/retained=%d", retained), func(b *testing.B) {
+			runtime.GC()
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			// headroom: shards fill unevenly, and no entry may be evicted
+			tab, _ := New(Config{MaxEntries: 2 * entries, RetainedBatches: retained})
+			topic := tab.Topic("orders")
+			key := func(i int) Key { return Key{ProducerID: int64(i / 100), Topic: topic, Partition: int32(i % 100)} }
+			for i := range entries {
+				k := key(i)
+				for j := range retained {
+					tab.Commit(k, Batch{FirstSeq: int32(j), Count: 1, Fingerprint: 9}, int64(j), 1, benchNow)
+				}
+			}
+			runtime.GC()
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			if tab.Len() != entries || tab.Evictions() != 0 {
+				b.Fatalf("len %d, evictions %d", tab.Len(), tab.Evictions())
+			}
+			perEntry := float64(after.HeapAlloc-before.HeapAlloc) / entries
+			x := uint64(1)
+			b.ReportAllocs()
+			for b.Loop() {
+				x = x*6364136223846793005 + 1442695040888963407
+				if tab.Check(key(int(x>>33)%entries), Batch{FirstSeq: 0, Count: 1, Fingerprint: 9}, benchNow).Decision != Duplicate {
+					b.Fatal("not a duplicate")
+				}
+			}
+			b.ReportMetric(perEntry, "B/entry")
+			runtime.KeepAlive(tab)
+		})
+	}
+}
+
+// BenchmarkTopic interns a known topic name from a request buffer.
+func BenchmarkTopic(b *testing.B) {
+	tab, _ := New(Config{})
+	for i := range 1000 {
+		tab.Topic(fmt.Sprintf("topic-%d", i))
+	}
+	name := []byte("topic-500")
+	b.ReportAllocs()
+	for b.Loop() {
+		sinkTopic = tab.TopicBytes(name)
+	}
+}
