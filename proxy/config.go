@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // Config is the whole application configuration, read from YAML (see
@@ -66,6 +67,36 @@ type Config struct {
 
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `yaml:"log_level"`
+
+	// Dedup configures deduplication of idempotent Produce batches.
+	Dedup DedupConfig `yaml:"dedup"`
+}
+
+// Dedup modes.
+const (
+	DedupEnforce = "enforce" // decide every idempotent batch and answer like Kafka
+	DedupObserve = "observe" // decide and count, forward everything
+	DedupOff     = "off"     // relay Produce untouched
+)
+
+// DedupConfig configures the producer-state table and what the proxy does
+// with its decisions.
+type DedupConfig struct {
+	// Mode is enforce (default: retries are answered by the proxy, out of
+	// order and fenced batches rejected, exactly as Kafka would), observe
+	// (decide and count, forward everything) or off (relay Produce
+	// untouched).
+	Mode string `yaml:"mode"`
+	// RetainedBatches is the dedup window per producer and partition.
+	// Default 5, Kafka's; up to 16 catches older retries than Kafka does.
+	RetainedBatches int `yaml:"retained_batches"`
+	// MaxEntries caps the (producer, partition) entries kept; the least
+	// recently used is evicted, and an evicted producer is accepted with
+	// any sequence, as Kafka accepts an unknown one. Default 262144.
+	MaxEntries int `yaml:"max_entries"`
+	// ProducerIDExpiration forgets a producer idle this long, like Kafka's
+	// producer.id.expiration.ms. Default 24h.
+	ProducerIDExpiration time.Duration `yaml:"producer_id_expiration"`
 }
 
 // NodeConfig pins the listener of one broker node.
@@ -118,6 +149,18 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
+	}
+	if c.Dedup.Mode == "" {
+		c.Dedup.Mode = DedupEnforce
+	}
+	if c.Dedup.RetainedBatches == 0 {
+		c.Dedup.RetainedBatches = seqstate.DefaultRetainedBatches
+	}
+	if c.Dedup.MaxEntries == 0 {
+		c.Dedup.MaxEntries = seqstate.DefaultMaxEntries
+	}
+	if c.Dedup.ProducerIDExpiration == 0 {
+		c.Dedup.ProducerIDExpiration = seqstate.DefaultProducerIDExpiration
 	}
 }
 
@@ -181,6 +224,20 @@ func (c *Config) Validate() error {
 		if d < 0 {
 			return bad("%s %s is negative", name, d)
 		}
+	}
+	switch c.Dedup.Mode {
+	case DedupEnforce, DedupObserve, DedupOff:
+	default:
+		return bad("dedup.mode %q: want enforce, observe or off", c.Dedup.Mode)
+	}
+	if c.Dedup.RetainedBatches < 1 || c.Dedup.RetainedBatches > seqstate.MaxRetainedBatches {
+		return bad("dedup.retained_batches %d: want 1..%d", c.Dedup.RetainedBatches, seqstate.MaxRetainedBatches)
+	}
+	if c.Dedup.MaxEntries < 1 {
+		return bad("dedup.max_entries %d must be at least 1", c.Dedup.MaxEntries)
+	}
+	if c.Dedup.ProducerIDExpiration < 0 {
+		return bad("dedup.producer_id_expiration %s is negative", c.Dedup.ProducerIDExpiration)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // Version is the proxy's version, reported by dedupproxy_build_info.
@@ -22,6 +24,13 @@ type Metrics struct {
 	BrokerReadBytes        prometheus.Counter
 	BrokerWrittenBytes     prometheus.Counter
 	Panics                 prometheus.Counter
+
+	reg prometheus.Registerer
+
+	// NOTE: batches is indexed by seqstate.Decision; add new decisions to
+	// decisionOutcome.
+	batches          [8]prometheus.Counter
+	batchPassthrough prometheus.Counter
 
 	requests        *prometheus.CounterVec
 	requestDuration *prometheus.HistogramVec
@@ -85,6 +94,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		brokerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "broker", Name: "errors_total",
 			Help: "Broker (upstream) connection errors, by reason."}, []string{"reason"}),
 	}
+	m.reg = reg
+	batches := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_total",
+		Help: "Idempotent Produce batches by the proxy's decision."}, []string{"outcome"})
+	for d, outcome := range decisionOutcome {
+		if outcome != "" {
+			m.batches[d] = batches.WithLabelValues(outcome)
+		}
+	}
+	m.batchPassthrough = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
+		Help: "Produce batches relayed without a decision: legacy producers (producer id -1), old formats, batches the broker rejects itself, dedup mode off."})
 	for _, r := range []string{brokerDial, brokerRead, brokerWrite, brokerProtocol} {
 		m.brokerErrors.WithLabelValues(r)
 	}
@@ -98,7 +117,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, m.batchPassthrough,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return m
@@ -122,3 +141,42 @@ func (m *Metrics) api(key int16) *apiMetrics {
 func (m *Metrics) brokerError(reason string) { m.brokerErrors.WithLabelValues(reason).Inc() }
 
 func (m *Metrics) clientError(reason string) { m.clientErrors.WithLabelValues(reason).Inc() }
+
+// decisionOutcome names each seqstate decision in
+// dedupproxy_batches_total{outcome}. Invalid batches are relayed for the
+// broker's own INVALID_RECORD and counted as passthrough.
+var decisionOutcome = [...]string{
+	seqstate.Accept:        "accepted",
+	seqstate.Duplicate:     "duplicate",
+	seqstate.InFlight:      "in_flight_wait",
+	seqstate.OutOfOrder:    "out_of_order",
+	seqstate.Fenced:        "fenced",
+	seqstate.SequenceReuse: "sequence_reuse",
+	seqstate.Invalid:       "",
+}
+
+func (m *Metrics) countDecision(d seqstate.Decision) {
+	if int(d) < len(m.batches) && m.batches[d] != nil {
+		m.batches[d].Inc()
+		return
+	}
+	m.batchPassthrough.Inc()
+}
+
+// registerTable exports the table's own counts.
+func (m *Metrics) registerTable(t *seqstate.Table) {
+	if m.reg == nil {
+		return
+	}
+	const ns, sub = "dedupproxy", "seqstate"
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "entries",
+			Help: "(producer, partition) entries in the table."}, func() float64 { return float64(t.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "evictions_total",
+			Help: "Entries evicted because the table was full; the producer is then unknown and accepted with any sequence."},
+			func() float64 { return float64(t.Evictions()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "expirations_total",
+			Help: "Entries forgotten after dedup.producer_id_expiration idle."},
+			func() float64 { return float64(t.Expirations()) }),
+	)
+}

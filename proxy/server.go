@@ -35,6 +35,8 @@ type Server struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	nodes nodeRegistry
+	dedup *dedupState
+	stop  chan struct{} // closed by Shutdown: background loops end
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -80,6 +82,17 @@ func (s *Server) Start(ctx context.Context) error {
 	s.sessions = make(map[*session]struct{})
 	s.mu.Unlock()
 	s.nodes.init(s)
+	s.stop = make(chan struct{})
+	ds, err := newDedupState(&s.Config)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	s.dedup = ds
+	if ds.table != nil {
+		s.Metrics.registerTable(ds.table)
+		s.wg.Add(1)
+		go s.expireLoop()
+	}
 
 	ln, err := s.Listen("tcp", s.Config.Listen)
 	if err != nil {
@@ -233,6 +246,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, ln := range lns {
 		ln.Close()
 	}
+	if s.stop != nil {
+		select {
+		case <-s.stop:
+		default:
+			close(s.stop)
+		}
+	}
 	for _, sess := range sessions {
 		sess.stopReading()
 	}
@@ -254,3 +274,21 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // hostPort joins a host and a port.
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// expireLoop forgets idle producers, like Kafka's periodic
+// removeExpiredProducers (producer.id.expiration.check.interval.ms, 10
+// minutes by default; we check more often since it is cheap).
+func (s *Server) expireLoop() {
+	defer s.wg.Done()
+	every := min(s.Config.Dedup.ProducerIDExpiration/10, time.Minute)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			s.dedup.table.Expire(now)
+		}
+	}
+}

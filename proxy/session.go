@@ -42,6 +42,10 @@ type session struct {
 
 	stopping  atomic.Bool // Shutdown: stop reading, drain, close
 	closeOnce sync.Once
+
+	scan        protocol.ProduceScanner // readLoop's, reused
+	reduceBuf   []byte                  // readLoop's, for reduced Produce requests
+	produceResp kmsg.ProduceResponse    // upstreamLoop's, reused
 }
 
 // pending is one request awaiting its response.
@@ -53,6 +57,8 @@ type pending struct {
 	ready        chan struct{} // receives once when resp or failed is set
 	resp         *[]byte       // the whole response frame, from framePool
 	failed       bool          // no response will come; the connection closes
+	plan         *producePlan  // Produce decided by the table, else nil
+	initTxn      bool          // InitProducerId for a transactional id: feeds fencing
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{ready: make(chan struct{}, 1)} }}
@@ -154,7 +160,9 @@ func (c *session) readLoop() {
 			continue
 		}
 		respond := true
-		if h.APIKey == int16(kmsg.Produce) {
+		initTxn := false
+		switch h.APIKey {
+		case int16(kmsg.Produce):
 			acks, err := protocol.ProduceAcks(body, h)
 			if err != nil {
 				m.clientError(clientRequest)
@@ -163,27 +171,56 @@ func (c *session) readLoop() {
 			}
 			// acks=0: the broker sends nothing back, so nothing is queued.
 			respond = acks != 0
+			plan, err := c.planProduce(h, body, start)
+			if err != nil {
+				m.clientError(clientRequest)
+				c.log.Warn("closing client connection: bad produce request", "api_version", h.APIVersion, "err", err)
+				return
+			}
+			if plan != nil {
+				if !c.sendPlanned(plan, h, body, frame, respond, start, api) {
+					return
+				}
+				continue
+			}
+		case int16(kmsg.InitProducerID):
+			initTxn = c.s.dedup.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
 		}
 		if respond {
-			p := pendingPool.Get().(*pending)
-			p.key, p.version, p.corrID, p.start, p.api = h.APIKey, h.APIVersion, h.CorrelationID, start, api
+			p := c.newPending(h, start, api)
+			p.initTxn = initTxn
 			c.inflight <- p // blocks at MaxInflight: backpressure
 			c.toUpstream <- p
 		}
-		if cfg.WriteTimeout > 0 {
-			c.upstream.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
-		}
-		if _, err := c.upstream.Write(frame); err != nil {
-			m.brokerError(brokerWrite)
-			c.log.Warn("closing connection: write to broker failed", "err", err)
-			c.upstream.Close() // upstreamLoop fails what is queued
+		if !c.forward(frame) {
 			return
 		}
-		m.BrokerWrittenBytes.Add(float64(len(frame)))
 		if cap(buf) > maxPooledFrame { // one large request does not pin memory for the connection's life
 			buf = make([]byte, 4096)
 		}
 	}
+}
+
+func (c *session) newPending(h protocol.RequestHeader, start time.Time, api *apiMetrics) *pending {
+	p := pendingPool.Get().(*pending)
+	p.key, p.version, p.corrID, p.start, p.api = h.APIKey, h.APIVersion, h.CorrelationID, start, api
+	return p
+}
+
+// forward writes one request frame upstream. On failure the upstream
+// connection is closed, so upstreamLoop fails whatever is queued.
+func (c *session) forward(frame []byte) bool {
+	if c.s.Config.WriteTimeout > 0 {
+		c.upstream.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
+	}
+	if _, err := c.upstream.Write(frame); err != nil {
+		c.s.Metrics.brokerError(brokerWrite)
+		c.log.Warn("closing connection: write to broker failed", "err", err)
+		c.upstream.Close()
+		return false
+	}
+	c.s.Metrics.BrokerWrittenBytes.Add(float64(len(frame)))
+	return true
 }
 
 func (c *session) readFailed(err error) {
@@ -245,6 +282,16 @@ func (c *session) upstreamLoop() {
 			m.BrokerReadBytes.Add(float64(4 + len(body)))
 			err = c.rewrite(p, bp, body)
 		}
+		var off int
+		if err == nil && (p.plan != nil || p.initTxn) {
+			if off, err = protocol.ResponseBodyOffset((*bp)[4:], p.key, p.version); err == nil {
+				if p.initTxn {
+					c.observeInit(p, (*bp)[4+off:])
+				} else {
+					err = c.commitProduce(p, (*bp)[4+off:])
+				}
+			}
+		}
 		if err != nil {
 			putFrame(bp)
 			failed = true
@@ -252,6 +299,11 @@ func (c *session) upstreamLoop() {
 			c.fail(p)
 			// The client must not wait for responses that cannot come.
 			c.closeAll()
+			continue
+		}
+		if p.plan != nil && p.plan.anyLocal && c.s.dedup.mode == DedupEnforce {
+			p.plan.upstream, p.plan.upBodyOff = bp, off
+			c.partDone(p) // the merged response is built when every part is in
 			continue
 		}
 		p.resp = bp
@@ -322,7 +374,18 @@ func spliceBody(buf []byte, hdrLen int, newBody []byte) []byte {
 	return buf
 }
 
+// fail tells writeLoop that p gets no response. For a Produce the proxy
+// partly answers itself, the last outstanding part does it (finishProduce),
+// so p is signalled exactly once.
 func (c *session) fail(p *pending) {
+	if pl := p.plan; pl != nil {
+		c.releaseAll(pl)
+		if pl.anyLocal && c.s.dedup.mode == DedupEnforce {
+			pl.failed = true
+			c.partDone(p)
+			return
+		}
+	}
 	p.failed = true
 	p.ready <- struct{}{}
 }
@@ -374,6 +437,9 @@ func (c *session) writeLoop() {
 }
 
 func (c *session) release(p *pending) {
+	if p.plan != nil {
+		putPlan(p.plan)
+	}
 	putFrame(p.resp)
 	*p = pending{ready: p.ready}
 	pendingPool.Put(p)
@@ -398,8 +464,7 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 	buf = resp.AppendTo(buf)
 	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
 	*bp = buf
-	p := pendingPool.Get().(*pending)
-	p.key, p.version, p.corrID, p.start, p.api = h.APIKey, h.APIVersion, h.CorrelationID, start, api
+	p := c.newPending(h, start, api)
 	p.resp = bp
 	p.ready <- struct{}{}
 	c.inflight <- p

@@ -1,0 +1,267 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// produceCounter counts the Produce requests and partitions that reach kfake.
+type produceCounter struct {
+	requests, partitions atomic.Int64
+}
+
+func countProduce(c *kfake.Cluster) *produceCounter {
+	pc := &produceCounter{}
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		pc.requests.Add(1)
+		for _, t := range req.(*kmsg.ProduceRequest).Topics {
+			pc.partitions.Add(int64(len(t.Partitions)))
+		}
+		return nil, nil, false
+	})
+	return pc
+}
+
+type part struct {
+	partition int32
+	batch     []byte
+}
+
+func produceParts(topic string, acks int16, parts ...part) *kmsg.ProduceRequest {
+	req := kmsg.NewPtrProduceRequest()
+	req.SetVersion(9)
+	req.Acks, req.TimeoutMillis = acks, 5000
+	pt := kmsg.NewProduceRequestTopic()
+	pt.Topic = topic
+	for _, p := range parts {
+		pp := kmsg.NewProduceRequestTopicPartition()
+		pp.Partition, pp.Records = p.partition, p.batch
+		pt.Partitions = append(pt.Partitions, pp)
+	}
+	req.Topics = append(req.Topics, pt)
+	return req
+}
+
+func onlyPartition(t *testing.T, resp kmsg.Response) kmsg.ProduceResponseTopicPartition {
+	t.Helper()
+	pr := resp.(*kmsg.ProduceResponse)
+	if len(pr.Topics) != 1 || len(pr.Topics[0].Partitions) != 1 {
+		t.Fatalf("want one partition in the response, got %+v", pr.Topics)
+	}
+	return pr.Topics[0].Partitions[0]
+}
+
+// TestDedupCraftedRequests drives the Kafka rules over a raw connection and
+// counts what reaches the broker (kfake enforces idempotence itself, so
+// only the request count shows that the proxy, not the broker, decided).
+// Each case cites the rule in reference/kafka-idempotence.md.
+func TestDedupCraftedRequests(t *testing.T) {
+	t.Parallel()
+	const topic = "crafted"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
+	pc := countProduce(c)
+	p := startProxy(t, c, nil)
+	raw := dialRaw(t, p.addr())
+	const pid = 4242
+	send := func(parts ...part) kmsg.Response { return raw.roundTrip(produceParts(topic, -1, parts...)) }
+
+	// First batch of a producer: accepted, forwarded.
+	b0 := recordBatch(t, pid, 0, 0, 3, "a")
+	first := onlyPartition(t, send(part{0, b0}))
+	if first.ErrorCode != 0 || first.BaseOffset != 0 {
+		t.Fatalf("first batch: %+v", first)
+	}
+
+	t.Run("DuplicateAnsweredWithOriginalOffset", func(t *testing.T) {
+		// §3.2 findDuplicateBatch: error NONE, original base offset,
+		// log_append_time = original maxTimestamp; never 46.
+		before := pc.requests.Load()
+		dup := onlyPartition(t, send(part{0, b0}))
+		if dup.ErrorCode != 0 || dup.BaseOffset != 0 || dup.LogAppendTime != 1700000000000 {
+			t.Fatalf("duplicate answered %+v", dup)
+		}
+		if pc.requests.Load() != before {
+			t.Fatal("the duplicate reached the broker")
+		}
+	})
+	t.Run("GapIsOutOfOrder", func(t *testing.T) {
+		// §3.3 checkSequence: same epoch must continue at last+1.
+		before := pc.requests.Load()
+		r := onlyPartition(t, send(part{0, recordBatch(t, pid, 0, 10, 1, "gap")}))
+		if r.ErrorCode != kerr.OutOfOrderSequenceNumber.Code || pc.requests.Load() != before {
+			t.Fatalf("gap: %+v, forwarded=%v", r, pc.requests.Load() != before)
+		}
+	})
+	t.Run("SequenceReuseIsOutOfOrder", func(t *testing.T) {
+		// Same sequences, different records (kafkajs after a failed send):
+		// Kafka would drop them silently; we answer 45.
+		r := onlyPartition(t, send(part{0, recordBatch(t, pid, 0, 0, 3, "other")}))
+		if r.ErrorCode != kerr.OutOfOrderSequenceNumber.Code {
+			t.Fatalf("sequence reuse: %+v", r)
+		}
+		if n := testutil.ToFloat64(p.Metrics.batches[seqstate.SequenceReuse]); n != 1 { // SequenceReuse
+			t.Fatalf("sequence_reuse counted %v times", n)
+		}
+	})
+	t.Run("PipelinedFiveInFlight", func(t *testing.T) {
+		// Batches in flight count as the tail (DESIGN.md §2).
+		var corrs []int32
+		var reqs []kmsg.Request
+		for i := int32(0); i < 5; i++ {
+			req := produceParts(topic, -1, part{0, recordBatch(t, pid, 0, 3+2*i, 2, "pipe")})
+			reqs = append(reqs, req)
+			corrs = append(corrs, raw.send(req))
+		}
+		for i := range reqs {
+			r := onlyPartition(t, raw.recv(reqs[i], corrs[i]))
+			if r.ErrorCode != 0 || r.BaseOffset != int64(3+2*i) {
+				t.Fatalf("pipelined batch %d: %+v", i, r)
+			}
+		}
+	})
+	t.Run("MixedRequestMerged", func(t *testing.T) {
+		// Partition 0 is a duplicate of the last pipelined batch, partition 1
+		// new: the broker sees only partition 1, the client one response in
+		// its own order.
+		beforeParts := pc.partitions.Load()
+		resp := send(part{1, recordBatch(t, pid, 0, 0, 1, "new")}, part{0, recordBatch(t, pid, 0, 11, 2, "pipe")}).(*kmsg.ProduceResponse)
+		ps := resp.Topics[0].Partitions
+		if len(ps) != 2 || ps[0].Partition != 1 || ps[1].Partition != 0 {
+			t.Fatalf("merged response out of request order: %+v", ps)
+		}
+		if ps[0].ErrorCode != 0 || ps[0].BaseOffset != 0 || ps[1].ErrorCode != 0 || ps[1].BaseOffset != 11 {
+			t.Fatalf("merged response: %+v", ps)
+		}
+		if got := pc.partitions.Load() - beforeParts; got != 1 {
+			t.Fatalf("broker saw %d partitions, want only the new one", got)
+		}
+	})
+	t.Run("NewEpochAtZeroThenOldEpochFenced", func(t *testing.T) {
+		// §3.3: a higher epoch must start at 0; a lower one is fenced (47).
+		if r := onlyPartition(t, send(part{0, recordBatch(t, pid, 1, 5, 1, "e1")})); r.ErrorCode != kerr.OutOfOrderSequenceNumber.Code {
+			t.Fatalf("new epoch not at 0: %+v", r)
+		}
+		if r := onlyPartition(t, send(part{0, recordBatch(t, pid, 1, 0, 1, "e1")})); r.ErrorCode != 0 {
+			t.Fatalf("new epoch at 0: %+v", r)
+		}
+		before := pc.requests.Load()
+		if r := onlyPartition(t, send(part{0, recordBatch(t, pid, 0, 13, 1, "old")})); r.ErrorCode != kerr.InvalidProducerEpoch.Code {
+			t.Fatalf("old epoch: %+v", r)
+		}
+		if pc.requests.Load() != before {
+			t.Fatal("the fenced batch reached the broker")
+		}
+	})
+	t.Run("CorruptDuplicateGoesToBroker", func(t *testing.T) {
+		// Kafka checks the CRC before the duplicate check (§2.1 row 11):
+		// a corrupt retry gets CORRUPT_MESSAGE from the broker, and the
+		// table is not poisoned: the good retry is still a duplicate.
+		good := recordBatch(t, pid, 1, 0, 1, "e1")
+		bad := append([]byte(nil), good...)
+		bad[len(bad)-1] ^= 0xff
+		if r := onlyPartition(t, send(part{0, bad})); r.ErrorCode != kerr.CorruptMessage.Code {
+			t.Fatalf("corrupt duplicate: %+v", r)
+		}
+		before := pc.requests.Load()
+		if r := onlyPartition(t, send(part{0, good})); r.ErrorCode != 0 || pc.requests.Load() != before {
+			t.Fatalf("good retry after a corrupt one: %+v", r)
+		}
+	})
+	t.Run("TruncatedBatchGoesToBroker", func(t *testing.T) {
+		good := recordBatch(t, pid, 1, 1, 1, "t")
+		r := onlyPartition(t, send(part{0, good[:len(good)-3]}))
+		if r.ErrorCode == 0 {
+			t.Fatalf("a truncated batch was accepted: %+v", r)
+		}
+		if r := onlyPartition(t, send(part{0, good})); r.ErrorCode != 0 {
+			t.Fatalf("the whole batch after a truncated one: %+v", r)
+		}
+	})
+}
+
+// TestInFlightRetryWaitsForOriginal holds the original batch inside the
+// broker and sends its retry on a second connection, as a client does after
+// a timeout: the retry is not forwarded, and gets the original's outcome.
+func TestInFlightRetryWaitsForOriginal(t *testing.T) {
+	t.Parallel()
+	const topic = "inflight"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var n atomic.Int64
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		n.Add(1)
+		once.Do(func() { close(entered); <-release })
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	batch := recordBatch(t, 77, 0, 0, 2, "v")
+	orig, retry := dialRaw(t, p.addr()), dialRaw(t, p.addr())
+	req := produceParts(topic, -1, part{0, batch})
+	oc := orig.send(req)
+	<-entered
+	rc := retry.send(req)
+	waitFor(t, 10*time.Second, "the retry to be decided in flight", func() bool {
+		return testutil.ToFloat64(p.Metrics.batches[seqstate.InFlight]) == 1
+	})
+	close(release)
+	a, b := onlyPartition(t, orig.recv(req, oc)), onlyPartition(t, retry.recv(req, rc))
+	if a.ErrorCode != 0 || b.ErrorCode != 0 || a.BaseOffset != b.BaseOffset {
+		t.Fatalf("original %+v, retry %+v", a, b)
+	}
+	if n.Load() != 1 {
+		t.Fatalf("%d produce requests reached the broker, want 1", n.Load())
+	}
+}
+
+// TestAcksZeroRejectedClosesConnection: Kafka closes the connection when an
+// acks=0 write fails (KafkaApis.handleProduceRequest); so does the proxy.
+func TestAcksZeroRejectedClosesConnection(t *testing.T) {
+	t.Parallel()
+	const topic = "acks0"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	p := startProxy(t, c, nil)
+	raw := dialRaw(t, p.addr())
+	onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, recordBatch(t, 9, 0, 0, 1, "a")})))
+	raw.send(produceParts(topic, 0, part{0, recordBatch(t, 9, 0, 7, 1, "gap")}))
+	raw.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := readFrame(raw.conn); !errors.Is(err, io.EOF) && !isReset(err) {
+		t.Fatalf("want the connection closed, got %v", err)
+	}
+}
+
+// TestObserveModeForwardsEverything: observe decides and counts but
+// forwards every batch, so the broker's own answer reaches the client.
+func TestObserveModeForwardsEverything(t *testing.T) {
+	t.Parallel()
+	const topic = "observe"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	pc := countProduce(c)
+	p := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Mode = DedupObserve })
+	raw := dialRaw(t, p.addr())
+	b := recordBatch(t, 5, 0, 0, 1, "a")
+	for i := 0; i < 2; i++ {
+		if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
+			t.Fatalf("send %d: %+v", i, r)
+		}
+	}
+	if pc.requests.Load() != 2 {
+		t.Fatalf("broker saw %d requests, want both", pc.requests.Load())
+	}
+	if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Duplicate]); n != 1 {
+		t.Fatalf("duplicates counted: %v", n)
+	}
+}
