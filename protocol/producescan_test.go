@@ -444,11 +444,11 @@ func TestProduceScannerNullArrays(t *testing.T) {
 }
 
 var (
-	sinkInt    int
-	sinkInt16  int16
-	sinkUint64 uint64
-	sinkReduced  []byte
-	sinkErr    error
+	sinkInt     int
+	sinkInt16   int16
+	sinkUint64  uint64
+	sinkReduced []byte
+	sinkErr     error
 )
 
 // TestProduceFastPathNoAllocs pins the per-request hot path at zero
