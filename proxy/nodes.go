@@ -19,6 +19,7 @@ type node struct {
 	upstream string // real broker host:port, updated whenever a response names it
 	advHost  string
 	advPort  int32
+	bound    string // the listener's bound address
 }
 
 func (r *nodeRegistry) init(s *Server) {
@@ -34,6 +35,17 @@ func (r *nodeRegistry) upstream(id int32) (string, bool) {
 		return "", false
 	}
 	return n.upstream, true
+}
+
+// listenAddr returns the bound address of node id's listener, if any.
+func (r *nodeRegistry) listenAddr(id int32) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.nodes[id]
+	if !ok || n.bound == "" {
+		return "", false
+	}
+	return n.bound, true
 }
 
 // advertised returns the address clients are told for node id, if known.
@@ -108,6 +120,7 @@ func (r *nodeRegistry) startListener(id int32, n *node) {
 	}
 	ah, ap, _ := splitHostPort(adv)
 	n.advHost, n.advPort = ah, int32(ap)
+	n.bound = bound.String()
 	r.s.Logger.Info("listening", "listener", "broker", "node", id, "addr", bound.String(), "advertised", adv, "broker", n.upstream)
 	r.s.serve(ln, id)
 }
