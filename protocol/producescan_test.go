@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"testing"
+	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -202,12 +203,12 @@ func within(b, sub []byte) bool {
 	if len(sub) == 0 {
 		return true
 	}
-	for i := 0; i+len(sub) <= len(b); i++ {
-		if &b[i] == &sub[0] {
-			return cap(sub) == len(sub)
-		}
+	if len(b) == 0 {
+		return false
 	}
-	return false
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	at := uintptr(unsafe.Pointer(unsafe.SliceData(sub)))
+	return at >= start && at+uintptr(len(sub)) <= start+uintptr(len(b)) && cap(sub) == len(sub)
 }
 
 // TestProduceScannerMatchesKmsg is the differential test: the scanner agrees
