@@ -555,3 +555,9 @@ func (c *session) observeInit(p *pending, body []byte) {
 		c.s.dedup.table.ObserveInitProducerID(resp.ProducerID, resp.ProducerEpoch, time.Now())
 	}
 }
+
+// dedupKey is the table key of a (producer, topic name, partition), for
+// tests and diagnostics.
+func (s *Server) dedupKey(topic string, pid int64, partition int32) seqstate.Key {
+	return seqstate.Key{ProducerID: pid, Topic: s.dedup.table.Topic(topic), Partition: partition}
+}

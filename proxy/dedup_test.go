@@ -265,3 +265,77 @@ func TestObserveModeForwardsEverything(t *testing.T) {
 		t.Fatalf("duplicates counted: %v", n)
 	}
 }
+
+// TestClientLeavesInflightProduceStillCommitted: the client sends a batch and
+// disconnects before the broker answers. The proxy keeps reading the
+// upstream response and commits the batch (DESIGN.md §1), so the client's
+// retry on a new connection is recognised as a duplicate, not written twice.
+func TestClientLeavesInflightProduceStillCommitted(t *testing.T) {
+	t.Parallel()
+	const topic = "leaver"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var n atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		n.Add(1)
+		once.Do(func() { close(entered); <-release })
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	batch := recordBatch(t, 31, 0, 0, 4, "pay")
+	req := produceParts(topic, -1, part{0, batch})
+	first := dialRaw(t, p.addr())
+	first.send(req)
+	<-entered
+	first.conn.Close() // the acknowledgement can no longer arrive
+	close(release)
+	waitFor(t, 10*time.Second, "the abandoned batch to be committed", func() bool {
+		return p.dedup.table.Decide(p.dedupKey(topic, 31, 0), seqstate.Batch{Epoch: 0, FirstSeq: 0, Count: 4}, time.Now()).Decision == seqstate.Duplicate
+	})
+	retry := onlyPartition(t, dialRaw(t, p.addr()).roundTrip(req))
+	if retry.ErrorCode != 0 || retry.BaseOffset != 0 {
+		t.Fatalf("retry after the client left: %+v", retry)
+	}
+	if n.Load() != 1 {
+		t.Fatalf("%d produce requests reached the broker, want 1", n.Load())
+	}
+}
+
+// TestTransactionalInitFencesOlderEpoch: an InitProducerId response for a
+// transactional id bumps the producer's epoch; a Produce from the older
+// epoch is fenced with INVALID_PRODUCER_EPOCH on any partition, even one
+// the new epoch has not written yet (seqstate.Table.ObserveInitProducerID).
+func TestTransactionalInitFencesOlderEpoch(t *testing.T) {
+	t.Parallel()
+	const topic = "txn"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
+	pc := countProduce(c)
+	p := startProxy(t, c, nil)
+	raw := dialRaw(t, p.addr())
+	init := func() *kmsg.InitProducerIDResponse {
+		req := kmsg.NewPtrInitProducerIDRequest()
+		req.SetVersion(4)
+		req.TransactionalID = kmsg.StringPtr("txn-fence")
+		req.TransactionTimeoutMillis = 60000
+		resp := raw.roundTrip(req).(*kmsg.InitProducerIDResponse)
+		if resp.ErrorCode != 0 {
+			t.Fatalf("InitProducerId: error %d", resp.ErrorCode)
+		}
+		return resp
+	}
+	first := init()
+	second := init() // a new instance of the same transactional id: epoch bump
+	if second.ProducerID != first.ProducerID || second.ProducerEpoch <= first.ProducerEpoch {
+		t.Fatalf("no epoch bump: %+v then %+v", first, second)
+	}
+	pid, old := first.ProducerID, first.ProducerEpoch
+	r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{1, recordBatch(t, pid, old, 0, 1, "zombie")})))
+	if r.ErrorCode != kerr.InvalidProducerEpoch.Code {
+		t.Fatalf("produce from the fenced epoch: %+v", r)
+	}
+	if pc.requests.Load() != 0 {
+		t.Fatal("the fenced batch reached the broker: the proxy did not fence it")
+	}
+}
