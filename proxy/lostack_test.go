@@ -252,6 +252,7 @@ func TestLostAckSarama(t *testing.T) {
 	cfg.Producer.Retry.Backoff = 50 * time.Millisecond
 	cfg.Producer.Retry.Max = 10
 	cfg.Producer.Flush.Messages = 50
+	cfg.Producer.Flush.MaxMessages = 50 // at least 20 requests, so the 3rd acknowledgement exists to drop
 	cfg.Net.MaxOpenRequests = 1
 	cfg.Metadata.Retry.Backoff = 50 * time.Millisecond
 	prod, err := sarama.NewAsyncProducer([]string{p.addr()}, cfg)
