@@ -34,13 +34,12 @@ func ReduceProduce(dst, body []byte, version int16, keep func(topicIndex, partit
 	topicsCountAt := len(dst)
 	dst = reserveCount(dst, s.flexible)
 	var (
-		nTopics, kept  int
-		curTopic       = -1
-		open           bool // a topic entry is started in dst
-		partsCountAt   int
-		nParts         int
-		lastEnd        int // end of the current topic's last partition in body
-		prevTopicStart int
+		nTopics, kept int
+		curTopic      = -1
+		open          bool // the current topic's entry is started in dst
+		partsCountAt  int
+		nParts        int
+		lastEnd       int // end in body of the current topic's latest partition
 	)
 	for s.Next() {
 		p := s.Partition()
@@ -48,14 +47,14 @@ func ReduceProduce(dst, body []byte, version int16, keep func(topicIndex, partit
 			if open {
 				dst = closeTopic(dst, body, partsCountAt, nParts, lastEnd, s.flexible)
 			}
-			curTopic, open, prevTopicStart = p.TopicIndex, false, p.topicStart
+			curTopic, open = p.TopicIndex, false
 		}
 		lastEnd = p.end
 		if !keep(p.TopicIndex, p.PartitionIndex) {
 			continue
 		}
 		if !open {
-			dst = append(dst, body[prevTopicStart:p.partsOff]...)
+			dst = append(dst, body[p.topicStart:p.partsOff]...) // name or ID
 			partsCountAt = len(dst)
 			dst = reserveCount(dst, s.flexible)
 			open, nParts = true, 0

@@ -376,3 +376,24 @@ func TestAppendResponseHeader(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkReduceProduce(b *testing.B) {
+	body := testProduceRequest(13, nil, 4, 8).AppendTo(nil)
+	dst := make([]byte, 0, len(body))
+	keep := func(ti, pi int) bool { return (ti+pi)%2 == 0 }
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		dst, _, _ = ReduceProduce(dst[:0], body, 13, keep)
+	}
+}
+
+func BenchmarkMergeProduceResponse(b *testing.B) {
+	body := testProduceRequest(13, nil, 4, 8).AppendTo(nil)
+	local := func(ti, pi int) (LocalPartitionResult, bool) { return localAnswer(ti, pi), true }
+	var dst []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		dst, _ = MergeProduceResponse(dst[:0], 13, body, nil, local)
+	}
+}
