@@ -1,5 +1,6 @@
 // Command dedupproxy runs the Kafka deduplicating proxy.
 //
+//	dedupproxy demo
 //	dedupproxy [--config FILE] [--upstream HOST:PORT,...] [--listen HOST:PORT]
 //	           [--advertise HOST:PORT] [--admin HOST:PORT]
 //
@@ -39,6 +40,13 @@ func main() {
 
 // run is main without the process: it returns the exit code.
 func run(ctx context.Context, args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "demo" {
+		if err := runDemo(ctx, os.Stdout); err != nil {
+			fmt.Fprintln(stderr, "dedupproxy demo:", err)
+			return 1
+		}
+		return 0
+	}
 	cfg, err := loadConfig(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

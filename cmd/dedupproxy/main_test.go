@@ -311,3 +311,23 @@ func minimalBatch() []byte {
 }
 
 func crc32c(b []byte) uint32 { return crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)) }
+
+// TestDemo runs `dedupproxy demo` and checks the story it tells: the retry
+// reaches the cluster straight but not through the proxy, and a reused
+// sequence is silently swallowed by Kafka but refused by the proxy.
+func TestDemo(t *testing.T) {
+	var out strings.Builder
+	if err := runDemo(context.Background(), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"straight to the cluster: retry answered success; account 7 charged $42 in 1 record(s); writes that reached the cluster: 2",
+		"through dedupproxy     : retry answered success; account 7 charged $42 in 1 record(s); writes that reached the cluster: 1",
+		"straight to the cluster: the $17 payment was answered success; the log holds 1 record(s), $42",
+		"through dedupproxy     : the $17 payment was answered OUT_OF_ORDER_SEQUENCE_NUMBER; the log holds 1 record(s), $42",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
