@@ -493,11 +493,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // while different records sent under reused sequence numbers (kafkajs rolls
 // sequences back after a failed request) do not.
 //
-// The two halves are CRC-32C and CRC-32 (IEEE) of the records, both computed
-// with CPU instructions (SSE4.2 crc32, PCLMULQDQ) on amd64 and arm64. It is a
-// checksum, not a cryptographic hash: it separates honest retries from honest
-// new data, which is all the proxy needs, since a client can only hurt itself
-// by forging a collision.
+// It is the CRC-32C of the records (one pass, with the CPU's crc32
+// instruction on amd64 and arm64) beside their length. It runs on every
+// idempotent batch, so it is one pass rather than two: two different record
+// sets of the same count and length collide with probability 2^-32, which
+// separates honest retries from honest new data — all the proxy needs, since a
+// client can only hurt itself by forging a collision.
 //
 // h must hold the header ReadBatch read from records; bytes past the batch
 // Length are ignored.
@@ -510,7 +511,7 @@ func RecordsFingerprint(records []byte, h *BatchHeader) uint64 {
 	if end > batchHeaderSize {
 		recs = records[batchHeaderSize:end]
 	}
-	sum := uint64(crc32.Checksum(recs, castagnoli))<<32 | uint64(crc32.ChecksumIEEE(recs))
+	sum := uint64(len(recs))<<32 | uint64(crc32.Checksum(recs, castagnoli))
 	// Fold in the count and codec through a bijective mixer (the splitmix64
 	// finalizer) rather than by hashing a few more bytes: a byte slice handed
 	// to hash/crc32 escapes, which would cost an allocation per batch.
