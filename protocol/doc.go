@@ -7,8 +7,11 @@
 // bytes or typed errors back. Bad input never panics; it yields an error
 // wrapping one of the package's sentinels.
 //
-// Everything that is not rewritten is relayed as raw bytes; only the APIs
-// listed in [Decoded] are ever decoded, and their versions are capped in
-// ApiVersions responses (see [CapAPIVersions]) to what kmsg can decode, so a
-// newer broker degrades gracefully instead of breaking clients.
+// Everything that is not rewritten is relayed as raw bytes. Produce requests
+// are scanned without decoding records ([ProduceScanner]); only the
+// address-bearing responses ([RewriteAddresses]) and ApiVersions are decoded.
+// ApiVersions is capped ([CapAPIVersions]) to what kmsg knows for every API,
+// because whether a request header is flexible depends on its key and
+// version: a newer broker then degrades gracefully instead of breaking
+// clients.
 package protocol
