@@ -179,6 +179,15 @@ func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Ti
 			d.tracked = register
 		case seqstate.Invalid:
 			d.tracked = false // the broker rejects it with INVALID_RECORD
+		case seqstate.Duplicate:
+			d.tracked = false
+			// A duplicate of a batch committed without an offset (its
+			// append ended in REQUEST_TIMED_OUT) goes to the broker, whose
+			// own duplicate check answers with the real offset.
+			if enforce && d.result.BaseOffset >= 0 && protocol.BatchValid(part.Records, &bh) == 0 {
+				d.forwarded = false
+				d.local = c.localAnswer(&d)
+			}
 		default:
 			d.tracked = false
 			if enforce && protocol.BatchValid(part.Records, &bh) == 0 {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/binary"
 	"errors"
 	"io"
 	"sync"
@@ -179,6 +180,18 @@ func TestDedupCraftedRequests(t *testing.T) {
 			t.Fatalf("good retry after a corrupt one: %+v", r)
 		}
 	})
+	t.Run("CountMismatchGoesToBroker", func(t *testing.T) {
+		// LogValidator.validateBatch: records count must equal
+		// lastOffsetDelta+1 (§2.1 row 12): the broker's INVALID_RECORD (kfake
+		// answers CORRUPT_MESSAGE, §10.1), and the table is untouched.
+		good := recordBatch(t, pid, 1, 1, 2, "c")
+		bad := append([]byte(nil), good...)
+		binary.BigEndian.PutUint32(bad[57:], 3) // NumRecords 3, lastOffsetDelta 1
+		bad = fixBatchLengthAndCRC(bad)
+		if r := onlyPartition(t, send(part{0, bad})); r.ErrorCode == 0 {
+			t.Fatalf("count mismatch accepted: %+v", r)
+		}
+	})
 	t.Run("TruncatedBatchGoesToBroker", func(t *testing.T) {
 		good := recordBatch(t, pid, 1, 1, 1, "t")
 		r := onlyPartition(t, send(part{0, good[:len(good)-3]}))
@@ -337,5 +350,35 @@ func TestTransactionalInitFencesOlderEpoch(t *testing.T) {
 	}
 	if pc.requests.Load() != 0 {
 		t.Fatal("the fenced batch reached the broker: the proxy did not fence it")
+	}
+}
+
+// TestTimedOutAppendRetryGoesToBroker: REQUEST_TIMED_OUT means the batch was
+// appended (kafka-idempotence.md §2 row 16), so the table commits it, but the
+// response carries no offset; the retry then goes to the broker, whose own
+// duplicate check answers with the real offset, and nothing is stored twice.
+func TestTimedOutAppendRetryGoesToBroker(t *testing.T) {
+	t.Parallel()
+	const topic = "timedout"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	p := startProxy(t, c, nil)
+	raw := dialRaw(t, p.addr())
+	send := func(b []byte) kmsg.ProduceResponseTopicPartition {
+		return onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b})))
+	}
+	send(recordBatch(t, 55, 0, 0, 2, "a"))
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.RequestTimedOut, Count: 1})
+	b := recordBatch(t, 55, 0, 2, 3, "b")
+	if r := send(b); r.ErrorCode != kerr.RequestTimedOut.Code {
+		t.Fatalf("faulted append: %+v", r)
+	}
+	if d := p.dedup.table.Decide(p.dedupKey(topic, 55, 0), seqstate.Batch{Epoch: 0, FirstSeq: 2, Count: 3}, time.Now()); d.Decision != seqstate.Duplicate {
+		t.Fatalf("after REQUEST_TIMED_OUT the table says %v, want the batch committed", d.Decision)
+	}
+	if r := send(b); r.ErrorCode != 0 || r.BaseOffset != 2 {
+		t.Fatalf("retry: %+v, want success at the original offset 2", r)
+	}
+	if r := send(recordBatch(t, 55, 0, 5, 1, "c")); r.ErrorCode != 0 || r.BaseOffset != 5 {
+		t.Fatalf("next batch: %+v, want offset 5 (nothing stored twice)", r)
 	}
 }
