@@ -280,7 +280,7 @@ func hostPort(host string, port int) string { return net.JoinHostPort(host, strc
 // minutes by default; we check more often since it is cheap).
 func (s *Server) expireLoop() {
 	defer s.wg.Done()
-	every := min(s.Config.Dedup.ProducerIDExpiration/10, time.Minute)
+	every := max(min(s.Config.Dedup.ProducerIDExpiration/10, time.Minute), 10*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

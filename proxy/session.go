@@ -132,6 +132,9 @@ func (c *session) readLoop() {
 	m := c.s.Metrics
 	buf := make([]byte, 4096)
 	for {
+		if cap(buf) > maxPooledFrame { // one large request does not pin memory for the connection's life
+			buf = make([]byte, 4096)
+		}
 		if cfg.IdleTimeout > 0 {
 			c.client.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
 		}
@@ -194,9 +197,6 @@ func (c *session) readLoop() {
 		}
 		if !c.forward(frame) {
 			return
-		}
-		if cap(buf) > maxPooledFrame { // one large request does not pin memory for the connection's life
-			buf = make([]byte, 4096)
 		}
 	}
 }
