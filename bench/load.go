@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// histogram is a lock-free log-linear latency histogram: 128 linear
+// sub-buckets per power of two of nanoseconds, so a quantile is within
+// 0.8% of the true value. Millions of records per phase cannot each be kept.
+type histogram struct {
+	counts [64 * histSub]atomic.Uint64
+}
+
+const histSubBits = 7
+const histSub = 1 << histSubBits
+
+func histIndex(ns int64) int {
+	if ns < histSub {
+		if ns < 0 {
+			ns = 0
+		}
+		return int(ns)
+	}
+	exp := bits.Len64(uint64(ns)) - histSubBits // >= 1
+	sub := int(ns>>(exp-1)) - histSub           // 0..histSub-1
+	return exp*histSub + sub
+}
+
+// histValue is the midpoint of bucket i.
+func histValue(i int) int64 {
+	exp, sub := i/histSub, i%histSub
+	if exp == 0 {
+		return int64(sub)
+	}
+	lo := int64(histSub+sub) << (exp - 1)
+	return lo + (int64(1)<<(exp-1))/2
+}
+
+func (h *histogram) record(d time.Duration) { h.counts[histIndex(int64(d))].Add(1) }
+
+func (h *histogram) merge(o *histogram) {
+	for i := range o.counts {
+		if c := o.counts[i].Load(); c > 0 {
+			h.counts[i].Add(c)
+		}
+	}
+}
+
+func (h *histogram) total() uint64 {
+	var n uint64
+	for i := range h.counts {
+		n += h.counts[i].Load()
+	}
+	return n
+}
+
+// quantile returns the q-quantile (0 < q <= 1), or 0 with no samples.
+func (h *histogram) quantile(q float64) time.Duration {
+	n := h.total()
+	if n == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q * float64(n)))
+	if rank == 0 {
+		rank = 1
+	}
+	var seen uint64
+	for i := range h.counts {
+		seen += h.counts[i].Load()
+		if seen >= rank {
+			return time.Duration(histValue(i))
+		}
+	}
+	return 0
+}
+
+// loadSpec is what one measured phase runs.
+type loadSpec struct {
+	Producers   int
+	Topics      []string
+	RecordSize  int
+	Linger      time.Duration
+	BatchBytes  int32
+	Acks        string // all, leader, none
+	Idempotent  bool
+	BufferBytes int64         // per producer, bounds queueing latency
+	Duration    time.Duration // phase length bound
+	Records     int64         // record bound (all producers); 0 = none
+	RoundTrip   bool          // one producer, one record per ProduceSync
+	// OnStart runs after warm-up, right before the timed window, so
+	// process figures (CPU, peak RSS) exclude client set-up.
+	OnStart func()
+}
+
+// loadResult is what one phase measured, client side.
+type loadResult struct {
+	Sent, Acked, Failed int64
+	Elapsed             time.Duration
+	Hist                *histogram
+	FirstErr            error
+}
+
+// maxRecordsPerPhase bounds a phase in count even when only a duration was
+// asked for.
+const maxRecordsPerPhase = 200_000_000
+
+// runLoad drives spec.Producers kgo clients at seeds (dialing through dial
+// when set) until the duration or record bound, then flushes.
+func runLoad(ctx context.Context, seeds []string, dial func(context.Context, string, string) (net.Conn, error), spec loadSpec) (loadResult, error) {
+	res := loadResult{Hist: new(histogram)}
+	producers := spec.Producers
+	if spec.RoundTrip {
+		producers = 1
+	}
+	clients := make([]*kgo.Client, 0, producers)
+	defer func() {
+		for _, cl := range clients {
+			cl.Close()
+		}
+	}()
+	value := make([]byte, spec.RecordSize)
+	for i := range value {
+		value[i] = byte('a' + i%26)
+	}
+	for range producers {
+		opts := []kgo.Opt{
+			kgo.SeedBrokers(seeds...),
+			kgo.ProducerLinger(spec.Linger),
+			kgo.ProducerBatchMaxBytes(spec.BatchBytes),
+			kgo.ProducerBatchCompression(kgo.NoCompression()),
+			kgo.MaxBufferedBytes(int(spec.BufferBytes)),
+			kgo.RecordDeliveryTimeout(60 * time.Second),
+			kgo.RetryTimeout(30 * time.Second),
+		}
+		switch spec.Acks {
+		case "all":
+			opts = append(opts, kgo.RequiredAcks(kgo.AllISRAcks()))
+		case "leader":
+			opts = append(opts, kgo.RequiredAcks(kgo.LeaderAck()))
+		case "none":
+			opts = append(opts, kgo.RequiredAcks(kgo.NoAck()))
+		default:
+			return res, fmt.Errorf("acks %q: want all, leader or none", spec.Acks)
+		}
+		if !spec.Idempotent || spec.Acks != "all" {
+			opts = append(opts, kgo.DisableIdempotentWrite()) // kgo requires acks=all for idempotence
+		}
+		if dial != nil {
+			opts = append(opts, kgo.Dialer(dial))
+		}
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			return res, err
+		}
+		clients = append(clients, cl)
+		// Warm up outside the measurement: metadata, connections and the
+		// producer id (InitProducerId) for every topic.
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		for _, t := range spec.Topics {
+			if err := cl.ProduceSync(wctx, &kgo.Record{Topic: t, Value: value}).FirstErr(); err != nil {
+				cancel()
+				return res, fmt.Errorf("warm-up produce: %w", err)
+			}
+		}
+		cancel()
+	}
+
+	limit := spec.Records
+	if limit <= 0 || limit > maxRecordsPerPhase {
+		limit = maxRecordsPerPhase
+	}
+	// claimed enforces the record bound across producers; issued counts
+	// records actually handed to kgo, which after Flush must equal acked +
+	// failed (every promise has run).
+	var claimed, issued, acked, failed atomic.Int64
+	var errOnce sync.Once
+	if spec.OnStart != nil {
+		spec.OnStart()
+	}
+	start := time.Now()
+	deadline := start.Add(spec.Duration)
+	var wg sync.WaitGroup
+	for p, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := p; ; i++ {
+				now := time.Now()
+				if now.After(deadline) || ctx.Err() != nil || claimed.Add(1) > limit {
+					return
+				}
+				rec := &kgo.Record{Topic: spec.Topics[i%len(spec.Topics)], Value: value}
+				issued.Add(1)
+				if spec.RoundTrip {
+					err := cl.ProduceSync(ctx, rec).FirstErr()
+					res.Hist.record(time.Since(now))
+					if err != nil {
+						failed.Add(1)
+						errOnce.Do(func() { res.FirstErr = err })
+						continue
+					}
+					acked.Add(1)
+					continue
+				}
+				cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+					res.Hist.record(time.Since(now))
+					if err != nil {
+						failed.Add(1)
+						errOnce.Do(func() { res.FirstErr = err })
+						return
+					}
+					acked.Add(1)
+				})
+			}
+		}()
+	}
+	wg.Wait()
+	fctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	for _, cl := range clients {
+		if err := cl.Flush(fctx); err != nil {
+			return res, fmt.Errorf("flush: %w", err)
+		}
+	}
+	res.Elapsed = time.Since(start)
+	res.Sent = issued.Load()
+	res.Acked, res.Failed = acked.Load(), failed.Load()
+	if res.Acked == 0 {
+		return res, errors.Join(errors.New("no record acknowledged"), res.FirstErr)
+	}
+	return res, nil
+}

@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// buildProxy compiles ./cmd/dedupproxy once into dir. The proxy runs as its
+// own process so its CPU time and peak RSS can be read from /proc without
+// the load generator's (or kfake's) share mixed in.
+func buildProxy(ctx context.Context, dir string) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("build the proxy: %w", err)
+	}
+	out := filepath.Join(dir, "dedupproxy")
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, "./cmd/dedupproxy")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/dedupproxy: %w\n%s", err, b)
+	}
+	return out, nil
+}
+
+// moduleRoot finds the directory holding go.mod, from the working directory
+// up (go run ./bench runs in the root; go test runs in bench/).
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for range 32 {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return "", errors.New("go.mod not found above the working directory")
+}
+
+// proxyProc is a running dedupproxy process.
+type proxyProc struct {
+	cmd       *exec.Cmd
+	pid       int
+	bootstrap string // bootstrap listener
+	admin     string // /metrics host:port
+	done      chan struct{}
+
+	mu   sync.Mutex
+	tail []string // last stderr lines, for errors
+}
+
+var (
+	reBootstrap = regexp.MustCompile(`msg=listening listener=bootstrap addr=(\S+)`)
+	reAdmin     = regexp.MustCompile(`msg="admin listening" addr=(\S+)`)
+)
+
+// startProxy runs bin against upstream with the given dedup mode, every
+// address on 127.0.0.1:0, and waits for it to log its bootstrap and admin
+// addresses.
+func startProxy(ctx context.Context, bin, dir string, upstream []string, mode string) (*proxyProc, error) {
+	cfgPath := filepath.Join(dir, fmt.Sprintf("proxy-%d.yaml", time.Now().UnixNano()))
+	// log_level info: the two address lines are logged at info, and the
+	// proxy logs nothing per request at info, so it costs nothing here.
+	cfg := fmt.Sprintf("upstream: [%s]\nlisten: 127.0.0.1:0\nadmin: 127.0.0.1:0\nlog_level: info\ndedup:\n  mode: %s\n",
+		strings.Join(upstream, ", "), mode)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--config", cfgPath)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proxyProc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{})}
+	found := make(chan struct{})
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		signalled := false
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			if m := reBootstrap.FindStringSubmatch(line); m != nil && p.bootstrap == "" {
+				p.bootstrap = m[1]
+			}
+			if m := reAdmin.FindStringSubmatch(line); m != nil && p.admin == "" {
+				p.admin = m[1]
+			}
+			if len(p.tail) == 50 {
+				p.tail = p.tail[1:]
+			}
+			p.tail = append(p.tail, line)
+			ready := p.bootstrap != "" && p.admin != ""
+			p.mu.Unlock()
+			if ready && !signalled {
+				signalled = true
+				close(found)
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		cmd.Wait()
+	}()
+	select {
+	case <-found:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("proxy exited before listening:\n%s", p.lastLines())
+	case <-time.After(15 * time.Second):
+		p.stop()
+		return nil, fmt.Errorf("proxy did not log its addresses within 15s:\n%s", p.lastLines())
+	case <-ctx.Done():
+		p.stop()
+		return nil, ctx.Err()
+	}
+}
+
+func (p *proxyProc) lastLines() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.tail, "\n")
+}
+
+// stop sends SIGTERM (the proxy drains and exits) and kills it after 10s.
+func (p *proxyProc) stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// procStats is what /proc says about the proxy process.
+type procStats struct {
+	cpu   time.Duration // utime + stime
+	rss   int64         // VmRSS, bytes
+	hwm   int64         // VmHWM (peak RSS since start or the last resetPeak), bytes
+	valid bool
+}
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat.
+// It is 100 on every Linux architecture Go supports (getconf CLK_TCK); Go
+// has no sysconf without cgo.
+const clockTicks = 100
+
+func readProc(pid int) (procStats, error) {
+	var st procStats
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return st, err
+	}
+	// comm (field 2) may contain spaces: fields resume after the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return st, errors.New("bad /proc stat")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return st, errors.New("short /proc stat")
+	}
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	st.cpu = time.Duration(ut+stime) * time.Second / clockTicks
+	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return st, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "VmRSS":
+			st.rss = kb << 10
+		case "VmHWM":
+			st.hwm = kb << 10
+		}
+	}
+	st.valid = true
+	return st, nil
+}
+
+// resetPeak resets VmHWM to the current RSS (Linux 4.0+, "5" to
+// clear_refs), so the peak of each measured phase is read on its own rather
+// than the process's lifetime peak. If the kernel refuses, the lifetime
+// peak is what gets reported.
+func resetPeak(pid int) {
+	os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
+}
+
+// scrape fetches the proxy's /metrics text.
+func scrape(ctx context.Context, admin string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("/metrics: %s", resp.Status)
+	}
+	return string(b), nil
+}
+
+// metricValue sums the samples of name whose labels contain every one of
+// labels (each like `outcome="duplicate"`) in Prometheus text format.
+// A missing series is 0: a counter that never moved may not be exported.
+func metricValue(text, name string, labels ...string) float64 {
+	var sum float64
+	for line := range strings.SplitSeq(text, "\n") {
+		if line == "" || line[0] == '#' || !strings.HasPrefix(line, name) {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		if sp < 0 {
+			continue
+		}
+		series := line[:sp]
+		n := series
+		if i := strings.IndexByte(series, '{'); i >= 0 {
+			n = series[:i]
+		}
+		if n != name {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			if !strings.Contains(series, l) {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[sp+1:], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
