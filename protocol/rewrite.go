@@ -229,17 +229,11 @@ func rewriteDescribeCluster(dst, body []byte, version int16, m AddrMapper) ([]by
 	if err := resp.ReadFrom(body); err != nil {
 		return nil, false, malformed(err)
 	}
-	changed := false
-	for i := range resp.Brokers {
-		b := &resp.Brokers[i]
-		c, err := mapAddr(m, b.NodeID, &b.Host, &b.Port)
-		if err != nil {
-			return nil, false, err
-		}
-		changed = changed || c
-	}
-	if !changed {
-		return body, false, nil
+	changed, err := mapEach(m, resp.Brokers, func(b *kmsg.DescribeClusterResponseBroker) (int32, *string, *int32) {
+		return b.NodeID, &b.Host, &b.Port
+	})
+	if err != nil || !changed {
+		return body, false, err
 	}
 	return resp.AppendTo(dst[:0]), true, nil
 }
@@ -249,19 +243,26 @@ func rewriteShareAcknowledge(dst, body []byte, version int16, m AddrMapper) ([]b
 	if err := resp.ReadFrom(body); err != nil {
 		return nil, false, malformed(err)
 	}
-	changed := false
-	for i := range resp.NodeEndpoints {
-		n := &resp.NodeEndpoints[i]
-		c, err := mapAddr(m, n.NodeID, &n.Host, &n.Port)
+	changed, err := mapEach(m, resp.NodeEndpoints, func(n *kmsg.ShareAcknowledgeResponseNodeEndpoint) (int32, *string, *int32) {
+		return n.NodeID, &n.Host, &n.Port
+	})
+	if err != nil || !changed {
+		return body, false, err
+	}
+	return resp.AppendTo(dst[:0]), true, nil
+}
+
+// mapEach maps the address of every element of a decoded broker list.
+func mapEach[T any](m AddrMapper, items []T, addr func(*T) (int32, *string, *int32)) (changed bool, err error) {
+	for i := range items {
+		id, host, port := addr(&items[i])
+		c, err := mapAddr(m, id, host, port)
 		if err != nil {
-			return nil, false, err
+			return false, err
 		}
 		changed = changed || c
 	}
-	if !changed {
-		return body, false, nil
-	}
-	return resp.AppendTo(dst[:0]), true, nil
+	return changed, nil
 }
 
 // rewriteTaggedNodes handles Produce v10+ and Fetch v16+, whose broker

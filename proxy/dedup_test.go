@@ -211,15 +211,7 @@ func TestInFlightRetryWaitsForOriginal(t *testing.T) {
 	t.Parallel()
 	const topic = "inflight"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	entered, release := make(chan struct{}), make(chan struct{})
-	var n atomic.Int64
-	var once sync.Once
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		n.Add(1)
-		once.Do(func() { close(entered); <-release })
-		return nil, nil, false
-	})
+	entered, release, n := holdFirstProduce(c)
 	p := startProxy(t, c, nil)
 	batch := recordBatch(t, 77, 0, 0, 2, "v")
 	orig, retry := dialRaw(t, p.addr()), dialRaw(t, p.addr())
@@ -287,15 +279,7 @@ func TestClientLeavesInflightProduceStillCommitted(t *testing.T) {
 	t.Parallel()
 	const topic = "leaver"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	var n atomic.Int64
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		n.Add(1)
-		once.Do(func() { close(entered); <-release })
-		return nil, nil, false
-	})
+	entered, release, n := holdFirstProduce(c)
 	p := startProxy(t, c, nil)
 	batch := recordBatch(t, 31, 0, 0, 4, "pay")
 	req := produceParts(topic, -1, part{0, batch})
@@ -381,4 +365,19 @@ func TestTimedOutAppendRetryGoesToBroker(t *testing.T) {
 	if r := send(recordBatch(t, 55, 0, 5, 1, "c")); r.ErrorCode != 0 || r.BaseOffset != 5 {
 		t.Fatalf("next batch: %+v, want offset 5 (nothing stored twice)", r)
 	}
+}
+
+// holdFirstProduce makes kfake hold the first Produce it receives until
+// release is closed; entered is closed when it arrives, and n counts every
+// Produce request that reaches the broker.
+func holdFirstProduce(c *kfake.Cluster) (entered, release chan struct{}, n *atomic.Int64) {
+	entered, release, n = make(chan struct{}), make(chan struct{}), new(atomic.Int64)
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		n.Add(1)
+		once.Do(func() { close(entered); <-release })
+		return nil, nil, false
+	})
+	return entered, release, n
 }

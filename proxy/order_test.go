@@ -139,12 +139,7 @@ func TestShutdownDrainsInflight(t *testing.T) {
 	t.Parallel()
 	const topic = "drain"
 	c := newCluster(t, kfake.SeedTopics(1, topic))
-	entered, release := make(chan struct{}), make(chan struct{})
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		close(entered)
-		<-release
-		return nil, nil, false // let the broker handle it
-	})
+	entered, release, _ := holdFirstProduce(c)
 	p := startProxy(t, c, nil)
 	raw := dialLeader(t, p, c, topic, 0)
 	req := produceRequest(topic, -1, oneRecordBatch(t))
