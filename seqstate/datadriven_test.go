@@ -284,7 +284,7 @@ func (t *Table) dumpKey(k Key) string {
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	idx, ok := s.lru.Peek(k)
+	idx, ok := s.peek(k)
 	if !ok {
 		return "unknown"
 	}

@@ -8,6 +8,7 @@ package seqstate
 // slots hold no pointers, so the slabs that store them are never scanned by
 // the garbage collector.
 type header struct {
+	key Key // the entry's key, for the shard's index and eviction
 	// lastSeen is the Unix-nanosecond time of the last state change: a batch
 	// registered by Check or applied by Commit. It drives expiry, like
 	// ProducerStateEntry.lastTimestamp; duplicates and rejections do not
@@ -16,9 +17,13 @@ type header struct {
 	// epoch is the epoch of every batch in the window. Kafka clears the
 	// retained batches whenever the epoch changes
 	// (ProducerStateEntry.maybeUpdateProducerEpoch), so one epoch suffices.
-	epoch int16
-	head  uint8 // ring index of the oldest slot
-	n     uint8 // slots in use
+	// prev and next link the shard's LRU list: the slab indexes of the
+	// next more and next less recently used entries, or nilIndex.
+	prev, next int32
+	hash       uint32 // the key's hash in the shard's index
+	epoch      int16
+	head       uint8 // ring index of the oldest slot
+	n          uint8 // slots in use
 }
 
 // slot is one batch in the window: Kafka's BatchMetadata (lastSeq, lastOffset,

@@ -345,20 +345,21 @@ func (t *Table) dumpAll(tb testing.TB) string {
 	for i := range t.shards {
 		s := &t.shards[i].shard
 		s.mu.Lock()
-		if got, want := int(s.count.Load()), s.lru.Len(); got != want {
+		keys, idxs := s.walk(tb, i)
+		if got, want := int(s.count.Load()), len(keys); got != want {
 			tb.Fatalf("shard %d: count %d, lru %d", i, got, want)
 		}
-		if int(s.used) != s.lru.Len()+len(s.free) {
-			tb.Fatalf("shard %d: used %d != live %d + free %d", i, s.used, s.lru.Len(), len(s.free))
+		if int(s.used) != len(keys)+len(s.free) {
+			tb.Fatalf("shard %d: used %d != live %d + free %d", i, s.used, len(keys), len(s.free))
 		}
-		if s.lru.Len() > s.capacity {
-			tb.Fatalf("shard %d: %d entries over capacity %d", i, s.lru.Len(), s.capacity)
+		if len(keys) > s.capacity {
+			tb.Fatalf("shard %d: %d entries over capacity %d", i, len(keys), s.capacity)
 		}
 		fmt.Fprintf(&sb, "shard %d:", i)
-		seen := map[uint32]bool{}
-		for _, k := range s.lru.Keys() {
-			idx, _ := s.lru.Peek(k)
-			if seen[idx] || slices.Contains(s.free, idx) {
+		seen := map[int32]bool{}
+		for j, k := range keys {
+			idx := idxs[j]
+			if seen[idx] || slices.Contains(s.free, uint32(idx)) {
 				tb.Fatalf("shard %d: slab index %d used twice", i, idx)
 			}
 			seen[idx] = true
@@ -382,6 +383,40 @@ func (t *Table) dumpAll(tb testing.TB) string {
 		s.mu.Unlock()
 	}
 	return sb.String()
+}
+
+// walk lists the shard's keys and slab indexes from least to most recently
+// used, checking the LRU links and that the index finds every key at its
+// slab index and holds nothing else.
+func (s *shard) walk(tb testing.TB, i int) (keys []Key, idxs []int32) {
+	prev := int32(nilIndex)
+	for idx := s.lru; idx != nilIndex; idx = s.hdr(idx).prev {
+		h := s.hdr(idx)
+		if h.next != prev {
+			tb.Fatalf("shard %d: entry %d links back to %d, want %d", i, idx, h.next, prev)
+		}
+		if got, ok := s.peek(h.key); !ok || got != idx || h.hash != s.hash(h.key) {
+			tb.Fatalf("shard %d: index finds %v at %d, %v; want %d", i, h.key, got, ok, idx)
+		}
+		keys, idxs = append(keys, h.key), append(idxs, idx)
+		prev = idx
+		if len(keys) > s.capacity {
+			tb.Fatalf("shard %d: LRU list longer than capacity %d (cycle?)", i, s.capacity)
+		}
+	}
+	if prev != s.mru || s.live != len(keys) {
+		tb.Fatalf("shard %d: LRU ends at %d, mru %d; live %d, listed %d", i, prev, s.mru, s.live, len(keys))
+	}
+	words := 0
+	for _, w := range s.index {
+		if w != 0 {
+			words++
+		}
+	}
+	if words != len(keys) || (words+0)*4 > len(s.index)*3 {
+		tb.Fatalf("shard %d: index holds %d words of %d for %d keys", i, words, len(s.index), len(keys))
+	}
+	return keys, idxs
 }
 
 // driver turns a byte source into operations on a Table and the model, the

@@ -2,6 +2,7 @@ package seqstate
 
 import (
 	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,9 +13,8 @@ import (
 // Table is the concurrent, bounded state table. It is safe for concurrent use.
 //
 // Entries are sharded by producer id, so all of a producer's partitions and
-// its InitProducerId epoch floor sit behind one shard lock. Each shard is a
-// simplelru from key to an index into the shard's slab of pointer-free entry
-// memory.
+// its InitProducerId epoch floor sit behind one shard lock. Each shard is an
+// intrusive LRU over slabs of pointer-free entry memory (see shard).
 type Table struct {
 	shards     []paddedShard
 	shardShift uint // 64 - log2(len(shards))
@@ -37,9 +37,10 @@ func New(cfg Config) (*Table, error) {
 	}
 	perShard := (cfg.MaxEntries + cfg.Shards - 1) / cfg.Shards
 	fencesPerShard := (cfg.MaxFencedProducers + cfg.Shards - 1) / cfg.Shards
+	seed0, seed1 := rand.Uint64(), rand.Uint64()
 	for i := range t.shards {
 		s := &t.shards[i].shard
-		s.init(perShard, fencesPerShard, cfg.RetainedBatches, t.expiration)
+		s.init(perShard, fencesPerShard, cfg.RetainedBatches, t.expiration, seed0, seed1)
 	}
 	t.topics.init()
 	return t, nil
@@ -68,8 +69,8 @@ func (t *Table) shard(pid int64) *shard { return &t.shards[t.shardIndex(pid)].sh
 // expired key accepts any sequence (Kafka ≥ 2.5). A key found expired at
 // lookup is removed first.
 //
-// It does not allocate for a known key; the first batch of a new key
-// allocates the LRU element (one allocation).
+// It does not allocate for a known key; a new key allocates only when its
+// shard grows (a slab page or the index, amortized).
 func (t *Table) Check(k Key, b Batch, now time.Time) Result {
 	return t.check(k, b, now.UnixNano(), true /* register */)
 }
@@ -135,7 +136,7 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	s.mu.Lock()
 	if idx, ok := s.lookup(k, ns); ok {
 		if s.entry(idx).commit(b, baseOffset, maxTimestamp, ns) == forget {
-			s.remove(k, idx)
+			s.remove(idx)
 		}
 	} else {
 		e := s.insert(k)
@@ -156,9 +157,9 @@ func (t *Table) Release(k Key, b Batch) {
 	}
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	if idx, ok := s.lru.Peek(k); ok {
+	if idx, ok := s.peek(k); ok {
 		if s.entry(idx).release(b) == forget {
-			s.remove(k, idx)
+			s.remove(idx)
 		}
 	}
 	s.mu.Unlock()
@@ -277,13 +278,28 @@ type paddedShard struct {
 	_ [64]byte
 }
 
-// shard is one lock's worth of the table. Entries live in slabs: pages of
-// headers and pages of slots, indexed by the uint32 the LRU stores, so the
-// LRU element stays in its 80-byte size class and the slab pages, holding no
-// pointers, are never scanned by the garbage collector.
+// nilIndex is the null slab index in the LRU links.
+const nilIndex = -1
+
+// shard is one lock's worth of the table: an intrusive LRU over slabs.
+//
+// Entries live in pages of headers and pages of slots, indexed by an int32
+// slab index. A header holds its key, its LRU links (slab indexes of its more
+// and less recently used neighbours) and the hash of its key, so the slabs
+// hold no pointers and the garbage collector never scans them. The key index
+// is an open-addressing hash table of uint32 words with linear probing: a
+// word is 0 (empty) or the slab index plus one in its low idxBits bits, with
+// the high bits of the key's hash above them as a tag, so a probe touches a
+// header only when the tag matches. Removal shifts the following words back
+// (no tombstones), using the hash kept in the header.
 type shard struct {
 	mu          sync.Mutex
-	lru         *simplelru.LRU[Key, uint32]
+	index       []uint32 // len is a power of two, at most 3/4 full
+	idxMask     uint32   // low bits of an index word: slab index + 1
+	seed0       uint64
+	seed1       uint64
+	mru, lru    int32 // most and least recently used entries, or nilIndex
+	live        int   // entries in the LRU (count mirrors it for Len)
 	fences      *simplelru.LRU[int64, fence]
 	capacity    int
 	retained    int
@@ -304,73 +320,190 @@ type fence struct {
 	epoch int16
 }
 
-func (s *shard) init(capacity, fences, retained int, expiration int64) {
-	s.lru, _ = simplelru.NewLRU[Key, uint32](capacity, nil)
+func (s *shard) init(capacity, fences, retained int, expiration int64, seed0, seed1 uint64) {
 	s.fences, _ = simplelru.NewLRU[int64, fence](fences, nil)
 	s.capacity = capacity
 	s.retained = retained
 	s.expiration = expiration
+	s.seed0, s.seed1 = seed0, seed1
+	s.mru, s.lru = nilIndex, nilIndex
+	s.idxMask = uint32(1)<<bits.Len32(uint32(capacity)) - 1 // holds capacity itself
+	s.index = make([]uint32, 8)
 	// Pages of up to 256 entries: small enough that a shard wastes at most
 	// one partly used page, large enough that the page tables stay short.
 	s.pageShift = uint(min(8, bits.Len(uint(capacity-1))))
 }
 
-func (s *shard) entry(idx uint32) entry {
-	p, o := idx>>s.pageShift, int(idx&(1<<s.pageShift-1))
+// hash is a seeded multiply-mix of the key (wyhash's mum), folded to 32
+// bits. The seed is random per table, so clients choosing producer ids cannot
+// aim for collisions; placement never affects a decision.
+func (s *shard) hash(k Key) uint32 {
+	hi, lo := bits.Mul64(uint64(k.ProducerID)^s.seed0, (uint64(k.Topic)<<32|uint64(uint32(k.Partition)))^s.seed1)
+	h := hi ^ lo
+	return uint32(h) ^ uint32(h>>32)
+}
+
+func (s *shard) hdr(idx int32) *header {
+	return &s.headers[uint32(idx)>>s.pageShift][uint32(idx)&(1<<s.pageShift-1)]
+}
+
+func (s *shard) entry(idx int32) entry {
+	p, o := uint32(idx)>>s.pageShift, int(uint32(idx)&(1<<s.pageShift-1))
 	r := s.retained
 	return entry{h: &s.headers[p][o], s: s.slots[p][o*r : o*r+r : o*r+r]}
 }
 
 func (s *shard) expired(seen, now int64) bool { return now-seen >= s.expiration }
 
+// peek finds k without marking it used or expiring it.
+func (s *shard) peek(k Key) (int32, bool) {
+	h := s.hash(k)
+	mask := uint32(len(s.index) - 1)
+	tag := h &^ s.idxMask
+	for i := h & mask; ; i = (i + 1) & mask {
+		w := s.index[i]
+		if w == 0 {
+			return 0, false
+		}
+		if w&^s.idxMask == tag {
+			idx := int32(w&s.idxMask) - 1
+			if s.hdr(idx).key == k {
+				return idx, true
+			}
+		}
+	}
+}
+
 // lookup finds k, marking it most recently used. An expired entry is removed
 // and reported missing (lazy expiry).
-func (s *shard) lookup(k Key, now int64) (uint32, bool) {
-	idx, ok := s.lru.Get(k)
+func (s *shard) lookup(k Key, now int64) (int32, bool) {
+	idx, ok := s.peek(k)
 	if !ok {
 		return 0, false
 	}
-	if now-s.headers[idx>>s.pageShift][idx&(1<<s.pageShift-1)].lastSeen >= s.expiration {
-		s.remove(k, idx)
+	h := s.hdr(idx)
+	s.touch(idx, h)
+	if now-h.lastSeen >= s.expiration {
+		s.remove(idx)
 		s.expirations.Add(1)
 		return 0, false
 	}
 	return idx, true
 }
 
-// insert adds an empty entry for k, evicting the least recently used entry if
-// the shard is full. The caller fills it in.
-func (s *shard) insert(k Key) entry {
-	if s.lru.Len() >= s.capacity {
-		if _, old, ok := s.lru.RemoveOldest(); ok {
-			s.free = append(s.free, old)
-			s.count.Add(-1)
-			s.evictions.Add(1)
-		}
+// touch moves entry idx to the most recently used end.
+func (s *shard) touch(idx int32, h *header) {
+	if s.mru == idx {
+		return
 	}
-	var idx uint32
+	s.unlink(h)
+	s.pushFront(idx, h)
+}
+
+func (s *shard) unlink(h *header) {
+	if h.prev != nilIndex {
+		s.hdr(h.prev).next = h.next
+	} else {
+		s.mru = h.next
+	}
+	if h.next != nilIndex {
+		s.hdr(h.next).prev = h.prev
+	} else {
+		s.lru = h.prev
+	}
+}
+
+func (s *shard) pushFront(idx int32, h *header) {
+	h.prev, h.next = nilIndex, s.mru
+	if s.mru != nilIndex {
+		s.hdr(s.mru).prev = idx
+	} else {
+		s.lru = idx
+	}
+	s.mru = idx
+}
+
+// insert adds an empty entry for k, which must be absent, evicting the least
+// recently used entry if the shard is full. The caller fills it in.
+func (s *shard) insert(k Key) entry {
+	if s.live >= s.capacity {
+		s.remove(s.lru)
+		s.evictions.Add(1)
+	}
+	var idx int32
 	if n := len(s.free); n > 0 {
-		idx = s.free[n-1]
+		idx = int32(s.free[n-1])
 		s.free = s.free[:n-1]
 	} else {
-		idx = s.used
+		idx = int32(s.used)
 		s.used++
-		if p := int(idx >> s.pageShift); p == len(s.headers) {
+		if p := int(uint32(idx) >> s.pageShift); p == len(s.headers) {
 			size := 1 << s.pageShift
 			s.headers = append(s.headers, make([]header, size))
 			s.slots = append(s.slots, make([]slot, size*s.retained))
 		}
 	}
-	s.lru.Add(k, idx)
+	if (s.live+1)*4 > len(s.index)*3 {
+		s.grow()
+	}
+	hv := s.hash(k)
+	mask := uint32(len(s.index) - 1)
+	i := hv & mask
+	for s.index[i] != 0 {
+		i = (i + 1) & mask
+	}
+	s.index[i] = hv&^s.idxMask | uint32(idx+1)
+	s.live++
 	s.count.Add(1)
 	e := s.entry(idx)
-	*e.h = header{}
+	*e.h = header{key: k, hash: hv}
+	s.pushFront(idx, e.h)
 	return e
 }
 
-func (s *shard) remove(k Key, idx uint32) {
-	s.lru.Remove(k)
-	s.free = append(s.free, idx)
+// grow doubles the index and reinserts every word at its home position.
+func (s *shard) grow() {
+	old := s.index
+	s.index = make([]uint32, 2*len(old))
+	mask := uint32(len(s.index) - 1)
+	for _, w := range old {
+		if w == 0 {
+			continue
+		}
+		i := s.hdr(int32(w&s.idxMask)-1).hash & mask
+		for s.index[i] != 0 {
+			i = (i + 1) & mask
+		}
+		s.index[i] = w
+	}
+}
+
+// remove drops entry idx from the index and the LRU and frees its slab slot.
+func (s *shard) remove(idx int32) {
+	h := s.hdr(idx)
+	mask := uint32(len(s.index) - 1)
+	want := h.hash&^s.idxMask | uint32(idx+1)
+	i := h.hash & mask
+	for s.index[i] != want {
+		i = (i + 1) & mask
+	}
+	// Backward-shift deletion: move each following word of the run whose
+	// home is not in (i, j] into the hole.
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		w := s.index[j]
+		if w == 0 {
+			break
+		}
+		home := s.hdr(int32(w&s.idxMask)-1).hash & mask
+		if (j-home)&mask >= (j-i)&mask {
+			s.index[i] = w
+			i = j
+		}
+	}
+	s.index[i] = 0
+	s.unlink(h)
+	s.free = append(s.free, uint32(idx))
+	s.live--
 	s.count.Add(-1)
 }
 
@@ -397,11 +530,11 @@ func (s *shard) expire(now int64) int {
 		s.mu.Lock()
 		done := true
 		for i := 0; i < expireBatch; i++ {
-			k, idx, ok := s.lru.GetOldest()
-			if !ok || !s.expired(s.entry(idx).h.lastSeen, now) {
+			idx := s.lru
+			if idx == nilIndex || !s.expired(s.hdr(idx).lastSeen, now) {
 				break
 			}
-			s.remove(k, idx)
+			s.remove(idx)
 			s.expirations.Add(1)
 			n++
 			if i == expireBatch-1 {

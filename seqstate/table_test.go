@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -318,4 +319,33 @@ func TestImports(t *testing.T) {
 func readFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	return string(b), err
+}
+
+// TestIndexChurn inserts, forgets, evicts and expires many keys in one small
+// shard, so the index grows, wraps and shifts runs back on removal; the
+// index, LRU links and slab bookkeeping are checked throughout (dumpAll).
+func TestIndexChurn(t *testing.T) {
+	t.Parallel()
+	tab, _ := New(Config{MaxEntries: 3000, Shards: 1, ProducerIDExpiration: time.Hour})
+	rng := rand.New(rand.NewPCG(1, 2))
+	now := time.Unix(0, 0)
+	for i := range 200_000 {
+		k := Key{ProducerID: int64(rng.IntN(2000)), Topic: TopicID(rng.IntN(3)), Partition: int32(rng.IntN(2))}
+		switch rng.IntN(4) {
+		case 0, 1: // create, or append in sequence
+			tab.Commit(k, Batch{FirstSeq: int32(i), Count: 1}, 1, 1, now)
+		case 2: // forget: a committed batch that does not follow the tail
+			tab.Commit(k, Batch{FirstSeq: int32(i) + 5, Count: 1}, 1, 1, now)
+		case 3:
+			now = now.Add(time.Duration(rng.IntN(100)) * time.Second)
+		}
+		if i%10_000 == 0 {
+			tab.Expire(now)
+			tab.dumpAll(t)
+		}
+	}
+	tab.dumpAll(t)
+	if tab.Evictions() == 0 || tab.Expirations() == 0 || tab.Len() == 0 {
+		t.Errorf("evictions %d, expirations %d, len %d", tab.Evictions(), tab.Expirations(), tab.Len())
+	}
 }
