@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,6 +98,7 @@ type loadSpec struct {
 	Duration    time.Duration // phase length bound
 	Records     int64         // record bound (all producers); 0 = none
 	RoundTrip   bool          // one producer, one record per ProduceSync
+	Recovery    time.Duration // retry backoff and metadata min age; 0 = kgo's defaults
 	// OnStart runs after warm-up, right before the timed window, so
 	// process figures (CPU, peak RSS) exclude client set-up.
 	OnStart func()
@@ -154,6 +156,13 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 		}
 		if !spec.Idempotent || spec.Acks != "all" {
 			opts = append(opts, kgo.DisableIdempotentWrite()) // kgo requires acks=all for idempotence
+		}
+		if spec.Recovery > 0 {
+			opts = append(opts, kgo.RetryBackoffFn(func(int) time.Duration { return spec.Recovery }),
+				kgo.MetadataMinAge(spec.Recovery))
+		}
+		if os.Getenv("BENCH_KGO_LOG") != "" { // client-side debugging of a run
+			opts = append(opts, kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelDebug, nil)))
 		}
 		if dial != nil {
 			opts = append(opts, kgo.Dialer(dial))

@@ -21,22 +21,27 @@ import (
 // Config is one benchmark run. The zero value is not useful; see
 // defaultConfig and the flags in main.go, which document each field.
 type Config struct {
-	Upstreams     []string      `json:"upstreams"` // kfake, sink
-	Sizes         []int         `json:"record_sizes"`
-	Producers     int           `json:"producers"`
-	Topics        int           `json:"topics"`
-	Partitions    int           `json:"partitions"`
-	Linger        time.Duration `json:"linger"`
-	BatchBytes    int           `json:"batch_bytes"`
-	BufferBytes   int64         `json:"buffer_bytes"`
-	Acks          string        `json:"acks"`
-	Idempotent    bool          `json:"idempotent"`
-	Dedup         string        `json:"dedup"`
-	RetryRate     float64       `json:"retry_rate"`   // lost acks in the throughput matrix
-	LostAckRate   float64       `json:"lostack_rate"` // the separate lost-ack scenario; 0 skips it
-	Duration      time.Duration `json:"duration"`     // per phase
-	Records       int64         `json:"records"`      // per phase, 0 = duration only
-	Reps          int           `json:"reps"`         // direct/proxy pairs per row
+	Upstreams   []string      `json:"upstreams"` // kfake, sink
+	Sizes       []int         `json:"record_sizes"`
+	Producers   int           `json:"producers"`
+	Topics      int           `json:"topics"`
+	Partitions  int           `json:"partitions"`
+	Linger      time.Duration `json:"linger"`
+	BatchBytes  int           `json:"batch_bytes"`
+	BufferBytes int64         `json:"buffer_bytes"`
+	Acks        string        `json:"acks"`
+	Idempotent  bool          `json:"idempotent"`
+	Dedup       string        `json:"dedup"`
+	RetryRate   float64       `json:"retry_rate"`   // lost acks in the throughput matrix
+	LostAckRate float64       `json:"lostack_rate"` // the separate lost-ack scenario; 0 skips it
+	Duration    time.Duration `json:"duration"`     // per phase
+	Records     int64         `json:"records"`      // per phase, 0 = duration only
+	Reps        int           `json:"reps"`         // direct/proxy pairs per row
+	// Recovery sets kgo's retry backoff and metadata min age (0 keeps kgo's
+	// defaults). After a cut connection kgo refreshes metadata before
+	// retrying, by default at most every 5s, so each lost acknowledgement
+	// would stall a producer for up to 5s — longer than a phase.
+	Recovery      time.Duration `json:"recovery"`
 	RoundTrip     int           `json:"roundtrip_size"`
 	MemProducers  int           `json:"mem_producers"` // memory scenario; 0 skips it
 	MemPartitions int           `json:"mem_partitions"`
@@ -49,9 +54,9 @@ func defaultConfig() Config {
 	return Config{
 		Upstreams: []string{"kfake", "sink"}, Sizes: []int{100, 1024, 10240},
 		Producers: 4, Topics: 1, Partitions: 6, Linger: 5 * time.Millisecond,
-		BatchBytes: 1_000_012, BufferBytes: 2 << 20, Acks: "all", Idempotent: true,
+		BatchBytes: 1_000_012, BufferBytes: 8 << 20, Acks: "all", Idempotent: true,
 		Dedup: "enforce", LostAckRate: 0.01, Duration: 2 * time.Second, Reps: 3,
-		RoundTrip: 1024, MemProducers: 1000, MemPartitions: 100,
+		RoundTrip: 1024, MemProducers: 1000, MemPartitions: 100, Recovery: 100 * time.Millisecond,
 	}
 }
 
@@ -220,7 +225,7 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 	base := loadSpec{
 		Producers: cfg.Producers, Topics: topics, Linger: cfg.Linger, BatchBytes: int32(cfg.BatchBytes),
 		Acks: cfg.Acks, Idempotent: cfg.Idempotent, BufferBytes: cfg.BufferBytes,
-		Duration: cfg.Duration, Records: cfg.Records,
+		Duration: cfg.Duration, Records: cfg.Records, Recovery: cfg.Recovery,
 	}
 	var scenarios []scenario
 	for _, up := range cfg.Upstreams {
@@ -333,16 +338,16 @@ func runScenario(ctx context.Context, cfg Config, dir string, sc scenario, log *
 			load := sc.load
 			var before procStats
 			var metricsBefore string
-			if viaProxy {
-				load.OnStart = func() {
+			var dropped0 int64
+			load.OnStart = func() {
+				if shim != nil {
+					_, dropped0 = shim.Counts()
+				}
+				if viaProxy {
 					resetPeak(px.pid)
 					before, _ = readProc(px.pid)
 					metricsBefore, _ = scrape(ctx, px.admin)
 				}
-			}
-			var dropped0 int64
-			if shim != nil {
-				_, dropped0 = shim.Counts()
 			}
 			res, err := runLoad(ctx, seeds, dial, load)
 			if err != nil {
