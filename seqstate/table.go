@@ -197,6 +197,7 @@ func (t *Table) ObserveInitProducerID(pid int64, epoch int16, now time.Time) {
 		epoch = f.epoch
 	}
 	s.fences.Add(pid, fence{epoch: epoch, seen: ns})
+	s.anyFences = true
 	s.mu.Unlock()
 }
 
@@ -301,17 +302,23 @@ type shard struct {
 	mru, lru    int32 // most and least recently used entries, or nilIndex
 	live        int   // entries in the LRU (count mirrors it for Len)
 	fences      *simplelru.LRU[int64, fence]
+	anyFences   bool // fences.Len() > 0, without the pointer chase
 	capacity    int
 	retained    int
 	expiration  int64
 	pageShift   uint
-	headers     [][]header // page p holds entries p<<pageShift ...
-	slots       [][]slot   // page p holds retained slots per entry
+	pages       []page // page p holds entries p<<pageShift ...
 	used        uint32     // entries ever handed out (the slab's high-water mark)
 	free        []uint32   // indexes handed back by removals
 	count       atomic.Int64
 	evictions   atomic.Uint64
 	expirations atomic.Uint64
+}
+
+// page is one slab page: 1<<pageShift headers and retained slots for each.
+type page struct {
+	h []header
+	s []slot
 }
 
 // fence is the epoch floor from a transactional InitProducerId response.
@@ -344,19 +351,25 @@ func (s *shard) hash(k Key) uint32 {
 }
 
 func (s *shard) hdr(idx int32) *header {
-	return &s.headers[uint32(idx)>>s.pageShift][uint32(idx)&(1<<s.pageShift-1)]
+	return &s.pages[uint32(idx)>>s.pageShift].h[uint32(idx)&(1<<s.pageShift-1)]
 }
 
 func (s *shard) entry(idx int32) entry {
-	p, o := uint32(idx)>>s.pageShift, int(uint32(idx)&(1<<s.pageShift-1))
+	p, o := &s.pages[uint32(idx)>>s.pageShift], int(uint32(idx)&(1<<s.pageShift-1))
 	r := s.retained
-	return entry{h: &s.headers[p][o], s: s.slots[p][o*r : o*r+r : o*r+r]}
+	return entry{h: &p.h[o], s: p.s[o*r : o*r+r : o*r+r]}
 }
 
 func (s *shard) expired(seen, now int64) bool { return now-seen >= s.expiration }
 
-// peek finds k without marking it used or expiring it.
+// peek finds k without marking it used or expiring it. The most recently
+// used entry is tried first: a Commit usually follows its Check with no other
+// key of the shard in between, and a producer's batches to one partition
+// come in runs.
 func (s *shard) peek(k Key) (int32, bool) {
+	if m := s.mru; m != nilIndex && s.hdr(m).key == k {
+		return m, true
+	}
 	h := s.hash(k)
 	mask := uint32(len(s.index) - 1)
 	tag := h &^ s.idxMask
@@ -375,8 +388,18 @@ func (s *shard) peek(k Key) (int32, bool) {
 }
 
 // lookup finds k, marking it most recently used. An expired entry is removed
-// and reported missing (lazy expiry).
+// and reported missing (lazy expiry). The most recently used entry is tried
+// inline (see peek).
 func (s *shard) lookup(k Key, now int64) (int32, bool) {
+	if m := s.mru; m != nilIndex {
+		if h := s.hdr(m); h.key == k && now-h.lastSeen < s.expiration {
+			return m, true
+		}
+	}
+	return s.lookupSlow(k, now)
+}
+
+func (s *shard) lookupSlow(k Key, now int64) (int32, bool) {
 	idx, ok := s.peek(k)
 	if !ok {
 		return 0, false
@@ -437,10 +460,9 @@ func (s *shard) insert(k Key) entry {
 	} else {
 		idx = int32(s.used)
 		s.used++
-		if p := int(uint32(idx) >> s.pageShift); p == len(s.headers) {
+		if p := int(uint32(idx) >> s.pageShift); p == len(s.pages) {
 			size := 1 << s.pageShift
-			s.headers = append(s.headers, make([]header, size))
-			s.slots = append(s.slots, make([]slot, size*s.retained))
+			s.pages = append(s.pages, page{h: make([]header, size), s: make([]slot, size*s.retained)})
 		}
 	}
 	if (s.live+1)*4 > len(s.index)*3 {
@@ -510,7 +532,7 @@ func (s *shard) remove(idx int32) {
 // fenced reports whether epoch is below the producer's InitProducerId floor,
 // expiring the floor lazily. A floor lookup does not count as use.
 func (s *shard) fenced(pid int64, epoch int16, now int64) bool {
-	if s.fences.Len() == 0 {
+	if !s.anyFences {
 		return false
 	}
 	f, ok := s.fences.Peek(pid)
@@ -519,6 +541,7 @@ func (s *shard) fenced(pid int64, epoch int16, now int64) bool {
 	}
 	if s.expired(f.seen, now) {
 		s.fences.Remove(pid)
+		s.anyFences = s.fences.Len() > 0
 		return false
 	}
 	return epoch < f.epoch
@@ -549,6 +572,7 @@ func (s *shard) expire(now int64) int {
 				}
 				s.fences.Remove(pid)
 			}
+			s.anyFences = s.fences.Len() > 0
 		}
 		s.mu.Unlock()
 		if done {
