@@ -50,7 +50,10 @@ func ReadFrame(r io.Reader, buf []byte, maxSize int32, minSize int32) (body, new
 		return nil, buf, err
 	}
 	if len(buf) < 4+int(size) {
-		grown := make([]byte, 4+int(size))
+		// Grow at least twofold, so frames of slowly rising size do not
+		// reallocate (and zero) a buffer each time.
+		n := max(4+int(size), min(2*len(buf), 4+int(maxSize)))
+		grown := make([]byte, n)
 		copy(grown, buf[:4])
 		buf = grown
 	}

@@ -101,3 +101,16 @@ func BenchmarkDecideProduce(b *testing.B) {
 	}
 	b.ReportMetric(4, "batches/op")
 }
+
+func TestFrameClasses(t *testing.T) {
+	for _, n := range []int{1, 16 << 10, 16<<10 + 1, 64 << 10, 64<<10 + 1, 1 << 20, 64 << 20} {
+		bp := getFrame(n)
+		if cap(*bp) < n || len(*bp) != 0 {
+			t.Fatalf("getFrame(%d): len %d cap %d", n, len(*bp), cap(*bp))
+		}
+		putFrame(bp)
+	}
+	if frameClass(64<<20+1) != -1 {
+		t.Fatal("a frame above the largest class must not be pooled")
+	}
+}

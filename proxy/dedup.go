@@ -327,7 +327,7 @@ func (c *session) finishProduce(p *pending) {
 	if pl.upstream != nil {
 		upBody = (*pl.upstream)[4+pl.upBodyOff:]
 	}
-	bp := framePool.Get().(*[]byte)
+	bp := getFrame(len(pl.body) + 64)
 	buf := append((*bp)[:0], 0, 0, 0, 0)
 	buf = protocol.AppendResponseHeader(buf, int16(kmsg.Produce), pl.version, pl.corrID)
 	di := 0

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -55,7 +56,7 @@ type pending struct {
 	start        time.Time
 	api          *apiMetrics
 	ready        chan struct{} // receives once when resp or failed is set
-	resp         *[]byte       // the whole response frame, from framePool
+	resp         *[]byte       // the whole response frame, from getFrame
 	failed       bool          // no response will come; the connection closes
 	plan         *producePlan  // Produce decided by the table, else nil
 	initTxn      bool          // InitProducerId for a transactional id: feeds fencing
@@ -63,17 +64,12 @@ type pending struct {
 
 var pendingPool = sync.Pool{New: func() any { return &pending{ready: make(chan struct{}, 1)} }}
 
-// framePool recycles response frame buffers. Buffers that grew beyond
-// maxPooledFrame are dropped so one huge Fetch does not pin memory.
-var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+// readBufferSize is the buffered reader on each side of a session.
+const readBufferSize = 32 << 10
 
+// maxPooledFrame bounds the buffers kept for reuse outside the size-class
+// pools (a Produce plan's copy of its request).
 const maxPooledFrame = 1 << 20
-
-func putFrame(b *[]byte) {
-	if b != nil && cap(*b) <= maxPooledFrame {
-		framePool.Put(b)
-	}
-}
 
 func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
 	return &session{
@@ -130,25 +126,25 @@ func (c *session) readLoop() {
 
 	cfg := &c.s.Config
 	m := c.s.Metrics
-	buf := make([]byte, 4096)
+	var rb requestBuffer
+	// Buffered reads take a small request's size prefix and body, and often
+	// the next request too, in one syscall; large bodies bypass the buffer.
+	client := bufio.NewReaderSize(c.client, readBufferSize)
 	for {
-		if cap(buf) > maxPooledFrame { // one large request does not pin memory for the connection's life
-			buf = make([]byte, 4096)
-		}
+		rb.maybeShrink()
 		if cfg.IdleTimeout > 0 {
 			c.client.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
 		}
 		if c.stopping.Load() { // after the deadline, so Shutdown's wins (see stopReading)
 			return
 		}
-		body, nbuf, err := protocol.ReadFrame(c.client, buf, cfg.MaxFrameBytes, protocol.RequestMinSize)
-		buf = nbuf
+		body, err := rb.read(client, cfg.MaxFrameBytes)
 		if err != nil {
 			c.readFailed(err)
 			return
 		}
 		start := time.Now()
-		frame := buf[:4+len(body)]
+		frame := rb.buf[:4+len(body)]
 		m.ClientReadBytes.Add(float64(len(frame)))
 		h, err := protocol.ParseRequestHeader(body)
 		if err != nil {
@@ -267,14 +263,13 @@ func (c *session) upstreamLoop() {
 	}()
 	cfg := &c.s.Config
 	m := c.s.Metrics
+	upstream := bufio.NewReaderSize(c.upstream, readBufferSize)
 	for p := range c.toUpstream {
 		if failed {
 			c.fail(p)
 			continue
 		}
-		bp := framePool.Get().(*[]byte)
-		body, nbuf, err := protocol.ReadFrame(c.upstream, *bp, cfg.MaxFrameBytes, protocol.ResponseMinSize)
-		*bp = nbuf[:4+len(body)] // the frame with its size prefix
+		bp, body, err := readPooledFrame(upstream, cfg.MaxFrameBytes)
 		if err == nil && protocol.ResponseCorrelationID(body) != p.corrID {
 			err = errCorrelation
 		}
@@ -458,7 +453,7 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 	k := kmsg.NewApiVersionsResponseApiKey()
 	k.ApiKey, k.MinVersion, k.MaxVersion = int16(kmsg.ApiVersions), 0, maxV
 	resp.ApiKeys = append(resp.ApiKeys, k)
-	bp := framePool.Get().(*[]byte)
+	bp := getFrame(64)
 	buf := append((*bp)[:0], 0, 0, 0, 0)
 	buf = binary.BigEndian.AppendUint32(buf, uint32(h.CorrelationID)) // v0 response header
 	buf = resp.AppendTo(buf)
