@@ -297,7 +297,8 @@ func (t *Table) dumpKey(k Key) string {
 		if sl.pending() {
 			sb.WriteString(" pending")
 		} else {
-			fmt.Fprintf(&sb, " off=%d ts=%d", sl.baseOffset, sl.maxTimestamp)
+			off, ts := e.offsets(e.pos(i))
+			fmt.Fprintf(&sb, " off=%d ts=%d", off, ts)
 		}
 		if sl.fingerprint != 0 {
 			fmt.Fprintf(&sb, " fp=%d", sl.fingerprint)

@@ -1,5 +1,7 @@
 package seqstate
 
+import "math"
+
 // This file is the pure decision core: functions of one entry's memory and
 // their arguments only. No locks, no clock, no I/O, no allocation. The Table
 // (table.go) finds the memory, holds the shard lock and supplies the time.
@@ -14,6 +16,10 @@ type header struct {
 	// ProducerStateEntry.lastTimestamp; duplicates and rejections do not
 	// refresh it, as they change no state in Kafka either (§6.1).
 	lastSeen int64
+	// offBase and tsBase are what the slots' 32-bit deltas are relative to
+	// (see slot). They move only when a value does not fit.
+	offBase int64
+	tsBase  int64
 	// epoch is the epoch of every batch in the window. Kafka clears the
 	// retained batches whenever the epoch changes
 	// (ProducerStateEntry.maybeUpdateProducerEpoch), so one epoch suffices.
@@ -28,16 +34,54 @@ type header struct {
 
 // slot is one batch in the window: Kafka's BatchMetadata (lastSeq, lastOffset,
 // offsetDelta, timestamp) in the form the proxy answers with, plus the records
-// fingerprint and a pending flag. 32 bytes.
+// fingerprint and a pending flag. 24 bytes.
+//
+// The base offset and max timestamp are stored exactly, but compactly: as
+// 32-bit deltas from the header's offBase and tsBase, which suits a window
+// (a producer's last few batches to one partition lie close together in
+// offset and time). -1 (no offset, e.g. after REQUEST_TIMED_OUT) has its own
+// code, nilDelta. A value whose delta does not fit moves the bases to it (the
+// others are re-encoded); any that then do not fit are kept whole in the
+// shard's wide map, marked by offDelta == wideDelta. See entry.setOffsets.
 type slot struct {
-	baseOffset   int64  // first offset; BatchMetadata.firstOffset()
-	maxTimestamp int64  // BatchMetadata.timestamp
-	fingerprint  uint64 // Batch.Fingerprint; 0 = unknown
+	fingerprint uint64 // Batch.Fingerprint; 0 = unknown
 	// first is the first sequence. Sequences are in [0, 2^31-1], so bit 31 is
 	// free and marks a batch still pending upstream.
-	first uint32
-	last  int32
+	first    uint32
+	last     int32
+	offDelta int32 // baseOffset - offBase, nilDelta or wideDelta; unused while pending
+	tsDelta  int32 // maxTimestamp - tsBase or nilDelta; unused while pending or wide
 }
+
+const (
+	wideDelta = math.MinInt32     // the slot's values are in the wide map
+	nilDelta  = math.MinInt32 + 1 // the value is -1
+	minDelta  = math.MinInt32 + 2 // smallest ordinary delta
+)
+
+// encodeDelta returns x as a delta from base, if it fits.
+func encodeDelta(x, base int64) (int32, bool) {
+	if x == -1 {
+		return nilDelta, true
+	}
+	d := x - base
+	if (x^base)&(x^d) < 0 || d < minDelta || d > math.MaxInt32 { // overflowed, or out of range
+		return 0, false
+	}
+	return int32(d), true
+}
+
+func decodeDelta(d int32, base int64) int64 {
+	if d == nilDelta {
+		return -1
+	}
+	return base + int64(d)
+}
+
+// wideMap holds, per shard, the exact values of slots whose deltas do not
+// fit, keyed by the slot's address (slab pages never move). It is empty
+// unless offsets or timestamps within one window are more than 2^31 apart.
+type wideMap map[*slot][2]int64
 
 const pendingBit = 1 << 31
 
@@ -49,17 +93,103 @@ func (s *slot) firstSeq() int32 { return int32(s.first &^ pendingBit) }
 // first, in the order the batches were accepted. Committed and pending
 // batches share it: the window is Kafka's committed state with the batches in
 // flight appended, which is the state the broker will have if they succeed.
+//
+// It is three words, so that it and a Batch pass in registers: the ring is an
+// array pointer whose first len() elements are the entry's, and the shard
+// supplies the length and the wide map. The absent entry has neither; it
+// holds no batches, so nothing reaches them.
 type entry struct {
-	h *header
-	s []slot
+	h  *header
+	s  *[MaxRetainedBatches]slot
+	sh *shard
 }
 
-func (e entry) at(i int) *slot {
+// len is the ring's length, Config.RetainedBatches.
+func (e entry) len() int { return e.sh.retained }
+
+// slots is the ring as a slice.
+func (e entry) slots() []slot { return e.s[:e.len()] }
+
+func (e entry) at(i int) *slot { return &e.s[e.pos(i)] }
+
+// pos is the ring position of window index i.
+func (e entry) pos(i int) int {
 	j := int(e.h.head) + i
-	if j >= len(e.s) {
-		j -= len(e.s)
+	if r := e.len(); j >= r {
+		j -= r
 	}
-	return &e.s[j]
+	return j & (MaxRetainedBatches - 1)
+}
+
+// offsets returns the base offset and max timestamp of the slot at ring
+// position j: -1, -1 while it is pending.
+func (e entry) offsets(j int) (baseOffset, maxTimestamp int64) {
+	s := &e.s[j]
+	switch {
+	case s.pending():
+		return -1, -1
+	case s.offDelta == wideDelta:
+		v := e.sh.wide[s]
+		return v[0], v[1]
+	}
+	return decodeDelta(s.offDelta, e.h.offBase), decodeDelta(s.tsDelta, e.h.tsBase)
+}
+
+// setOffsets stores the values of the committed slot at ring position j,
+// exactly. If they do not fit as deltas from the bases, the bases move to
+// them and the window's other committed slots are re-encoded; a slot that
+// then does not fit goes to the wide map. Only a wide map insertion can
+// allocate.
+func (e entry) setOffsets(j int, off, ts int64) {
+	s := &e.s[j]
+	e.clearWide(j)
+	od, ok1 := encodeDelta(off, e.h.offBase)
+	td, ok2 := encodeDelta(ts, e.h.tsBase)
+	if ok1 && ok2 {
+		s.offDelta, s.tsDelta = od, td
+		return
+	}
+	oldOff, oldTs := e.h.offBase, e.h.tsBase
+	if off != -1 {
+		e.h.offBase = off
+	}
+	if ts != -1 {
+		e.h.tsBase = ts
+	}
+	for i := 0; i < int(e.h.n); i++ {
+		k := e.pos(i)
+		o := &e.s[k]
+		if k == j || o.pending() || o.offDelta == wideDelta {
+			continue
+		}
+		ov, tv := decodeDelta(o.offDelta, oldOff), decodeDelta(o.tsDelta, oldTs)
+		od, ok1 := encodeDelta(ov, e.h.offBase)
+		td, ok2 := encodeDelta(tv, e.h.tsBase)
+		if ok1 && ok2 {
+			o.offDelta, o.tsDelta = od, td
+		} else {
+			e.putWide(k, ov, tv)
+		}
+	}
+	s.offDelta, _ = encodeDelta(off, e.h.offBase)
+	s.tsDelta, _ = encodeDelta(ts, e.h.tsBase)
+}
+
+func (e entry) putWide(j int, off, ts int64) {
+	if e.sh.wide == nil {
+		e.sh.wide = wideMap{}
+	}
+	e.sh.wide[&e.s[j]] = [2]int64{off, ts}
+	e.s[j].offDelta = wideDelta
+}
+
+// clearWide forgets the wide values of ring position j, if any, before the
+// slot is overwritten: a wideDelta mark and a wide map key exist together.
+func (e entry) clearWide(j int) {
+	if e.s[j].offDelta == wideDelta {
+		delete(e.sh.wide, &e.s[j])
+		e.s[j].offDelta = 0
+	}
 }
 
 // find returns the index in the window of the batch with exactly this
@@ -70,16 +200,20 @@ func (e entry) at(i int) *slot {
 // the newest, where commits and most retries land, finds the same one.
 func (e entry) find(first, last int32) int {
 	n := int(e.h.n)
+	if n == 0 {
+		return -1
+	}
+	r := e.len()
 	j := int(e.h.head) + n - 1
-	if j >= len(e.s) {
-		j -= len(e.s)
+	if j >= r {
+		j -= r
 	}
 	for i := n - 1; i >= 0; i-- {
-		if s := &e.s[j]; s.last == last && s.first&^pendingBit == uint32(first) {
+		if s := &e.s[j&(MaxRetainedBatches-1)]; s.last == last && s.first&^pendingBit == uint32(first) {
 			return i
 		}
 		if j--; j < 0 {
-			j = len(e.s) - 1
+			j = r - 1
 		}
 	}
 	return -1
@@ -127,7 +261,8 @@ func (e entry) decideLast(b Batch, last int32) Result {
 			if s.pending() {
 				return result(InFlight)
 			}
-			return Result{Decision: Duplicate, BaseOffset: s.baseOffset, MaxTimestamp: s.maxTimestamp}
+			off, ts := e.offsets(e.pos(i))
+			return Result{Decision: Duplicate, BaseOffset: off, MaxTimestamp: ts}
 		}
 	}
 
@@ -156,18 +291,23 @@ func (e entry) decideLast(b Batch, last int32) Result {
 	return result(Accept)
 }
 
-// push appends a batch to the window. A full window drops its oldest batch,
-// as ProducerStateEntry.addBatchMetadata does.
-func (e entry) push(s slot) {
-	if int(e.h.n) == len(e.s) {
+// push appends a batch to the window and returns its ring position; the
+// caller sets its values if it is committed. A full window drops its oldest
+// batch, as ProducerStateEntry.addBatchMetadata does. first carries the
+// pending bit.
+func (e entry) push(first uint32, last int32, fingerprint uint64) int {
+	if r := e.len(); int(e.h.n) == r {
 		e.h.head++
-		if int(e.h.head) == len(e.s) {
+		if int(e.h.head) == r {
 			e.h.head = 0
 		}
 		e.h.n--
 	}
-	*e.at(int(e.h.n)) = s
+	j := e.pos(int(e.h.n))
+	e.clearWide(j)
+	e.s[j] = slot{fingerprint: fingerprint, first: first, last: last}
 	e.h.n++
+	return j
 }
 
 // setEpoch is ProducerStateEntry.maybeUpdateProducerEpoch: a different epoch
@@ -192,13 +332,7 @@ func (e entry) setEpoch(epoch int16) {
 // entry, see commit).
 func (e entry) register(b Batch, last int32, now int64) {
 	e.setEpoch(b.Epoch)
-	e.push(slot{
-		baseOffset:   -1,
-		maxTimestamp: -1,
-		fingerprint:  b.Fingerprint,
-		first:        uint32(b.FirstSeq) | pendingBit,
-		last:         last,
-	})
+	e.push(uint32(b.FirstSeq)|pendingBit, last, b.Fingerprint)
 	e.h.lastSeen = now
 }
 
@@ -230,10 +364,10 @@ func (e entry) commit(b Batch, baseOffset, maxTimestamp, now int64) outcome {
 	last := b.LastSeq()
 	if b.Epoch == e.h.epoch {
 		if i := e.find(b.FirstSeq, last); i >= 0 {
-			s := e.at(i)
-			if s.pending() {
+			j := e.pos(i)
+			if s := &e.s[j]; s.pending() {
 				s.first &^= pendingBit
-				s.baseOffset, s.maxTimestamp = baseOffset, maxTimestamp
+				e.setOffsets(j, baseOffset, maxTimestamp)
 				e.h.lastSeen = now
 			}
 			return keep
@@ -247,19 +381,14 @@ func (e entry) commit(b Batch, baseOffset, maxTimestamp, now int64) outcome {
 		return forget
 	}
 	e.setEpoch(b.Epoch)
-	e.push(committedSlot(b, baseOffset, maxTimestamp))
+	e.pushCommitted(b, last, baseOffset, maxTimestamp)
 	e.h.lastSeen = now
 	return keep
 }
 
-func committedSlot(b Batch, baseOffset, maxTimestamp int64) slot {
-	return slot{
-		baseOffset:   baseOffset,
-		maxTimestamp: maxTimestamp,
-		fingerprint:  b.Fingerprint,
-		first:        uint32(b.FirstSeq),
-		last:         b.LastSeq(),
-	}
+// pushCommitted appends a committed batch with its values.
+func (e entry) pushCommitted(b Batch, last int32, baseOffset, maxTimestamp int64) {
+	e.setOffsets(e.push(uint32(b.FirstSeq), last, b.Fingerprint), baseOffset, maxTimestamp)
 }
 
 // release drops a pending batch the broker did not append, and every batch

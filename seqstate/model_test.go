@@ -364,13 +364,14 @@ func (t *Table) dumpAll(tb testing.TB) string {
 			}
 			seen[idx] = true
 			e := s.entry(idx)
-			if e.h.n == 0 || int(e.h.n) > len(e.s) {
+			if e.h.n == 0 || int(e.h.n) > e.len() {
 				tb.Fatalf("shard %d: key %v holds %d batches", i, k, e.h.n)
 			}
 			fmt.Fprintf(&sb, " {%v e=%d seen=%d", k, e.h.epoch, e.h.lastSeen)
 			for j := 0; j < int(e.h.n); j++ {
 				x := e.at(j)
-				fmt.Fprintf(&sb, " %d-%d/%d/%v/%d/%d", x.firstSeq(), x.last, x.fingerprint, x.pending(), x.baseOffset, x.maxTimestamp)
+				off, ts := e.offsets(e.pos(j))
+				fmt.Fprintf(&sb, " %d-%d/%d/%v/%d/%d", x.firstSeq(), x.last, x.fingerprint, x.pending(), off, ts)
 			}
 			sb.WriteString("}")
 		}
@@ -407,6 +408,21 @@ func (s *shard) walk(tb testing.TB, i int) (keys []Key, idxs []int32) {
 	if prev != s.mru || s.live != len(keys) {
 		tb.Fatalf("shard %d: LRU ends at %d, mru %d; live %d, listed %d", i, prev, s.mru, s.live, len(keys))
 	}
+	marks := 0
+	for _, idx := range idxs {
+		e := s.entry(idx)
+		for j := range e.len() {
+			if e.s[j].offDelta == wideDelta {
+				if _, ok := s.wide[&e.s[j]]; !ok {
+					tb.Fatalf("shard %d: entry %d slot %d marked wide without a value", i, idx, j)
+				}
+				marks++
+			}
+		}
+	}
+	if marks != len(s.wide) {
+		tb.Fatalf("shard %d: %d wide marks, %d wide values", i, marks, len(s.wide))
+	}
 	words := 0
 	for _, w := range s.index {
 		if w != 0 {
@@ -432,6 +448,10 @@ type driver struct {
 	ops       int
 	sent      map[Key]*client
 	decisions map[Decision]int
+	// wide draws committed offsets and timestamps from far-apart ranges, so
+	// their 32-bit deltas often do not fit (see slot).
+	wide    bool
+	maxWide int // most wide values held at once
 }
 
 type client struct {
@@ -548,8 +568,18 @@ func (d *driver) step() {
 		b := c.inFlight[i]
 		c.inFlight = slices.Delete(c.inFlight, i, i+1)
 		off, ts := int64(d.byte())*10, int64(d.byte())
+		if d.wide {
+			off, ts = d.wideValue(off), d.wideValue(ts)
+		}
 		d.t.Commit(k, b, off, ts, now)
 		d.m.commit(k, b, off, ts, d.now)
+		if d.wide {
+			n := 0
+			for j := range d.t.shards {
+				n += len(d.t.shards[j].wide)
+			}
+			d.maxWide = max(d.maxWide, n)
+		}
 	case 11: // the upstream did not append it
 		if len(c.inFlight) == 0 {
 			return
@@ -604,6 +634,57 @@ func (d *driver) step() {
 	}
 }
 
+// wideValue spreads x over ranges more than 2^31 apart, including the int64
+// extremes and -1.
+func (d *driver) wideValue(x int64) int64 {
+	switch d.byte() % 8 {
+	case 0:
+		return -1
+	case 1:
+		return x + 1<<31
+	case 2:
+		return x + 1<<40
+	case 3:
+		return math.MaxInt64 - x
+	case 4:
+		return math.MinInt64 + x
+	case 5:
+		return -x - 1<<33
+	}
+	return x
+}
+
+// TestTableVsModelWideValues is TestTableVsModel with committed offsets and
+// timestamps whose deltas often do not fit in 32 bits, exercising rebasing
+// and the wide map; dumpAll checks the wide map's bookkeeping.
+func TestTableVsModelWideValues(t *testing.T) {
+	configs := []Config{
+		{MaxEntries: 6, Shards: 2, RetainedBatches: 5, ProducerIDExpiration: time.Hour, MaxFencedProducers: 2},
+		{MaxEntries: 3, Shards: 1, RetainedBatches: 16, ProducerIDExpiration: 2 * time.Hour, MaxFencedProducers: 1},
+		{MaxEntries: 1000, Shards: 8, RetainedBatches: 3, ProducerIDExpiration: time.Hour},
+	}
+	const ops = 200_000
+	for i, cfg := range configs {
+		t.Run(fmt.Sprintf("config=%d", i), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(uint64(i), 43))
+			var d *driver
+			d = newDriver(t, cfg, func() (byte, bool) {
+				if d.ops >= ops {
+					return 0, false
+				}
+				return byte(rng.Uint32()), true
+			})
+			d.wide = true
+			d.run()
+			t.Logf("%d ops, decisions %v, at most %d wide values", d.ops, d.decisions, d.maxWide)
+			if d.maxWide == 0 || d.decisions[Duplicate] == 0 {
+				t.Errorf("wide values not exercised")
+			}
+		})
+	}
+}
+
 // TestTableVsModel runs long seeded random operation sequences against the
 // table and the naive model under several configurations: identical
 // decisions, offsets, counters and state throughout.
@@ -652,8 +733,10 @@ func FuzzTableVsModel(f *testing.F) {
 	f.Add([]byte("\x0c\x02\x01\x01\x00\x00\x00\x02\x01\x01\x00\x00\x07\x02\x01\x01\x05\x05\x05\x01\x01\x0e\x00"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg := Config{MaxEntries: 4, Shards: 2, RetainedBatches: 3, ProducerIDExpiration: time.Hour, MaxFencedProducers: 2}
+		wide := false
 		if len(data) > 0 {
 			cfg.RetainedBatches = int(data[0]%MaxRetainedBatches) + 1
+			wide = data[0]&0x80 != 0 // far-apart offsets and timestamps
 			data = data[1:]
 		}
 		i := 0
@@ -664,6 +747,7 @@ func FuzzTableVsModel(f *testing.F) {
 			i++
 			return data[i-1], true
 		})
+		d.wide = wide
 		d.run()
 	})
 }

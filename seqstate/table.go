@@ -141,7 +141,7 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	} else {
 		e := s.insert(k)
 		e.setEpoch(b.Epoch)
-		e.push(committedSlot(b, baseOffset, maxTimestamp))
+		e.pushCommitted(b, b.LastSeq(), baseOffset, maxTimestamp)
 		e.h.lastSeen = ns
 	}
 	s.mu.Unlock()
@@ -302,14 +302,15 @@ type shard struct {
 	mru, lru    int32 // most and least recently used entries, or nilIndex
 	live        int   // entries in the LRU (count mirrors it for Len)
 	fences      *simplelru.LRU[int64, fence]
-	anyFences   bool // fences.Len() > 0, without the pointer chase
+	anyFences   bool    // fences.Len() > 0, without the pointer chase
+	wide        wideMap // exact values of slots whose deltas do not fit (see slot)
 	capacity    int
 	retained    int
 	expiration  int64
 	pageShift   uint
-	pages       []page // page p holds entries p<<pageShift ...
-	used        uint32     // entries ever handed out (the slab's high-water mark)
-	free        []uint32   // indexes handed back by removals
+	pages       []page   // page p holds entries p<<pageShift ...
+	used        uint32   // entries ever handed out (the slab's high-water mark)
+	free        []uint32 // indexes handed back by removals
 	count       atomic.Int64
 	evictions   atomic.Uint64
 	expirations atomic.Uint64
@@ -336,9 +337,11 @@ func (s *shard) init(capacity, fences, retained int, expiration int64, seed0, se
 	s.mru, s.lru = nilIndex, nilIndex
 	s.idxMask = uint32(1)<<bits.Len32(uint32(capacity)) - 1 // holds capacity itself
 	s.index = make([]uint32, 8)
-	// Pages of up to 256 entries: small enough that a shard wastes at most
-	// one partly used page, large enough that the page tables stay short.
-	s.pageShift = uint(min(8, bits.Len(uint(capacity-1))))
+	// Pages of up to 4096 entries: small enough that a shard wastes at most
+	// one partly used page, large enough that the page tables stay short and
+	// that the slot page's spare slots (see entry), which push it into one
+	// more 8 KiB runtime page, cost under 2 bytes per entry.
+	s.pageShift = uint(min(12, bits.Len(uint(capacity-1))))
 }
 
 // hash is a seeded multiply-mix of the key (wyhash's mum), folded to 32
@@ -356,8 +359,7 @@ func (s *shard) hdr(idx int32) *header {
 
 func (s *shard) entry(idx int32) entry {
 	p, o := &s.pages[uint32(idx)>>s.pageShift], int(uint32(idx)&(1<<s.pageShift-1))
-	r := s.retained
-	return entry{h: &p.h[o], s: p.s[o*r : o*r+r : o*r+r]}
+	return entry{h: &p.h[o], s: (*[MaxRetainedBatches]slot)(p.s[o*s.retained:]), sh: s}
 }
 
 func (s *shard) expired(seen, now int64) bool { return now-seen >= s.expiration }
@@ -462,7 +464,9 @@ func (s *shard) insert(k Key) entry {
 		s.used++
 		if p := int(uint32(idx) >> s.pageShift); p == len(s.pages) {
 			size := 1 << s.pageShift
-			s.pages = append(s.pages, page{h: make([]header, size), s: make([]slot, size*s.retained)})
+			// MaxRetainedBatches-retained spare slots let the last entry's
+			// ring be an array pointer (see entry).
+			s.pages = append(s.pages, page{h: make([]header, size), s: make([]slot, size*s.retained+MaxRetainedBatches-s.retained)})
 		}
 	}
 	if (s.live+1)*4 > len(s.index)*3 {
@@ -523,6 +527,12 @@ func (s *shard) remove(idx int32) {
 		}
 	}
 	s.index[i] = 0
+	if len(s.wide) > 0 {
+		e := s.entry(idx)
+		for j := range e.len() {
+			e.clearWide(j)
+		}
+	}
 	s.unlink(h)
 	s.free = append(s.free, uint32(idx))
 	s.live--
