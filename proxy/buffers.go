@@ -10,8 +10,9 @@ import (
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
-// Response frames are handed from upstreamLoop to writeLoop, so each needs
-// its own buffer. They come from size-class pools (powers of four from
+// Response frames may wait in the queue behind the proxy's own answers, and
+// merged Produce responses are built beside them, so each needs its own
+// buffer. They come from size-class pools (powers of four from
 // 16 KiB to 64 MiB, like nats' and kgo's buffer pools), so a consumer's
 // multi-megabyte Fetch responses reuse buffers instead of allocating and
 // zeroing a new one each time. Larger frames are allocated and dropped.

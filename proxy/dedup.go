@@ -311,7 +311,7 @@ func (c *session) partDone(p *pending) {
 }
 
 // finishProduce builds the response of a Produce request the proxy
-// answered at least partly itself, and hands it to writeLoop.
+// answered at least partly itself, and hands it to responseLoop.
 func (c *session) finishProduce(p *pending) {
 	pl := p.plan
 	if pl.failed {
@@ -471,8 +471,7 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 	if ds.mode != DedupEnforce || !pl.anyLocal {
 		// Everything goes upstream as it came; the plan rides along so the
 		// response commits or releases each batch.
-		c.inflight <- p
-		c.toUpstream <- p
+		c.queue <- p
 		return c.forward(frame)
 	}
 	// The proxy answers some partitions itself. Keep the client's request
@@ -501,10 +500,8 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 			return false
 		}
 	}
-	c.inflight <- p
-	if pl.anyUp {
-		c.toUpstream <- p
-	}
+	p.async = true
+	c.queue <- p
 	now := time.Now()
 	for i := range pl.decisions {
 		d := &pl.decisions[i]

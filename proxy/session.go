@@ -20,17 +20,19 @@ import (
 
 // session is one client connection and its own upstream connection.
 //
-// Three goroutines, each a named loop so stacks read well:
+// Two goroutines, each a named loop so stacks read well:
 //   - readLoop reads client requests, queues a pending entry for each one that
 //     gets a response, and forwards the frame upstream as it came;
-//   - upstreamLoop reads broker responses in request order, rewrites broker
-//     addresses, and hands each to its pending entry;
-//   - writeLoop writes responses to the client strictly in request order.
+//   - responseLoop takes the entries in request order: for each forwarded one
+//     it reads the broker's response (which arrives in request order too),
+//     rewrites broker addresses and commits Produce decisions; for each the
+//     proxy answers itself it waits until that answer is built; then it writes
+//     the response to the client.
 //
-// inflight holds every request that gets a response, in order, and is bounded
-// by MaxInflight: when it is full readLoop blocks, which is the backpressure.
-// toUpstream is the subset that awaits a broker response (all of them until
-// the proxy answers some requests itself).
+// queue is bounded by MaxInflight: when it is full readLoop blocks, which is
+// the backpressure. Reading and writing in one goroutine costs no hand-off
+// per response; the proxy's own answers wait in the queue like the others,
+// so responses leave strictly in request order.
 type session struct {
 	s        *Server
 	id       uint64
@@ -38,15 +40,14 @@ type session struct {
 	upstream net.Conn
 	log      *slog.Logger
 
-	inflight   chan *pending
-	toUpstream chan *pending
+	queue chan *pending
 
 	stopping  atomic.Bool // Shutdown: stop reading, drain, close
 	closeOnce sync.Once
 
 	scan        protocol.ProduceScanner // readLoop's, reused
 	reduceBuf   []byte                  // readLoop's, for reduced Produce requests
-	produceResp kmsg.ProduceResponse    // upstreamLoop's, reused
+	produceResp kmsg.ProduceResponse    // responseLoop's, reused
 }
 
 // pending is one request awaiting its response.
@@ -55,7 +56,8 @@ type pending struct {
 	corrID       int32
 	start        time.Time
 	api          *apiMetrics
-	ready        chan struct{} // receives once when resp or failed is set
+	async        bool          // the response is built by the proxy: wait on ready
+	ready        chan struct{} // async only: receives once when resp or failed is set
 	resp         *[]byte       // the whole response frame, from getFrame
 	failed       bool          // no response will come; the connection closes
 	plan         *producePlan  // Produce decided by the table, else nil
@@ -74,18 +76,15 @@ const maxPooledFrame = 1 << 20
 func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
 	return &session{
 		s: s, id: id, client: client, upstream: upstream, log: log,
-		inflight:   make(chan *pending, s.Config.MaxInflight),
-		toUpstream: make(chan *pending, s.Config.MaxInflight),
+		queue: make(chan *pending, s.Config.MaxInflight),
 	}
 }
 
 func (c *session) run() {
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); c.upstreamLoop() }()
-	go func() { defer wg.Done(); c.writeLoop() }()
+	done := make(chan struct{})
+	go func() { defer close(done); c.responseLoop() }()
 	c.readLoop()
-	wg.Wait()
+	<-done
 	c.closeAll()
 }
 
@@ -115,12 +114,11 @@ func (c *session) recoverPanic(where string) {
 
 func (c *session) readLoop() {
 	defer func() {
-		// No more requests: let upstreamLoop drain what was forwarded, but
+		// No more requests: let responseLoop drain what was forwarded, but
 		// not forever. A client that disconnected never abandons its
 		// in-flight requests (DESIGN.md §1).
 		c.upstream.SetReadDeadline(time.Now().Add(c.s.Config.DrainTimeout))
-		close(c.toUpstream)
-		close(c.inflight)
+		close(c.queue)
 	}()
 	defer c.recoverPanic("read")
 
@@ -188,8 +186,7 @@ func (c *session) readLoop() {
 		if respond {
 			p := c.newPending(h, start, api)
 			p.initTxn = initTxn
-			c.inflight <- p // blocks at MaxInflight: backpressure
-			c.toUpstream <- p
+			c.queue <- p // blocks at MaxInflight: backpressure
 		}
 		if !c.forward(frame) {
 			return
@@ -204,7 +201,7 @@ func (c *session) newPending(h protocol.RequestHeader, start time.Time, api *api
 }
 
 // forward writes one request frame upstream. On failure the upstream
-// connection is closed, so upstreamLoop fails whatever is queued.
+// connection is closed, so responseLoop fails whatever is queued.
 func (c *session) forward(frame []byte) bool {
 	if c.s.Config.WriteTimeout > 0 {
 		c.upstream.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
@@ -246,64 +243,118 @@ func (c *session) readFailed(err error) {
 	}
 }
 
-func (c *session) upstreamLoop() {
-	failed := false
+func (c *session) responseLoop() {
+	failed := false // the upstream connection broke: no more responses come
+	dead := false   // the client is gone or failed: nothing more is written
 	defer func() {
 		c.upstream.Close()
-		for p := range c.toUpstream { // fail whatever is still queued
-			c.fail(p)
+		for p := range c.queue { // settle whatever is still queued
+			if c.awaitsUpstream(p) {
+				c.fail(p)
+			}
+			if p.async {
+				<-p.ready
+			}
+			c.release(p)
 		}
 	}()
 	defer func() {
 		if r := recover(); r != nil {
 			c.s.Metrics.Panics.Inc()
-			c.log.Error("panic in connection; closing it", "loop", "upstream", "panic", r, "stack", string(debug.Stack()))
+			c.log.Error("panic in connection; closing it", "loop", "response", "panic", r, "stack", string(debug.Stack()))
 			c.closeAll()
 		}
 	}()
-	cfg := &c.s.Config
-	m := c.s.Metrics
 	upstream := bufio.NewReaderSize(c.upstream, readBufferSize)
-	for p := range c.toUpstream {
-		if failed {
+	for p := range c.queue {
+		switch {
+		case !c.awaitsUpstream(p):
+			// answered wholly by the proxy
+		case failed:
 			c.fail(p)
-			continue
-		}
-		bp, body, err := readPooledFrame(upstream, cfg.MaxFrameBytes)
-		if err == nil && protocol.ResponseCorrelationID(body) != p.corrID {
-			err = errCorrelation
-		}
-		if err == nil {
-			m.BrokerReadBytes.Add(float64(4 + len(body)))
-			err = c.rewrite(p, bp, body)
-		}
-		var off int
-		if err == nil && (p.plan != nil || p.initTxn) {
-			if off, err = protocol.ResponseBodyOffset((*bp)[4:], p.key, p.version); err == nil {
-				if p.initTxn {
-					c.observeInit(p, (*bp)[4+off:])
-				} else {
-					err = c.commitProduce(p, (*bp)[4+off:])
-				}
+		default:
+			if err := c.readResponse(upstream, p); err != nil {
+				failed = true
+				c.upstreamFailed(err, p)
+				c.fail(p)
+				c.closeAll() // the client must not wait for responses that cannot come
 			}
 		}
-		if err != nil {
-			putFrame(bp)
-			failed = true
-			c.upstreamFailed(err, p)
-			c.fail(p)
-			// The client must not wait for responses that cannot come.
+		if p.async {
+			<-p.ready
+		}
+		if p.failed && !dead {
+			dead = true
 			c.closeAll()
-			continue
 		}
-		if p.plan != nil && p.plan.anyLocal && c.s.dedup.mode == DedupEnforce {
-			p.plan.upstream, p.plan.upBodyOff = bp, off
-			c.partDone(p) // the merged response is built when every part is in
-			continue
+		if !dead {
+			dead = !c.writeResponse(p)
 		}
-		p.resp = bp
-		p.ready <- struct{}{}
+		c.release(p)
 	}
+}
+
+// awaitsUpstream reports whether a response for p comes from the broker.
+func (c *session) awaitsUpstream(p *pending) bool {
+	return !p.async || (p.plan != nil && p.plan.anyUp)
+}
+
+// readResponse reads the broker's response to p, rewrites it and commits
+// what it decides. For a Produce the proxy partly answers itself it hands
+// the response to the merge (finishProduce signals p.ready); otherwise it
+// sets p.resp.
+func (c *session) readResponse(upstream io.Reader, p *pending) error {
+	bp, body, err := readPooledFrame(upstream, c.s.Config.MaxFrameBytes)
+	if err == nil && protocol.ResponseCorrelationID(body) != p.corrID {
+		err = errCorrelation
+	}
+	if err == nil {
+		c.s.Metrics.BrokerReadBytes.Add(float64(4 + len(body)))
+		err = c.rewrite(p, bp, body)
+	}
+	var off int
+	if err == nil && (p.plan != nil || p.initTxn) {
+		if off, err = protocol.ResponseBodyOffset((*bp)[4:], p.key, p.version); err == nil {
+			if p.initTxn {
+				c.observeInit(p, (*bp)[4+off:])
+			} else {
+				err = c.commitProduce(p, (*bp)[4+off:])
+			}
+		}
+	}
+	if err != nil {
+		putFrame(bp)
+		return err
+	}
+	if p.async {
+		p.plan.upstream, p.plan.upBodyOff = bp, off
+		c.partDone(p) // the merged response is built when every part is in
+		return nil
+	}
+	p.resp = bp
+	return nil
+}
+
+// writeResponse writes p's response to the client and reports whether the
+// client can still be written to.
+func (c *session) writeResponse(p *pending) bool {
+	frame := *p.resp
+	if c.s.Config.WriteTimeout > 0 {
+		c.client.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
+	}
+	if _, err := c.client.Write(frame); err != nil {
+		if !c.stopping.Load() {
+			c.s.Metrics.clientError(clientWrite)
+			c.log.Info("client write failed; draining broker responses", "err", err)
+		}
+		// readLoop ends on the closed socket; responseLoop keeps reading
+		// and committing what was forwarded until drained.
+		c.client.Close()
+		return false
+	}
+	c.s.Metrics.ClientWrittenBytes.Add(float64(len(frame)))
+	p.api.duration.Observe(time.Since(p.start).Seconds())
+	return true
 }
 
 var errCorrelation = errors.New("broker response out of order (correlation id mismatch)")
@@ -369,66 +420,19 @@ func spliceBody(buf []byte, hdrLen int, newBody []byte) []byte {
 	return buf
 }
 
-// fail tells writeLoop that p gets no response. For a Produce the proxy
-// partly answers itself, the last outstanding part does it (finishProduce),
-// so p is signalled exactly once.
+// fail marks p as getting no response. For a Produce the proxy partly
+// answers itself, the last outstanding part marks it (finishProduce), so p
+// is signalled exactly once.
 func (c *session) fail(p *pending) {
 	if pl := p.plan; pl != nil {
 		c.releaseAll(pl)
-		if pl.anyLocal && c.s.dedup.mode == DedupEnforce {
+		if p.async {
 			pl.failed = true
 			c.partDone(p)
 			return
 		}
 	}
 	p.failed = true
-	p.ready <- struct{}{}
-}
-
-func (c *session) writeLoop() {
-	dead := false
-	defer func() {
-		for p := range c.inflight { // keep the queue moving so readLoop never blocks
-			<-p.ready
-			c.release(p)
-		}
-	}()
-	defer func() {
-		if r := recover(); r != nil {
-			c.s.Metrics.Panics.Inc()
-			c.log.Error("panic in connection; closing it", "loop", "write", "panic", r, "stack", string(debug.Stack()))
-			c.closeAll()
-		}
-	}()
-	cfg := &c.s.Config
-	m := c.s.Metrics
-	for p := range c.inflight {
-		<-p.ready
-		if p.failed && !dead {
-			dead = true
-			c.closeAll()
-		}
-		if !dead {
-			frame := *p.resp
-			if cfg.WriteTimeout > 0 {
-				c.client.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
-			}
-			if _, err := c.client.Write(frame); err != nil {
-				dead = true
-				if !c.stopping.Load() {
-					m.clientError(clientWrite)
-					c.log.Info("client write failed; draining broker responses", "err", err)
-				}
-				// readLoop ends on the closed socket; upstreamLoop keeps
-				// reading what was forwarded until drained.
-				c.client.Close()
-			} else {
-				m.ClientWrittenBytes.Add(float64(len(frame)))
-				p.api.duration.Observe(time.Since(p.start).Seconds())
-			}
-		}
-		c.release(p)
-	}
 }
 
 func (c *session) release(p *pending) {
@@ -461,6 +465,7 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 	*bp = buf
 	p := c.newPending(h, start, api)
 	p.resp = bp
+	p.async = true
 	p.ready <- struct{}{}
-	c.inflight <- p
+	c.queue <- p
 }
