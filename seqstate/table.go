@@ -316,7 +316,8 @@ type shard struct {
 	expirations atomic.Uint64
 }
 
-// page is one slab page: 1<<pageShift headers and retained slots for each.
+// page is one slab page: 1<<pageShift headers and retained slots for each,
+// plus MaxRetainedBatches-retained spare slots (see entry).
 type page struct {
 	h []header
 	s []slot
