@@ -481,6 +481,11 @@ func BatchValid(records []byte, h *BatchHeader) int16 {
 	return 0
 }
 
+// deriveRecordsCRCFrom is the records size from which deriving their CRC
+// from the header's (about 150 ns whatever the size) beats reading them
+// (about 200 ns for 2 KiB in cache, several times that from memory).
+const deriveRecordsCRCFrom = 2 << 10
+
 // castagnoli is the CRC-32C table; hash/crc32 uses the SSE4.2 or ARMv8 CRC
 // instructions for it where the CPU has them.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -511,7 +516,17 @@ func RecordsFingerprint(records []byte, h *BatchHeader) uint64 {
 	if end > batchHeaderSize {
 		recs = records[batchHeaderSize:end]
 	}
-	sum := uint64(len(recs))<<32 | uint64(crc32.Checksum(recs, castagnoli))
+	var crc uint32
+	if len(recs) >= deriveRecordsCRCFrom && end == batchLogOverhead+int(h.Length) {
+		// Derived from the batch's own CRC in constant time (crc32c.go).
+		// A wrong header CRC gives a wrong fingerprint, which is harmless:
+		// the broker rejects such a batch, and the proxy answers a batch
+		// itself only after BatchValid has checked its CRC.
+		crc = crcSuffix(h.CRC, records[batchAttributesOffset:batchHeaderSize], len(recs))
+	} else {
+		crc = crc32.Checksum(recs, castagnoli)
+	}
+	sum := uint64(len(recs))<<32 | uint64(crc)
 	// Fold in the count and codec through a bijective mixer (the splitmix64
 	// finalizer) rather than by hashing a few more bytes: a byte slice handed
 	// to hash/crc32 escapes, which would cost an allocation per batch.
