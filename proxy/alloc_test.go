@@ -41,11 +41,25 @@ func steadyProduceFrames(t testing.TB, n int) [][]byte {
 var sinkPlan *producePlan
 
 // TestSteadyStateDecisionNoAllocs pins zero allocations per batch on the
-// steady-state path: scanning a Produce request, deciding each batch,
-// committing it (as the upstream response does) — for known producers.
+// steady-state path: scanning a Produce request, deciding each batch, and
+// committing each from the broker's response — for known producers.
 func TestSteadyStateDecisionNoAllocs(t *testing.T) {
 	c := newDecisionSession(t)
 	frames := steadyProduceFrames(t, 1200)
+	responses := make([][]byte, len(frames))
+	for i := range responses {
+		resp := kmsg.NewPtrProduceResponse()
+		resp.SetVersion(9)
+		rt := kmsg.NewProduceResponseTopic()
+		rt.Topic = "steady"
+		for p := int32(0); p < 4; p++ {
+			rp := kmsg.NewProduceResponseTopicPartition()
+			rp.Partition, rp.BaseOffset = p, int64(i*10)
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+		responses[i] = resp.AppendTo(nil)
+	}
 	now := time.Now()
 	i := 0
 	run := func() {
@@ -59,9 +73,10 @@ func TestSteadyStateDecisionNoAllocs(t *testing.T) {
 		if err != nil || pl == nil || pl.anyLocal || len(pl.decisions) != 4 {
 			t.Fatalf("plan: %v %+v", err, pl)
 		}
-		for j := range pl.decisions {
-			d := &pl.decisions[j]
-			c.s.dedup.table.Commit(d.key, d.batch, int64(i*10), 0, now)
+		// The broker's answer commits each batch, as in responseLoop.
+		p := pending{plan: pl}
+		if err := c.commitProduce(&p, responses[i-1]); err != nil {
+			t.Fatal(err)
 		}
 		sinkPlan = pl
 		putPlan(pl)

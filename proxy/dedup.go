@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,8 +69,9 @@ type dedupState struct {
 	mode  string
 	table *seqstate.Table
 
-	waitMu  sync.Mutex
-	waiters map[waitKey][]*waiter
+	waitMu   sync.Mutex
+	waiters  map[waitKey][]*waiter
+	nWaiting atomic.Int64 // len of all waiters lists: resolve skips the lock at 0
 
 	lsoMu    sync.Mutex
 	logStart map[seqstate.Key]int64 // ProducerID 0: per partition
@@ -246,10 +246,16 @@ func (c *session) releaseAll(pl *producePlan) {
 
 // resolve hands the outcome of batch d to every request waiting on it.
 func (ds *dedupState) resolve(d *produceDecision, r protocol.LocalPartitionResult) {
+	// A waiter registering after this check re-reads the table, which
+	// the caller updated first, so it cannot be missed (see wait).
+	if ds.nWaiting.Load() == 0 {
+		return
+	}
 	wk := waitKey{d.key, d.batch.Epoch, d.batch.FirstSeq, d.batch.Count}
 	ds.waitMu.Lock()
 	ws := ds.waiters[wk]
 	delete(ds.waiters, wk)
+	ds.nWaiting.Add(-int64(len(ws)))
 	ds.waitMu.Unlock()
 	for _, w := range ws {
 		w.d.local = r
@@ -266,6 +272,7 @@ func (c *session) wait(p *pending, d *produceDecision, now time.Time) {
 	w := &waiter{sess: c, p: p, d: d}
 	ds.waitMu.Lock()
 	ds.waiters[wk] = append(ds.waiters[wk], w)
+	ds.nWaiting.Add(1)
 	ds.waitMu.Unlock()
 	r := ds.table.Decide(d.key, d.batch, now)
 	if r.Decision == seqstate.InFlight {
@@ -279,6 +286,7 @@ func (c *session) wait(p *pending, d *produceDecision, now time.Time) {
 		if x == w {
 			ws = append(ws[:i], ws[i+1:]...)
 			mine = true
+			ds.nWaiting.Add(-1)
 			break
 		}
 	}
@@ -367,21 +375,26 @@ func (c *session) finishProduce(p *pending) {
 // released; requests waiting on them get the same outcome.
 func (c *session) commitProduce(p *pending, body []byte) error {
 	pl := p.plan
-	resp := &c.produceResp
-	resp.Default()
-	resp.SetVersion(pl.version)
-	if err := resp.ReadFrom(body); err != nil {
-		return fmt.Errorf("%w: produce response: %v", protocol.ErrMalformedResponse, err)
-	}
 	ds := c.s.dedup
-	for i := range pl.decisions {
-		d := &pl.decisions[i]
-		if !d.forwarded || !d.tracked {
-			continue
+	sc := &c.respScan
+	if err := sc.Reset(body, pl.version); err != nil {
+		return err
+	}
+	now := time.Now()
+	cursor := 0
+	for sc.Next() {
+		pr := sc.Partition()
+		var topic seqstate.TopicID
+		if pl.version >= 13 {
+			topic = ds.table.TopicBytes(pr.TopicID[:])
+		} else {
+			topic = ds.table.TopicBytes(pr.Topic)
 		}
-		pr := ds.findPartition(resp, pl.version, d)
-		if pr == nil {
-			continue // released below
+		// Brokers answer in request order in practice, so the decision at
+		// the cursor is nearly always the one; Kafka does not promise it.
+		d := pl.find(topic, pr.Partition, &cursor)
+		if d == nil {
+			continue
 		}
 		ds.setLogStartOffset(d.key, pr.LogStartOffset)
 		outcome := protocol.LocalPartitionResult{ErrorCode: pr.ErrorCode, BaseOffset: pr.BaseOffset, LogAppendTime: pr.LogAppendTime, LogStartOffset: pr.LogStartOffset}
@@ -397,9 +410,9 @@ func (c *session) commitProduce(p *pending, body []byte) error {
 			if pr.ErrorCode != 0 {
 				off = -1
 			}
-			ds.table.Commit(d.key, d.batch, off, ts, time.Now())
+			ds.table.Commit(d.key, d.batch, off, ts, now)
 			if pr.ErrorCode == 0 {
-				outcome.LogAppendTime = ts
+				outcome.LogAppendTime = ts // what a retry of it is answered with
 			}
 		default:
 			ds.table.Release(d.key, d.batch)
@@ -407,28 +420,23 @@ func (c *session) commitProduce(p *pending, body []byte) error {
 		d.tracked = false
 		ds.resolve(d, outcome)
 	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
 	c.releaseAll(pl) // anything the response did not mention
 	return nil
 }
 
-// findPartition finds d's partition in the upstream response by topic and
-// partition, not by position: Kafka does not promise request order.
-func (ds *dedupState) findPartition(resp *kmsg.ProduceResponse, version int16, d *produceDecision) *kmsg.ProduceResponseTopicPartition {
-	for ti := range resp.Topics {
-		t := &resp.Topics[ti]
-		var id seqstate.TopicID
-		if version >= 13 {
-			id = ds.table.TopicBytes(t.TopicID[:])
-		} else {
-			id = ds.table.Topic(t.Topic)
-		}
-		if id != d.key.Topic {
-			continue
-		}
-		for pi := range t.Partitions {
-			if t.Partitions[pi].Partition == d.key.Partition {
-				return &t.Partitions[pi]
-			}
+// find returns the forwarded, still pending decision for topic/partition,
+// searching from *cursor and leaving it after the match.
+func (pl *producePlan) find(topic seqstate.TopicID, partition int32, cursor *int) *produceDecision {
+	n := len(pl.decisions)
+	for i := 0; i < n; i++ {
+		j := (*cursor + i) % n
+		d := &pl.decisions[j]
+		if d.forwarded && d.tracked && d.key.Topic == topic && d.key.Partition == partition {
+			*cursor = j + 1
+			return d
 		}
 	}
 	return nil

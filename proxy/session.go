@@ -45,9 +45,9 @@ type session struct {
 	stopping  atomic.Bool // Shutdown: stop reading, drain, close
 	closeOnce sync.Once
 
-	scan        protocol.ProduceScanner // readLoop's, reused
-	reduceBuf   []byte                  // readLoop's, for reduced Produce requests
-	produceResp kmsg.ProduceResponse    // responseLoop's, reused
+	scan      protocol.ProduceScanner         // readLoop's, reused
+	reduceBuf []byte                          // readLoop's, for reduced Produce requests
+	respScan  protocol.ProduceResponseScanner // responseLoop's, reused
 }
 
 // pending is one request awaiting its response.
