@@ -65,6 +65,8 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.IntVar(&cfg.MemProducers, "mem-producers", cfg.MemProducers, "idempotent producers in the memory scenario (sink upstream); 0 skips it")
 	fs.IntVar(&cfg.MemPartitions, "mem-partitions", cfg.MemPartitions, "partitions each memory-scenario producer writes")
 	fs.DurationVar(&cfg.Recovery, "recovery", cfg.Recovery, "kgo retry backoff and metadata min age, how fast producers recover from a lost acknowledgement; 0 keeps kgo's defaults (metadata refresh at most every 5s)")
+	fs.IntVar(&cfg.DedupCostSize, "dedupcost-size", cfg.DedupCostSize, "record size of the dedup-cost scenario (an enforce and an off proxy, same load, alternated); 0 skips it")
+	fs.StringVar(&cfg.DedupCostUpstream, "dedupcost-upstream", cfg.DedupCostUpstream, "upstream of the dedup-cost scenario: sink or kfake")
 	fs.StringVar(&cfg.ProxyBin, "proxy-bin", "", "prebuilt dedupproxy binary; empty builds ./cmd/dedupproxy into a temporary directory")
 	out := fs.String("out", "bench/results", "directory for results.md, results.svg and results.json; empty writes none")
 	timeout := fs.Duration("timeout", 20*time.Minute, "bound on the whole run")

@@ -53,6 +53,12 @@ func evaluateTargets(r *Report) []Target {
 					"≤ 300 µs", metStr(row.AddedP99us <= 300)})
 		}
 	}
+	if dc := r.DedupCost; dc != nil {
+		ts = append(ts, Target{"proxy CPU per MB, dedup enforce ÷ off",
+			fmt.Sprintf("batched, %s, %s, %d alternated pairs", dc.Upstream, sizeLabel(dc.RecordSize), dc.Reps),
+			fmt.Sprintf("%.3f ÷ %.3f ms/MB = %s", dc.EnforceCPUmsPerMB, dc.OffCPUmsPerMB, fmtRatio(dc.CPURatio)),
+			"≤ 1.05×", metStr(dc.CPURatio <= 1.05)})
+	}
 	if m := r.Memory; m != nil {
 		ts = append(ts, Target{"proxy RSS growth per tracked (producer, partition)",
 			fmt.Sprintf("sink, %d producers × %d partitions, %.0f entries", m.Producers, m.Partitions, m.Entries),
@@ -140,6 +146,16 @@ func writeMarkdown(w io.Writer, r *Report) {
 			p("| %s | %s | %+.0f | %+.0f | %+.0f |\n", row.Upstream, sizeLabel(row.RecordSize), row.AddedP50us, row.AddedP99us, row.AddedP999us)
 		}
 	}
+	if dc := r.DedupCost; dc != nil {
+		p("\n## What deduplication costs\n\n")
+		p("Two proxy processes in front of one %s upstream, `dedup: enforce` and `dedup: off`, the same batched idempotent load (%s records), "+
+			"%d phases each, alternating which goes first. The enforce proxy decided %.0f batches (`outcome=\"accepted\"`).\n\n",
+			dc.Upstream, sizeLabel(dc.RecordSize), dc.Reps, dc.Decided)
+		p("| dedup | rec/s | MB/s | p50 µs | p99 µs | proxy CPU ms/MB |\n|---|---|---|---|---|---|\n")
+		p("| enforce | %.0f | %s | %.0f | %.0f | %.3f |\n", dc.Enforce.RecPerSec, fmtNum(dc.Enforce.MBPerSec), dc.Enforce.P50us, dc.Enforce.P99us, dc.EnforceCPUmsPerMB)
+		p("| off | %.0f | %s | %.0f | %.0f | %.3f |\n", dc.Off.RecPerSec, fmtNum(dc.Off.MBPerSec), dc.Off.P50us, dc.Off.P99us, dc.OffCPUmsPerMB)
+		p("| enforce ÷ off | %s | | | | %s |\n", fmtRatio(ratio(dc.Enforce.RecPerSec, dc.Off.RecPerSec)), fmtRatio(dc.CPURatio))
+	}
 	if m := r.Memory; m != nil {
 		p("\n## Memory per tracked (producer, partition)\n\n")
 		p("%d idempotent kgo producers × %d partitions through the proxy (dedup enforce) to the sink, 4 at a time, each closed when done. "+
@@ -185,6 +201,13 @@ func jsonSafe(r *Report) *Report {
 				*f = -1
 			}
 		}
+	}
+	if r.DedupCost != nil {
+		dc := *r.DedupCost
+		if math.IsNaN(dc.CPURatio) || math.IsInf(dc.CPURatio, 0) {
+			dc.CPURatio = -1
+		}
+		c.DedupCost = &dc
 	}
 	return &c
 }

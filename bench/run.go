@@ -45,6 +45,10 @@ type Config struct {
 	RoundTrip     int           `json:"roundtrip_size"`
 	MemProducers  int           `json:"mem_producers"` // memory scenario; 0 skips it
 	MemPartitions int           `json:"mem_partitions"`
+	// DedupCostSize is the record size of the dedup-cost scenario (an
+	// enforce and an off proxy, alternated); 0 skips it.
+	DedupCostSize     int    `json:"dedupcost_size"`
+	DedupCostUpstream string `json:"dedupcost_upstream"`
 
 	ProxyBin string       `json:"-"` // prebuilt proxy; empty builds ./cmd/dedupproxy
 	Log      *slog.Logger `json:"-"`
@@ -57,6 +61,7 @@ func defaultConfig() Config {
 		BatchBytes: 1_000_012, BufferBytes: 8 << 20, Acks: "all", Idempotent: true,
 		Dedup: "enforce", LostAckRate: 0.01, Duration: 3 * time.Second, Reps: 3,
 		RoundTrip: 1024, MemProducers: 2000, MemPartitions: 100, Recovery: 100 * time.Millisecond,
+		DedupCostSize: 1024, DedupCostUpstream: "sink",
 	}
 }
 
@@ -131,9 +136,11 @@ type Report struct {
 	Config  Config        `json:"config"`
 	Rows    []Row         `json:"rows"`
 	Memory  *MemoryResult `json:"memory,omitempty"`
-	Targets []Target      `json:"targets"`
-	Started time.Time     `json:"started"`
-	Took    string        `json:"took"`
+	// DedupCost compares dedup enforce with off.
+	DedupCost *DedupCostResult `json:"dedup_cost,omitempty"`
+	Targets   []Target         `json:"targets"`
+	Started   time.Time        `json:"started"`
+	Took      string           `json:"took"`
 }
 
 // Machine describes where the numbers come from.
@@ -260,6 +267,14 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 			return nil, fmt.Errorf("%s/%s/%dB: %w", sc.name, sc.upstream, sc.load.RecordSize, err)
 		}
 		rep.Rows = append(rep.Rows, row)
+	}
+	if cfg.DedupCostSize > 0 {
+		log.Info("dedup cost scenario", "upstream", cfg.DedupCostUpstream, "record_size", cfg.DedupCostSize)
+		dc, err := runDedupCost(ctx, cfg, dir, cfg.DedupCostUpstream, cfg.DedupCostSize, log)
+		if err != nil {
+			return nil, fmt.Errorf("dedup cost: %w", err)
+		}
+		rep.DedupCost = dc
 	}
 	if cfg.MemProducers > 0 {
 		log.Info("memory scenario", "producers", cfg.MemProducers, "partitions", cfg.MemPartitions)
