@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"encoding/binary"
 	"fmt"
 	"io"
 	"math/bits"
@@ -90,11 +89,6 @@ func readPooledFrame(r io.Reader, maxSize int32) (bp *[]byte, body []byte, err e
 	}
 	*bp = frame
 	return bp, frame[4:], nil
-}
-
-// setFrameSize writes the size prefix of a frame built in place.
-func setFrameSize(frame []byte) {
-	binary.BigEndian.PutUint32(frame, uint32(len(frame)-4))
 }
 
 // requestBuffer is readLoop's one reused read buffer. It grows to the

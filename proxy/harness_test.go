@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -181,13 +180,4 @@ func realAddrs(c *kfake.Cluster) map[string]bool {
 
 func addrString(host string, port int32) string {
 	return net.JoinHostPort(host, fmt.Sprint(port))
-}
-
-func containsAll(s string, subs ...string) bool {
-	for _, sub := range subs {
-		if !strings.Contains(s, sub) {
-			return false
-		}
-	}
-	return true
 }

@@ -107,9 +107,6 @@ type entry struct {
 // len is the ring's length, Config.RetainedBatches.
 func (e entry) len() int { return e.sh.retained }
 
-// slots is the ring as a slice.
-func (e entry) slots() []slot { return e.s[:e.len()] }
-
 func (e entry) at(i int) *slot { return &e.s[e.pos(i)] }
 
 // pos is the ring position of window index i.
@@ -236,13 +233,9 @@ var absentHeader = header{epoch: noProducerEpoch}
 // absent is the view of a key with no entry.
 func absent() entry { return entry{h: &absentHeader} }
 
-// decide is Kafka's decision for batch b against this entry, in Kafka's order:
-// the duplicate check, then the epoch check, then the sequence check. It does
-// not change the entry.
-func (e entry) decide(b Batch) Result {
-	return e.decideLast(b, b.LastSeq())
-}
-
+// decideLast is Kafka's decision for batch b, whose last sequence is last,
+// against this entry, in Kafka's order: the duplicate check, then the epoch
+// check, then the sequence check. It does not change the entry.
 func (e entry) decideLast(b Batch, last int32) Result {
 	epoch := e.h.epoch
 
