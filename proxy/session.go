@@ -258,13 +258,7 @@ func (c *session) responseLoop() {
 			c.release(p)
 		}
 	}()
-	defer func() {
-		if r := recover(); r != nil {
-			c.s.Metrics.Panics.Inc()
-			c.log.Error("panic in connection; closing it", "loop", "response", "panic", r, "stack", string(debug.Stack()))
-			c.closeAll()
-		}
-	}()
+	defer c.recoverPanic("response")
 	upstream := bufio.NewReaderSize(c.upstream, readBufferSize)
 	for p := range c.queue {
 		switch {
