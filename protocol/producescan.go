@@ -490,7 +490,7 @@ const deriveRecordsCRCFrom = 2 << 10
 // instructions for it where the CPU has them.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// RecordsFingerprint returns a 64-bit fingerprint of the batch's records: the
+// RecordsFingerprint returns a 32-bit fingerprint of the batch's records: the
 // bytes after the 61-byte header, plus the record count and compression codec.
 // It leaves out the header's timestamps, CRC, producer fields and leader
 // epoch, so a retried batch that a client restamped (kafkajs and kafka-go set
@@ -499,15 +499,16 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // sequences back after a failed request) do not.
 //
 // It is the CRC-32C of the records (one pass, with the CPU's crc32
-// instruction on amd64 and arm64) beside their length. It runs on every
-// idempotent batch, so it is one pass rather than two: two different record
-// sets of the same count and length collide with probability 2^-32, which
-// separates honest retries from honest new data — all the proxy needs, since a
-// client can only hurt itself by forging a collision.
+// instruction on amd64 and arm64) mixed with their length, count and codec,
+// and folded to 32 bits, the size seqstate keeps per retained batch. Two
+// different record sets collide with probability 2^-32, which separates
+// honest retries from honest new data — all the proxy needs, since a client
+// can only hurt itself by forging a collision. It is never 0, which seqstate
+// reads as "unknown".
 //
 // h must hold the header ReadBatch read from records; bytes past the batch
 // Length are ignored.
-func RecordsFingerprint(records []byte, h *BatchHeader) uint64 {
+func RecordsFingerprint(records []byte, h *BatchHeader) uint32 {
 	end := batchLogOverhead + int(h.Length)
 	if end > len(records) || end < batchHeaderSize {
 		end = len(records)
@@ -531,7 +532,11 @@ func RecordsFingerprint(records []byte, h *BatchHeader) uint64 {
 	// finalizer) rather than by hashing a few more bytes: a byte slice handed
 	// to hash/crc32 escapes, which would cost an allocation per batch.
 	meta := uint64(uint32(h.NumRecords))<<3 | uint64(h.Attributes&attrCompressionMask)
-	return mix64(sum ^ mix64(meta))
+	x := mix64(sum ^ mix64(meta))
+	if fp := uint32(x) ^ uint32(x>>32); fp != 0 {
+		return fp
+	}
+	return 1
 }
 
 // mix64 is the splitmix64 finalizer, a bijection on uint64.

@@ -15,13 +15,13 @@ var ErrInvalidConfig = errors.New("seqstate: invalid config")
 
 const (
 	// DefaultMaxEntries bounds the table when Config.MaxEntries is zero. At
-	// about 190 bytes per entry (5 retained batches, see
-	// BenchmarkTableMemory) it is ~50 MB full.
+	// about 150 bytes per entry (5 retained batches, see
+	// BenchmarkTableMemory) it is ~40 MB full.
 	DefaultMaxEntries = 1 << 18
 	// DefaultRetainedBatches is Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN.
 	DefaultRetainedBatches = 5
 	// MaxRetainedBatches bounds Config.RetainedBatches: the window lives in
-	// a fixed-stride slab of 24-byte slots, is viewed as an array of this
+	// a fixed-stride slab of 16-byte slots, is viewed as an array of this
 	// length, and its indexes are bytes.
 	MaxRetainedBatches = 16
 	// DefaultProducerIDExpiration is Kafka's producer.id.expiration.ms

@@ -226,7 +226,7 @@ func runCommand(t *testing.T, rp **ddRunner, path string, b *ddBlock) string {
 			Epoch:       int16(num("epoch", "")),
 			FirstSeq:    int32(num("seq", "")),
 			Count:       int32(num("n", "")),
-			Fingerprint: uint64(num("fp", "0")),
+			Fingerprint: uint32(num("fp", "0")),
 		}
 	}
 	var out string
@@ -293,7 +293,7 @@ func (t *Table) dumpKey(k Key) string {
 	fmt.Fprintf(&sb, "epoch=%d", e.h.epoch)
 	for i := 0; i < int(e.h.n); i++ {
 		sl := e.at(i)
-		fmt.Fprintf(&sb, " [%d..%d", sl.firstSeq(), sl.last)
+		fmt.Fprintf(&sb, " [%d..%d", e.firstOf(i), sl.lastSeq())
 		if sl.pending() {
 			sb.WriteString(" pending")
 		} else {

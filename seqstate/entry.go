@@ -26,15 +26,19 @@ type header struct {
 	// prev and next link the shard's LRU list: the slab indexes of the
 	// next more and next less recently used entries, or nilIndex.
 	prev, next int32
-	hash       uint32 // the key's hash in the shard's index
-	epoch      int16
-	head       uint8 // ring index of the oldest slot
-	n          uint8 // slots in use
+	// first is the first sequence of the oldest batch in the window. The
+	// window's batches are contiguous (see push), so each later batch starts
+	// one after its predecessor's last sequence and slots keep only that.
+	first int32
+	epoch int16
+	head  uint8 // ring index of the oldest slot
+	n     uint8 // slots in use
 }
 
 // slot is one batch in the window: Kafka's BatchMetadata (lastSeq, lastOffset,
 // offsetDelta, timestamp) in the form the proxy answers with, plus the records
-// fingerprint and a pending flag. 24 bytes.
+// fingerprint and a pending flag. 16 bytes. Its first sequence is not stored:
+// it is one after the previous slot's last (header.first for the oldest).
 //
 // The base offset and max timestamp are stored exactly, but compactly: as
 // 32-bit deltas from the header's offBase and tsBase, which suits a window
@@ -44,13 +48,12 @@ type header struct {
 // others are re-encoded); any that then do not fit are kept whole in the
 // shard's wide map, marked by offDelta == wideDelta. See entry.setOffsets.
 type slot struct {
-	fingerprint uint64 // Batch.Fingerprint; 0 = unknown
-	// first is the first sequence. Sequences are in [0, 2^31-1], so bit 31 is
+	// last is the last sequence. Sequences are in [0, 2^31-1], so bit 31 is
 	// free and marks a batch still pending upstream.
-	first    uint32
-	last     int32
-	offDelta int32 // baseOffset - offBase, nilDelta or wideDelta; unused while pending
-	tsDelta  int32 // maxTimestamp - tsBase or nilDelta; unused while pending or wide
+	last        uint32
+	fingerprint uint32 // Batch.Fingerprint; 0 = unknown
+	offDelta    int32  // baseOffset - offBase, nilDelta or wideDelta; unused while pending
+	tsDelta     int32  // maxTimestamp - tsBase or nilDelta; unused while pending or wide
 }
 
 const (
@@ -85,8 +88,8 @@ type wideMap map[*slot][2]int64
 
 const pendingBit = 1 << 31
 
-func (s *slot) pending() bool   { return s.first&pendingBit != 0 }
-func (s *slot) firstSeq() int32 { return int32(s.first &^ pendingBit) }
+func (s *slot) pending() bool  { return s.last&pendingBit != 0 }
+func (s *slot) lastSeq() int32 { return int32(s.last &^ pendingBit) }
 
 // entry is a view of one entry: its header and its ring of len(s) slots
 // (Config.RetainedBatches). The window is the n slots from head, oldest
@@ -192,28 +195,24 @@ func (e entry) clearWide(j int) {
 // find returns the index in the window of the batch with exactly this
 // sequence range, or -1: ProducerStateEntry.batchWithSequenceRange, where both
 // ends must match, so a partial overlap is not a duplicate. Kafka returns the
-// first match; a window never holds two batches with the same range (a
-// matching batch is never registered or committed again), so scanning from
-// the newest, where commits and most retries land, finds the same one.
+// first match; a window never holds two batches with the same range (it spans
+// fewer than 2^31 sequences, see push), so scanning from the newest, where
+// commits and most retries land, finds the same one.
 func (e entry) find(first, last int32) int {
-	n := int(e.h.n)
-	if n == 0 {
-		return -1
-	}
-	r := e.len()
-	j := int(e.h.head) + n - 1
-	if j >= r {
-		j -= r
-	}
-	for i := n - 1; i >= 0; i-- {
-		if s := &e.s[j&(MaxRetainedBatches-1)]; s.last == last && s.first&^pendingBit == uint32(first) {
+	for i := int(e.h.n) - 1; i >= 0; i-- {
+		if e.at(i).lastSeq() == last && e.firstOf(i) == first {
 			return i
-		}
-		if j--; j < 0 {
-			j = r - 1
 		}
 	}
 	return -1
+}
+
+// firstOf is the first sequence of the batch at window index i.
+func (e entry) firstOf(i int) int32 {
+	if i == 0 {
+		return e.h.first
+	}
+	return incrementSequence(e.at(i-1).lastSeq(), 1)
 }
 
 // lastSeq is ProducerStateEntry.lastSeq(): the newest batch's last sequence,
@@ -222,7 +221,7 @@ func (e entry) lastSeq() int32 {
 	if e.h.n == 0 {
 		return noSequence
 	}
-	return e.at(int(e.h.n) - 1).last
+	return e.at(int(e.h.n) - 1).lastSeq()
 }
 
 // absentHeader is the state of a key with no entry: ProducerStateEntry.empty,
@@ -238,6 +237,13 @@ func absent() entry { return entry{h: &absentHeader} }
 // check, then the sequence check. It does not change the entry.
 func (e entry) decideLast(b Batch, last int32) Result {
 	epoch := e.h.epoch
+
+	// The common case, a producer's next batch: the window spans fewer than
+	// 2^31 sequences and is contiguous (see push), so a batch starting right
+	// after its last sequence matches none of its batches and is in sequence.
+	if b.Epoch == epoch && e.h.n > 0 && inSequence(e.lastSeq(), b.FirstSeq) {
+		return result(Accept)
+	}
 
 	// UnifiedLog.analyzeAndValidateProducerState, then
 	// ProducerStateEntry.findDuplicateBatch: same epoch and an exact
@@ -286,22 +292,63 @@ func (e entry) decideLast(b Batch, last int32) Result {
 
 // push appends a batch to the window and returns its ring position; the
 // caller sets its values if it is committed. A full window drops its oldest
-// batch, as ProducerStateEntry.addBatchMetadata does. first carries the
+// batch, as ProducerStateEntry.addBatchMetadata does. last carries the
 // pending bit.
-func (e entry) push(first uint32, last int32, fingerprint uint64) int {
-	if r := e.len(); int(e.h.n) == r {
-		e.h.head++
-		if int(e.h.head) == r {
-			e.h.head = 0
+//
+// Two invariants make slots smaller and the common check faster, and cost
+// nothing a real producer does:
+//   - The window is contiguous: each batch starts one after the previous
+//     one's last sequence. Within an epoch Check accepts and Commit appends
+//     only batches that follow the tail, except when the epoch is
+//     NO_PRODUCER_EPOCH (-1), which accepts any sequence; such a batch that
+//     does not follow the tail replaces the window instead of joining it.
+//   - The window spans at most 2^31-1 sequences, so no two of its batches
+//     have the same range and the sequence after its tail starts none of
+//     them. Only batches of hundreds of millions of records come near it;
+//     the oldest batches are dropped to keep it.
+//
+// Both only drop batches Kafka would still retain, which makes the table know
+// less than the broker, never contradict it: a retry of a dropped batch is
+// forwarded, and the broker answers it.
+func (e entry) push(first int32, last uint32, count int32, fingerprint uint32) int {
+	if e.h.n > 0 {
+		if !inSequence(e.lastSeq(), first) {
+			e.h.n = 0
+		} else {
+			// sequences the window spans once b joins it
+			span := int64(seqDistance(e.h.first, e.lastSeq())) + 1 + int64(count)
+			for ; span > math.MaxInt32; e.h.n-- {
+				span -= int64(seqDistance(e.h.first, e.at(0).lastSeq())) + 1
+				e.dropOldest()
+			}
 		}
+	}
+	if int(e.h.n) == e.len() {
+		e.dropOldest()
 		e.h.n--
+	}
+	if e.h.n == 0 {
+		e.h.head, e.h.first = 0, first
 	}
 	j := e.pos(int(e.h.n))
 	e.clearWide(j)
-	e.s[j] = slot{fingerprint: fingerprint, first: first, last: last}
+	e.s[j] = slot{last: last, fingerprint: fingerprint}
 	e.h.n++
 	return j
 }
+
+// dropOldest moves the window's start past its oldest batch; the caller
+// decrements n.
+func (e entry) dropOldest() {
+	e.h.first = incrementSequence(e.at(0).lastSeq(), 1)
+	if e.h.head++; int(e.h.head) == e.len() {
+		e.h.head = 0
+	}
+}
+
+// seqDistance is how many increments lead from sequence a to sequence b in
+// the wrapping sequence space [0, 2^31-1].
+func seqDistance(a, b int32) uint32 { return uint32(b-a) & math.MaxInt32 }
 
 // setEpoch is ProducerStateEntry.maybeUpdateProducerEpoch: a different epoch
 // clears the retained batches.
@@ -325,7 +372,7 @@ func (e entry) setEpoch(epoch int16) {
 // entry, see commit).
 func (e entry) register(b Batch, last int32, now int64) {
 	e.setEpoch(b.Epoch)
-	e.push(uint32(b.FirstSeq)|pendingBit, last, b.Fingerprint)
+	e.push(b.FirstSeq, uint32(last)|pendingBit, b.Count, b.Fingerprint)
 	e.h.lastSeen = now
 }
 
@@ -359,7 +406,7 @@ func (e entry) commit(b Batch, baseOffset, maxTimestamp, now int64) outcome {
 		if i := e.find(b.FirstSeq, last); i >= 0 {
 			j := e.pos(i)
 			if s := &e.s[j]; s.pending() {
-				s.first &^= pendingBit
+				s.last &^= pendingBit
 				e.setOffsets(j, baseOffset, maxTimestamp)
 				e.h.lastSeen = now
 			}
@@ -381,7 +428,7 @@ func (e entry) commit(b Batch, baseOffset, maxTimestamp, now int64) outcome {
 
 // pushCommitted appends a committed batch with its values.
 func (e entry) pushCommitted(b Batch, last int32, baseOffset, maxTimestamp int64) {
-	e.setOffsets(e.push(uint32(b.FirstSeq), last, b.Fingerprint), baseOffset, maxTimestamp)
+	e.setOffsets(e.push(b.FirstSeq, uint32(last), b.Count, b.Fingerprint), baseOffset, maxTimestamp)
 }
 
 // release drops a pending batch the broker did not append, and every batch

@@ -1,6 +1,7 @@
 package seqstate
 
 import (
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"sync"
@@ -91,9 +92,13 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 	}
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	if s.fenced(k.ProducerID, b.Epoch, now) {
+	if s.anyFences && s.fenced(k.ProducerID, b.Epoch, now) {
 		s.mu.Unlock()
 		return result(Fenced)
+	}
+	if s.checkFast(k, b, now, register) {
+		s.mu.Unlock()
+		return result(Accept)
 	}
 	var r Result
 	last := b.LastSeq()
@@ -111,6 +116,68 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 	}
 	s.mu.Unlock()
 	return r
+}
+
+// mruLive returns k's entry if it is the shard's most recently used one and
+// has not expired: the common case, since a producer's batches to one
+// partition come in runs and a Commit usually follows its Check with no other
+// key of the shard in between.
+func (s *shard) mruLive(k Key, now int64) (entry, bool) {
+	m := s.mru
+	if m == nilIndex {
+		return entry{}, false
+	}
+	e := s.entry(m)
+	return e, e.h.key == k && now-e.h.lastSeen < s.expiration
+}
+
+// checkFast decides and registers the common case without the general
+// path's calls: k's entry is the most recently used, b is at its epoch and
+// follows its tail, and nothing about the push is unusual (see entry.push).
+// It reports false, having changed nothing, when that does not apply.
+func (s *shard) checkFast(k Key, b Batch, now int64, register bool) bool {
+	e, ok := s.mruLive(k, now)
+	if !ok || e.h.epoch != b.Epoch || e.h.n == 0 || !inSequence(e.lastSeq(), b.FirstSeq) {
+		return false
+	}
+	if register {
+		if seqDistance(e.h.first, b.FirstSeq)+uint32(b.Count) > math.MaxInt32 || len(s.wide) > 0 {
+			return false
+		}
+		if int(e.h.n) == e.len() {
+			e.dropOldest()
+			e.h.n--
+		}
+		*e.at(int(e.h.n)) = slot{last: uint32(b.LastSeq()) | pendingBit, fingerprint: b.Fingerprint}
+		e.h.n++
+		e.h.lastSeen = now
+	}
+	return true
+}
+
+// commitFast commits the common case without the general path's calls:
+// b is the pending newest batch of k's entry, the most recently used one,
+// and its values fit as deltas. It reports false, having changed nothing,
+// when that does not apply.
+func (s *shard) commitFast(k Key, b Batch, baseOffset, maxTimestamp, now int64) bool {
+	e, ok := s.mruLive(k, now)
+	if !ok || e.h.epoch != b.Epoch || e.h.n == 0 {
+		return false
+	}
+	i := int(e.h.n) - 1
+	sl := e.at(i)
+	if sl.last != uint32(b.LastSeq())|pendingBit || e.firstOf(i) != b.FirstSeq {
+		return false
+	}
+	od, ok1 := encodeDelta(baseOffset, e.h.offBase)
+	td, ok2 := encodeDelta(maxTimestamp, e.h.tsBase)
+	if !ok1 || !ok2 {
+		return false
+	}
+	sl.last &^= pendingBit
+	sl.offDelta, sl.tsDelta = od, td
+	e.h.lastSeen = now
+	return true
 }
 
 // Commit records that the broker appended b (as accepted by Check) at
@@ -134,6 +201,10 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	ns := now.UnixNano()
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
+	if s.commitFast(k, b, baseOffset, maxTimestamp, ns) {
+		s.mu.Unlock()
+		return
+	}
 	if idx, ok := s.lookup(k, ns); ok {
 		if s.entry(idx).commit(b, baseOffset, maxTimestamp, ns) == forget {
 			s.remove(idx)
@@ -285,14 +356,15 @@ const nilIndex = -1
 // shard is one lock's worth of the table: an intrusive LRU over slabs.
 //
 // Entries live in pages of headers and pages of slots, indexed by an int32
-// slab index. A header holds its key, its LRU links (slab indexes of its more
-// and less recently used neighbours) and the hash of its key, so the slabs
+// slab index. A header holds its key and its LRU links (slab indexes of its
+// more and less recently used neighbours), so the slabs
 // hold no pointers and the garbage collector never scans them. The key index
 // is an open-addressing hash table of uint32 words with linear probing: a
 // word is 0 (empty) or the slab index plus one in its low idxBits bits, with
 // the high bits of the key's hash above them as a tag, so a probe touches a
 // header only when the tag matches. Removal shifts the following words back
-// (no tombstones), using the hash kept in the header.
+// (no tombstones), rehashing the keys it moves: the hash is a multiply, cheaper
+// than the 4 bytes per entry that keeping it would cost.
 type shard struct {
 	mu          sync.Mutex
 	index       []uint32 // len is a power of two, at most 3/4 full
@@ -483,7 +555,7 @@ func (s *shard) insert(k Key) entry {
 	s.live++
 	s.count.Add(1)
 	e := s.entry(idx)
-	*e.h = header{key: k, hash: hv}
+	*e.h = header{key: k}
 	s.pushFront(idx, e.h)
 	return e
 }
@@ -497,7 +569,7 @@ func (s *shard) grow() {
 		if w == 0 {
 			continue
 		}
-		i := s.hdr(int32(w&s.idxMask)-1).hash & mask
+		i := s.hash(s.hdr(int32(w&s.idxMask)-1).key) & mask
 		for s.index[i] != 0 {
 			i = (i + 1) & mask
 		}
@@ -508,9 +580,10 @@ func (s *shard) grow() {
 // remove drops entry idx from the index and the LRU and frees its slab slot.
 func (s *shard) remove(idx int32) {
 	h := s.hdr(idx)
+	hv := s.hash(h.key)
 	mask := uint32(len(s.index) - 1)
-	want := h.hash&^s.idxMask | uint32(idx+1)
-	i := h.hash & mask
+	want := hv&^s.idxMask | uint32(idx+1)
+	i := hv & mask
 	for s.index[i] != want {
 		i = (i + 1) & mask
 	}
@@ -521,7 +594,7 @@ func (s *shard) remove(idx int32) {
 		if w == 0 {
 			break
 		}
-		home := s.hdr(int32(w&s.idxMask)-1).hash & mask
+		home := s.hash(s.hdr(int32(w&s.idxMask)-1).key) & mask
 		if (j-home)&mask >= (j-i)&mask {
 			s.index[i] = w
 			i = j

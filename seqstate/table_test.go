@@ -133,8 +133,8 @@ func TestConcurrentProducers(t *testing.T) {
 				now := base.Add(time.Duration(r) * time.Millisecond)
 				k := Key{ProducerID: pid, Topic: topic, Partition: int32(r % 4)}
 				part := r % 4
-				b1 := Batch{Epoch: epoch, FirstSeq: seq[part], Count: 3, Fingerprint: uint64(r) + 1}
-				b2 := Batch{Epoch: epoch, FirstSeq: seq[part] + 3, Count: 2, Fingerprint: uint64(r) + 1000}
+				b1 := Batch{Epoch: epoch, FirstSeq: seq[part], Count: 3, Fingerprint: uint32(r) + 1}
+				b2 := Batch{Epoch: epoch, FirstSeq: seq[part] + 3, Count: 2, Fingerprint: uint32(r) + 1000}
 				expect(t, tab.Check(k, b1, now), Accept)
 				expect(t, tab.Check(k, b2, now), Accept) // pipelined
 				expect(t, tab.Check(k, b1, now), InFlight)
