@@ -14,16 +14,16 @@ var benchNow = time.Unix(1_700_000_000, 0)
 // new in-sequence batch, then Commit it when the upstream confirms. One op is
 // one Check plus one Commit.
 //
-// simplelru shards with 32-byte slots vs the intrusive LRU with 24-byte slots,
-// interleaved runs of both test binaries, -count 5, 2-core VM shared with
-// other test runs (mean ± max deviation; median):
+// Medians of 5 interleaved runs of both test binaries on the 2-core VM,
+// 24-byte slots and the general path vs 16-byte slots with appendNext and
+// commitNewest (see the package documentation, Speed):
 //
-//	retained=1    163 ns ±41% (median 149)  ->  87 ns ±34% (median 78)
-//	retained=5    150 ns ±7%  (median 146)  ->  95 ns ±24% (median 83)
-//	retained=16   163 ns ±7%  (median 165)  -> 115 ns ±31% (median 120)
+//	retained=1    80 ns  ->  65 ns
+//	retained=5    80 ns  ->  64 ns
+//	retained=16   83 ns  ->  61 ns
 //
 // The target is 50 ns. BenchmarkShardLockFloor, the two shard
-// lock/unlock pairs every Check+Commit needs, is ~36 ns of it here.
+// lock/unlock pairs every Check+Commit needs, is ~33 ns of it here.
 func BenchmarkCheckCommit(b *testing.B) {
 	for _, retained := range []int{1, 5, 16} {
 		b.Run(fmt.Sprintf("retained=%d", retained), func(b *testing.B) {
@@ -47,7 +47,7 @@ func BenchmarkCheckCommit(b *testing.B) {
 // can remove: Check and Commit each lock and unlock their shard's mutex once,
 // two uncontended lock/unlock pairs per op (each an atomic read-modify-write,
 // a full barrier on amd64). On the 2-core VM this was measured on, that alone
-// is ~36 ns of the 50 ns budget for a Check+Commit pair.
+// is ~33 ns of the 50 ns budget for a Check+Commit pair.
 func BenchmarkShardLockFloor(b *testing.B) {
 	tab, _ := New(Config{})
 	s := tab.shard(42)
@@ -65,10 +65,10 @@ func BenchmarkShardLockFloor(b *testing.B) {
 // BenchmarkDuplicate is a retry of the oldest retained batch: the full
 // window is scanned.
 //
-// Before/after as for BenchmarkCheckCommit:
+// Medians as for BenchmarkCheckCommit (unchanged by the 16-byte slots):
 //
-//	retained=5    73 ns ±13% (median 71)  ->  47 ns ±23% (median 48)
-//	retained=16   88 ns ±14% (median 87)  ->  53 ns ±27% (median 50)
+//	retained=5    36 ns  ->  38 ns
+//	retained=16   48 ns  ->  48 ns
 func BenchmarkDuplicate(b *testing.B) {
 	for _, retained := range []int{5, 16} {
 		b.Run(fmt.Sprintf("retained=%d", retained), func(b *testing.B) {
@@ -131,13 +131,14 @@ func BenchmarkCheckCommitParallel(b *testing.B) {
 // whole table: LRU elements, its map, slabs). It then measures a duplicate
 // lookup on a random entry of the large table, where cache misses dominate.
 //
-// Before/after as for BenchmarkCheckCommit (B/entry is deterministic):
+// B/entry is deterministic for a given shard count (8 here, GOMAXPROCS 2):
 //
-//	retained=1   184.1 B/entry, 1056 ns ±16%  ->   91.7 B/entry, 502 ns ±23%
-//	retained=5   312.2 B/entry, 1194 ns ±16%  ->  189.2 B/entry, 584 ns ±20%
+//	                simplelru, 32 B slots   intrusive LRU, 24 B   16 B slots
+//	retained=1      184.1 B/entry           91.7 B/entry          83.6 B/entry
+//	retained=5      312.2 B/entry           189.2 B/entry         148.6 B/entry
 //
-// The target is 150 B/entry with 5 retained batches; see the package
-// documentation (Layout) for where the 189 B go.
+// The target is 150 B/entry with 5 retained batches; the package
+// documentation (Layout) says where the 148.6 B go.
 func BenchmarkTableMemory(b *testing.B) {
 	const entries = 1_000_000
 	for _, retained := range []int{1, 5} {

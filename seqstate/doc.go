@@ -81,16 +81,16 @@
 // # Speed
 //
 // BenchmarkCheckCommit, a known producer's next batch checked then
-// committed, is about 63 ns on the 2-core VM it was measured on (the issue's
-// target was 50 ns). Check and Commit each take the shard lock once, and
-// BenchmarkShardLockFloor shows those two uncontended lock/unlock pairs alone
-// cost ~33 ns there, each lock operation an atomic read-modify-write. The
-// rest is checkFast and commitFast, which handle the common case (the
-// shard's most recently used entry, the batch following or being the tail)
-// without the general path's calls; with the locks taken out the pair costs
-// ~45 ns, and with only Commit's lock taken out ~48 ns, so no arrangement of
-// one lock-free side reaches 50 ns either. A concurrent table under the
-// Go memory model needs at least one atomic operation per call.
+// committed, takes 61–65 ns (medians, 1 to 16 retained batches) on the 2-core
+// VM it was measured on, down from 80–83 ns; the target was 50 ns.
+// Check and Commit each take the shard lock once, and BenchmarkShardLockFloor
+// shows that those two uncontended lock/unlock pairs alone cost ~33 ns there,
+// each lock operation being an atomic read-modify-write. The rest is
+// appendNext and commitNewest, which handle the common case (the batch after
+// the tail, then its commit) without the general path's scan and calls. With
+// the locks taken out the pair costs ~45 ns, and with only Commit's lock
+// taken out ~48 ns, so not even a lock-free Commit (which still needs one
+// atomic operation) would bring it under 50 ns on that machine.
 //
 // # State
 //

@@ -199,9 +199,25 @@ func (e entry) clearWide(j int) {
 // fewer than 2^31 sequences, see push), so scanning from the newest, where
 // commits and most retries land, finds the same one.
 func (e entry) find(first, last int32) int {
-	for i := int(e.h.n) - 1; i >= 0; i-- {
-		if e.at(i).lastSeq() == last && e.firstOf(i) == first {
-			return i
+	n := int(e.h.n)
+	if n == 0 {
+		return -1 // also keeps the absent entry, with no shard, out
+	}
+	r := e.len()
+	j := int(e.h.head) + n - 1
+	if j >= r {
+		j -= r
+	}
+	for i := n - 1; i >= 0; i-- {
+		if e.s[j&(MaxRetainedBatches-1)].last&^pendingBit == uint32(last) {
+			// Last sequences are distinct too, for the same reason.
+			if e.firstOf(i) == first {
+				return i
+			}
+			return -1
+		}
+		if j--; j < 0 {
+			j = r - 1
 		}
 	}
 	return -1
@@ -374,6 +390,50 @@ func (e entry) register(b Batch, last int32, now int64) {
 	e.setEpoch(b.Epoch)
 	e.push(b.FirstSeq, uint32(last)|pendingBit, b.Count, b.Fingerprint)
 	e.h.lastSeen = now
+}
+
+// appendNext is Check's common case, decided and registered without the
+// general path: b is at the entry's epoch and follows its tail, so it is
+// accepted (see decideLast) and pushed, and the push is plain (no window
+// span to trim, no wide values to clear; see push). It reports false,
+// having changed nothing, when that does not apply.
+func (e entry) appendNext(b Batch, last int32, now int64) bool {
+	if e.h.epoch != b.Epoch || e.h.n == 0 || !inSequence(e.lastSeq(), b.FirstSeq) ||
+		seqDistance(e.h.first, b.FirstSeq)+uint32(b.Count) > math.MaxInt32 || len(e.sh.wide) > 0 {
+		return false
+	}
+	if int(e.h.n) == e.len() {
+		e.dropOldest()
+		e.h.n--
+	}
+	*e.at(int(e.h.n)) = slot{last: uint32(last) | pendingBit, fingerprint: b.Fingerprint}
+	e.h.n++
+	e.h.lastSeen = now
+	return true
+}
+
+// commitNewest is Commit's common case without the general path: b is the
+// window's newest batch, pending, and its values fit as deltas (see
+// setOffsets). It reports false, having changed nothing, when that does not
+// apply.
+func (e entry) commitNewest(b Batch, baseOffset, maxTimestamp, now int64) bool {
+	if e.h.epoch != b.Epoch || e.h.n == 0 {
+		return false
+	}
+	i := int(e.h.n) - 1
+	s := e.at(i)
+	if s.last != uint32(b.LastSeq())|pendingBit || e.firstOf(i) != b.FirstSeq {
+		return false
+	}
+	od, ok1 := encodeDelta(baseOffset, e.h.offBase)
+	td, ok2 := encodeDelta(maxTimestamp, e.h.tsBase)
+	if !ok1 || !ok2 {
+		return false
+	}
+	s.last &^= pendingBit
+	s.offDelta, s.tsDelta = od, td
+	e.h.lastSeen = now
+	return true
 }
 
 // outcome tells the Table what to do with the entry after commit or release.

@@ -1,7 +1,6 @@
 package seqstate
 
 import (
-	"math"
 	"math/bits"
 	"math/rand/v2"
 	"sync"
@@ -96,88 +95,26 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 		s.mu.Unlock()
 		return result(Fenced)
 	}
-	if s.checkFast(k, b, now, register) {
-		s.mu.Unlock()
-		return result(Accept)
-	}
-	var r Result
 	last := b.LastSeq()
-	if idx, ok := s.lookup(k, now); ok {
-		e := s.entry(idx)
-		r = e.decideLast(b, last)
-		if register && r.Decision == Accept {
-			e.register(b, last, now)
-		}
-	} else {
-		r = absent().decideLast(b, last)
+	_, e, ok := s.lookup(k, now)
+	if !ok {
+		r := absent().decideLast(b, last)
 		if register && r.Decision == Accept {
 			s.insert(k).register(b, last, now)
 		}
+		s.mu.Unlock()
+		return r
+	}
+	if register && e.appendNext(b, last, now) {
+		s.mu.Unlock()
+		return result(Accept)
+	}
+	r := e.decideLast(b, last)
+	if register && r.Decision == Accept {
+		e.register(b, last, now)
 	}
 	s.mu.Unlock()
 	return r
-}
-
-// mruLive returns k's entry if it is the shard's most recently used one and
-// has not expired: the common case, since a producer's batches to one
-// partition come in runs and a Commit usually follows its Check with no other
-// key of the shard in between.
-func (s *shard) mruLive(k Key, now int64) (entry, bool) {
-	m := s.mru
-	if m == nilIndex {
-		return entry{}, false
-	}
-	e := s.entry(m)
-	return e, e.h.key == k && now-e.h.lastSeen < s.expiration
-}
-
-// checkFast decides and registers the common case without the general
-// path's calls: k's entry is the most recently used, b is at its epoch and
-// follows its tail, and nothing about the push is unusual (see entry.push).
-// It reports false, having changed nothing, when that does not apply.
-func (s *shard) checkFast(k Key, b Batch, now int64, register bool) bool {
-	e, ok := s.mruLive(k, now)
-	if !ok || e.h.epoch != b.Epoch || e.h.n == 0 || !inSequence(e.lastSeq(), b.FirstSeq) {
-		return false
-	}
-	if register {
-		if seqDistance(e.h.first, b.FirstSeq)+uint32(b.Count) > math.MaxInt32 || len(s.wide) > 0 {
-			return false
-		}
-		if int(e.h.n) == e.len() {
-			e.dropOldest()
-			e.h.n--
-		}
-		*e.at(int(e.h.n)) = slot{last: uint32(b.LastSeq()) | pendingBit, fingerprint: b.Fingerprint}
-		e.h.n++
-		e.h.lastSeen = now
-	}
-	return true
-}
-
-// commitFast commits the common case without the general path's calls:
-// b is the pending newest batch of k's entry, the most recently used one,
-// and its values fit as deltas. It reports false, having changed nothing,
-// when that does not apply.
-func (s *shard) commitFast(k Key, b Batch, baseOffset, maxTimestamp, now int64) bool {
-	e, ok := s.mruLive(k, now)
-	if !ok || e.h.epoch != b.Epoch || e.h.n == 0 {
-		return false
-	}
-	i := int(e.h.n) - 1
-	sl := e.at(i)
-	if sl.last != uint32(b.LastSeq())|pendingBit || e.firstOf(i) != b.FirstSeq {
-		return false
-	}
-	od, ok1 := encodeDelta(baseOffset, e.h.offBase)
-	td, ok2 := encodeDelta(maxTimestamp, e.h.tsBase)
-	if !ok1 || !ok2 {
-		return false
-	}
-	sl.last &^= pendingBit
-	sl.offDelta, sl.tsDelta = od, td
-	e.h.lastSeen = now
-	return true
 }
 
 // Commit records that the broker appended b (as accepted by Check) at
@@ -201,12 +138,8 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	ns := now.UnixNano()
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	if s.commitFast(k, b, baseOffset, maxTimestamp, ns) {
-		s.mu.Unlock()
-		return
-	}
-	if idx, ok := s.lookup(k, ns); ok {
-		if s.entry(idx).commit(b, baseOffset, maxTimestamp, ns) == forget {
+	if idx, e, ok := s.lookup(k, ns); ok {
+		if !e.commitNewest(b, baseOffset, maxTimestamp, ns) && e.commit(b, baseOffset, maxTimestamp, ns) == forget {
 			s.remove(idx)
 		}
 	} else {
@@ -464,14 +397,18 @@ func (s *shard) peek(k Key) (int32, bool) {
 
 // lookup finds k, marking it most recently used. An expired entry is removed
 // and reported missing (lazy expiry). The most recently used entry is tried
-// inline (see peek).
-func (s *shard) lookup(k Key, now int64) (int32, bool) {
+// inline: a producer's batches to one partition come in runs, and a Commit
+// usually follows its Check with no other key of the shard in between.
+func (s *shard) lookup(k Key, now int64) (int32, entry, bool) {
 	if m := s.mru; m != nilIndex {
-		if h := s.hdr(m); h.key == k && now-h.lastSeen < s.expiration {
-			return m, true
+		if e := s.entry(m); e.h.key == k && now-e.h.lastSeen < s.expiration {
+			return m, e, true
 		}
 	}
-	return s.lookupSlow(k, now)
+	if idx, ok := s.lookupSlow(k, now); ok {
+		return idx, s.entry(idx), true
+	}
+	return 0, entry{}, false
 }
 
 func (s *shard) lookupSlow(k Key, now int64) (int32, bool) {
