@@ -331,7 +331,7 @@ func (e entry) push(first int32, last uint32, count int32, fingerprint uint32) i
 		if !inSequence(e.lastSeq(), first) {
 			e.h.n = 0
 		} else {
-			// sequences the window spans once b joins it
+			// sequences the window spans once the new batch joins it
 			span := int64(seqDistance(e.h.first, e.lastSeq())) + 1 + int64(count)
 			for ; span > math.MaxInt32; e.h.n-- {
 				span -= int64(seqDistance(e.h.first, e.at(0).lastSeq())) + 1
