@@ -96,7 +96,10 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 		return result(Fenced)
 	}
 	last := b.LastSeq()
-	_, e, ok := s.lookup(k, now)
+	e, ok := s.mruEntry, s.mruHit(k, now)
+	if !ok {
+		e, ok = s.lookupMiss(k, now)
+	}
 	if !ok {
 		r := absent().decideLast(b, last)
 		if register && r.Decision == Accept {
@@ -138,8 +141,13 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	ns := now.UnixNano()
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	if idx, e, ok := s.lookup(k, ns); ok {
+	e, ok := s.mruEntry, s.mruHit(k, ns)
+	if !ok {
+		e, ok = s.lookupMiss(k, ns)
+	}
+	if ok {
 		if !e.commitNewest(b, baseOffset, maxTimestamp, ns) && e.commit(b, baseOffset, maxTimestamp, ns) == forget {
+			idx, _ := s.peek(k)
 			s.remove(idx)
 		}
 	} else {
@@ -305,6 +313,7 @@ type shard struct {
 	seed0       uint64
 	seed1       uint64
 	mru, lru    int32 // most and least recently used entries, or nilIndex
+	mruEntry    entry // the view of mru, kept so that lookup's common case skips the slab arithmetic
 	live        int   // entries in the LRU (count mirrors it for Len)
 	fences      *simplelru.LRU[int64, fence]
 	anyFences   bool    // fences.Len() > 0, without the pointer chase
@@ -395,20 +404,26 @@ func (s *shard) peek(k Key) (int32, bool) {
 	}
 }
 
-// lookup finds k, marking it most recently used. An expired entry is removed
-// and reported missing (lazy expiry). The most recently used entry is tried
-// inline: a producer's batches to one partition come in runs, and a Commit
-// usually follows its Check with no other key of the shard in between.
-func (s *shard) lookup(k Key, now int64) (int32, entry, bool) {
-	if m := s.mru; m != nilIndex {
-		if e := s.entry(m); e.h.key == k && now-e.h.lastSeen < s.expiration {
-			return m, e, true
-		}
-	}
+// Finding an entry, marking it most recently used and expiring it lazily (an
+// expired entry is removed and reported missing) takes two steps on the hot
+// paths: mruHit, which inlines, tries the most recently used entry, as a
+// producer's batches to one partition come in runs and a Commit usually
+// follows its Check with no other key of the shard in between; lookupMiss
+// does the rest. The most recently used entry's view is kept in
+// shard.mruEntry, so the first step skips the slab arithmetic.
+
+// mruHit reports whether k is the most recently used entry and live.
+func (s *shard) mruHit(k Key, now int64) bool {
+	h := s.mruEntry.h
+	return h != nil && h.key == k && now-h.lastSeen < s.expiration
+}
+
+// lookupMiss finds k when mruHit did not.
+func (s *shard) lookupMiss(k Key, now int64) (entry, bool) {
 	if idx, ok := s.lookupSlow(k, now); ok {
-		return idx, s.entry(idx), true
+		return s.entry(idx), true
 	}
-	return 0, entry{}, false
+	return entry{}, false
 }
 
 func (s *shard) lookupSlow(k Key, now int64) (int32, bool) {
@@ -439,7 +454,7 @@ func (s *shard) unlink(h *header) {
 	if h.prev != nilIndex {
 		s.hdr(h.prev).next = h.next
 	} else {
-		s.mru = h.next
+		s.setMRU(h.next)
 	}
 	if h.next != nilIndex {
 		s.hdr(h.next).prev = h.prev
@@ -455,7 +470,16 @@ func (s *shard) pushFront(idx int32, h *header) {
 	} else {
 		s.lru = idx
 	}
+	s.setMRU(idx)
+}
+
+func (s *shard) setMRU(idx int32) {
 	s.mru = idx
+	if idx == nilIndex {
+		s.mruEntry = entry{}
+	} else {
+		s.mruEntry = s.entry(idx)
+	}
 }
 
 // insert adds an empty entry for k, which must be absent, evicting the least
