@@ -327,16 +327,17 @@ func (e entry) decideLast(b Batch, last int32) Result {
 // less than the broker, never contradict it: a retry of a dropped batch is
 // forwarded, and the broker answers it.
 func (e entry) push(first int32, last uint32, count int32, fingerprint uint32) int {
-	if e.h.n > 0 {
-		if !inSequence(e.lastSeq(), first) {
-			e.h.n = 0
-		} else {
-			// sequences the window spans once the new batch joins it
-			span := int64(seqDistance(e.h.first, e.lastSeq())) + 1 + int64(count)
-			for ; span > math.MaxInt32; e.h.n-- {
-				span -= int64(seqDistance(e.h.first, e.at(0).lastSeq())) + 1
-				e.dropOldest()
-			}
+	switch {
+	case e.h.n == 0:
+	case !inSequence(e.lastSeq(), first):
+		e.h.n = 0
+	default:
+		// Sequences the window spans once the new batch joins it: the
+		// window from its first sequence up to the new batch, plus the new
+		// batch. It spans at most 2^31-1 before, so the sum cannot wrap.
+		for span := seqDistance(e.h.first, first) + uint32(count); span > math.MaxInt32; e.h.n-- {
+			span -= seqDistance(e.h.first, e.at(0).lastSeq()) + 1
+			e.dropOldest()
 		}
 	}
 	if int(e.h.n) == e.len() {
@@ -398,6 +399,7 @@ func (e entry) register(b Batch, last int32, now int64) {
 // span to trim, no wide values to clear; see push). It reports false,
 // having changed nothing, when that does not apply.
 func (e entry) appendNext(b Batch, last int32, now int64) bool {
+	// decideLast's first test, then push's plain case.
 	if e.h.epoch != b.Epoch || e.h.n == 0 || !inSequence(e.lastSeq(), b.FirstSeq) ||
 		seqDistance(e.h.first, b.FirstSeq)+uint32(b.Count) > math.MaxInt32 || len(e.sh.wide) > 0 {
 		return false

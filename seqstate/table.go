@@ -147,8 +147,7 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	}
 	if ok {
 		if !e.commitNewest(b, baseOffset, maxTimestamp, ns) && e.commit(b, baseOffset, maxTimestamp, ns) == forget {
-			idx, _ := s.peek(k)
-			s.remove(idx)
+			s.remove(s.mru) // the lookup made it the most recently used
 		}
 	} else {
 		e := s.insert(k)
