@@ -41,6 +41,23 @@ type AddrMapper interface {
 	MapBroker(nodeID int32, host string, port int32) (advHost string, advPort int32)
 }
 
+// TopicObserver is an optional interface of an [AddrMapper]: RewriteAddresses
+// tells it the topics of every well-formed Metadata response that the broker
+// answered without error, before any address is mapped. The proxy keys its
+// state by topic name and learns the name of each topic ID (Produce v13+
+// names topics by ID only) from these pairs, so that every Produce version
+// maps to one key per partition. The slice is valid only during the call.
+type TopicObserver interface {
+	ObserveTopics(topics []TopicInfo)
+}
+
+// TopicInfo is a topic named in a Metadata response. ID is all zero before
+// Metadata v10 (KIP-516 topic IDs).
+type TopicInfo struct {
+	Name string
+	ID   [16]byte
+}
+
 // Responses that carry a broker address, checked against every struct with a
 // Host field in kmsg v1.15.1 (generated.go). Covered:
 //
@@ -172,6 +189,9 @@ func rewriteMetadata(dst, body []byte, version int16, m AddrMapper) ([]byte, boo
 	if err := resp.ReadFrom(body); err != nil {
 		return nil, false, malformed(err)
 	}
+	if o, ok := m.(TopicObserver); ok {
+		observeTopics(o, resp.Topics)
+	}
 	changed := false
 	for i := range resp.Brokers {
 		b := &resp.Brokers[i]
@@ -185,6 +205,23 @@ func rewriteMetadata(dst, body []byte, version int16, m AddrMapper) ([]byte, boo
 		return body, false, nil
 	}
 	return resp.AppendTo(dst[:0]), true, nil
+}
+
+// observeTopics hands o the topics of a Metadata response that carry no
+// error and a name (Metadata v12+ may answer a topic requested by ID with a
+// null name on error).
+func observeTopics(o TopicObserver, topics []kmsg.MetadataResponseTopic) {
+	seen := make([]TopicInfo, 0, len(topics))
+	for i := range topics {
+		t := &topics[i]
+		if t.ErrorCode != 0 || t.Topic == nil || *t.Topic == "" {
+			continue
+		}
+		seen = append(seen, TopicInfo{Name: *t.Topic, ID: t.TopicID})
+	}
+	if len(seen) > 0 {
+		o.ObserveTopics(seen)
+	}
 }
 
 func rewriteFindCoordinator(dst, body []byte, version int16, m AddrMapper) ([]byte, bool, error) {
