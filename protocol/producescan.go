@@ -12,7 +12,8 @@ import (
 // Produce: v3-13 (the versions Kafka 4 accepts, KIP-896, up to the newest kmsg
 // knows). The scanner walks a request body in place, without decoding it into
 // a kmsg.ProduceRequest, because full decoding costs ~9 allocations per
-// request (STYLE.md, "Produce fast path") and this runs for every Produce.
+// request (measured for 4 topics × 8 partitions) and this runs for every
+// Produce.
 //
 //   - v3: transactional id; message format v2 only (KIP-98).
 //   - v9: flexible versions (KIP-482): compact strings, arrays and bytes, and
