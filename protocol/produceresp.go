@@ -123,7 +123,7 @@ func putCount(dst []byte, at, n int, flexible bool) []byte {
 // For a duplicate Kafka answers error 0 with the original batch's base offset
 // and, as log append time, the original batch's max timestamp (even on
 // CreateTime topics), plus the current log start offset
-// (UnifiedLog.analyzeAndValidateProducerState; kafka-idempotence.md §4). For
+// (UnifiedLog.analyzeAndValidateProducerState; docs/kafka-rules.md §4). For
 // OUT_OF_ORDER_SEQUENCE_NUMBER and INVALID_PRODUCER_EPOCH it answers offsets
 // -1 but the real log start offset, which franz-go uses to tell a reset from
 // data loss.

@@ -185,7 +185,7 @@ func topicNumber(tp kmsg.ProduceRequestTopic) int {
 // localAnswer is the proxy's own answer: for even partitions a duplicate
 // (error 0, the original base offset and append time), for odd ones
 // OUT_OF_ORDER_SEQUENCE_NUMBER with the real log start offset
-// (kafka-idempotence.md §4).
+// (docs/kafka-rules.md §4).
 func localAnswer(ti, pi int) LocalPartitionResult {
 	if pi%2 == 0 {
 		return LocalPartitionResult{ErrorCode: 0, BaseOffset: int64(100000 + ti*100 + pi), LogAppendTime: 1700000000000 + int64(pi), LogStartOffset: 3}
@@ -295,7 +295,7 @@ func checkMerged(t *testing.T, req *kmsg.ProduceRequest, resp *kmsg.ProduceRespo
 }
 
 // TestMergeDuplicateAnswer: the proxy's answer to a duplicate is what Kafka
-// sends (UnifiedLog.analyzeAndValidateProducerState, kafka-idempotence.md
+// sends (UnifiedLog.analyzeAndValidateProducerState, docs/kafka-rules.md
 // §4): error 0 with the original batch's base offset, at every version.
 func TestMergeDuplicateAnswer(t *testing.T) {
 	t.Parallel()

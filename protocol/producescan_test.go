@@ -284,7 +284,7 @@ func TestReadBatchMatchesKmsg(t *testing.T) {
 }
 
 // TestBatchValidKafkaChecks pins each check Kafka makes before its duplicate
-// check (kafka-idempotence.md §2.1 rows 4, 11, 12) to the error code the
+// check (docs/kafka-rules.md §2.1 rows 4, 11, 12) to the error code the
 // broker returns.
 func TestBatchValidKafkaChecks(t *testing.T) {
 	t.Parallel()
@@ -336,9 +336,9 @@ func TestBatchValidKafkaChecks(t *testing.T) {
 }
 
 // TestRecordsFingerprintIgnoresRestamp: kafkajs and kafka-go retries carry
-// new timestamps and so a new CRC, but the same records (clients.md §3); they
-// must match. kafkajs also reuses sequence numbers for different records;
-// those must not.
+// new timestamps and so a new CRC, but the same records (docs/clients.md §3);
+// they must match. kafkajs also reuses sequence numbers for different
+// records; those must not.
 func TestRecordsFingerprintIgnoresRestamp(t *testing.T) {
 	t.Parallel()
 	fp := func(b []byte) uint32 {
