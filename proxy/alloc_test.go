@@ -9,17 +9,21 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
-// newDecisionSession is a session with just what planProduce needs.
+// newDecisionSession is a session with just what planProduce needs: a
+// trusted connection and the topic "steady" known from Metadata.
 func newDecisionSession(t testing.TB) *session {
 	s := &Server{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil)}
 	s.Config.EnsureDefaults()
-	ds, err := newDedupState(&s.Config)
+	pn, err := newDedupPlanner(&s.Config, s.Metrics)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.dedup = ds
+	pn.table.InternTopics([]seqstate.TopicRef{{Name: "steady"}})
+	s.planner = pn
+	s.openUpstream.Store(true)
 	return &session{s: s, log: s.Logger}
 }
 
@@ -74,8 +78,7 @@ func TestSteadyStateDecisionNoAllocs(t *testing.T) {
 			t.Fatalf("plan: %v %+v", err, pl)
 		}
 		// The broker's answer commits each batch, as in responseLoop.
-		p := pending{plan: pl}
-		if err := c.commitProduce(&p, responses[i-1]); err != nil {
+		if err := c.s.planner.complete(pl, &c.respScan, responses[i-1], now); err != nil {
 			t.Fatal(err)
 		}
 		sinkPlan = pl
@@ -110,7 +113,7 @@ func BenchmarkDecideProduce(b *testing.B) {
 		pl, _ := c.planProduce(h, body, now)
 		for j := range pl.decisions {
 			d := &pl.decisions[j]
-			c.s.dedup.table.Commit(d.key, d.batch, int64(i*10), 0, now)
+			c.s.planner.table.Commit(d.key, d.batch, int64(i*10), 0, now)
 		}
 		putPlan(pl)
 	}

@@ -181,3 +181,24 @@ func realAddrs(c *kfake.Cluster) map[string]bool {
 func addrString(host string, port int32) string {
 	return net.JoinHostPort(host, fmt.Sprint(port))
 }
+
+// learnTopics sends a Metadata request for topics through raw, as every
+// client does before producing: the proxy keys batches only for topics it
+// has seen in a Metadata response.
+func (r *rawConn) learnTopics(topics ...string) *kmsg.MetadataResponse {
+	r.t.Helper()
+	req := kmsg.NewPtrMetadataRequest()
+	req.SetVersion(12)
+	for _, tp := range topics {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(tp)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp := r.roundTrip(req).(*kmsg.MetadataResponse)
+	for _, t := range resp.Topics {
+		if t.ErrorCode != 0 {
+			r.t.Fatalf("metadata for %v: error %d", t.Topic, t.ErrorCode)
+		}
+	}
+	return resp
+}

@@ -29,8 +29,9 @@ type Metrics struct {
 
 	// NOTE: batches is indexed by seqstate.Decision; add new decisions to
 	// decisionOutcome.
-	batches          [8]prometheus.Counter
-	batchPassthrough prometheus.Counter
+	batches      [8]prometheus.Counter
+	passthrough  [numPassReasons]prometheus.Counter
+	waitTimeouts prometheus.Counter
 
 	requests        *prometheus.CounterVec
 	requestDuration *prometheus.HistogramVec
@@ -102,8 +103,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.batches[d] = batches.WithLabelValues(outcome)
 		}
 	}
-	m.batchPassthrough = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
-		Help: "Produce batches relayed without a decision: legacy producers (producer id -1), old formats, batches the broker rejects itself, dedup mode off."})
+	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
+		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (before SASL succeeded). Nothing is counted in dedup mode off."}, []string{"reason"})
+	for r, name := range passthroughReasons {
+		m.passthrough[r] = passthrough.WithLabelValues(name)
+	}
+	m.waitTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "produce", Name: "wait_timeouts_total",
+		Help: "Retries that waited for their in-flight original past the request's timeout_ms and were answered REQUEST_TIMED_OUT."})
 	for _, r := range []string{brokerDial, brokerRead, brokerWrite, brokerProtocol} {
 		m.brokerErrors.WithLabelValues(r)
 	}
@@ -117,7 +123,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, m.batchPassthrough,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, m.waitTimeouts,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return m
@@ -160,7 +166,7 @@ func (m *Metrics) countDecision(d seqstate.Decision) {
 		m.batches[d].Inc()
 		return
 	}
-	m.batchPassthrough.Inc()
+	m.passthrough[passInvalid].Inc()
 }
 
 // registerTable exports the table's own counts.

@@ -18,7 +18,7 @@ var ErrServerClosed = errors.New("proxy: server closed")
 // Server is the proxy: a bootstrap listener that forwards to the configured
 // upstream brokers, and one listener per broker node, started when the node is
 // first seen in a response. Each client connection gets its own upstream
-// connection to the broker it addressed (see DESIGN.md §1).
+// connection to the broker it addressed (docs/produce-path.md).
 //
 // Fields other than Config are optional injectable dependencies; set them
 // before Start.
@@ -35,7 +35,8 @@ type Server struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	nodes nodeRegistry
-	dedup *dedupState
+	planner      *planner
+	openUpstream atomic.Bool // a broker answered a request without authentication (see session.trusted)
 	stop  chan struct{} // closed by Shutdown: background loops end
 
 	mu        sync.Mutex
@@ -83,13 +84,13 @@ func (s *Server) Start(ctx context.Context) error {
 	s.mu.Unlock()
 	s.nodes.init(s)
 	s.stop = make(chan struct{})
-	ds, err := newDedupState(&s.Config)
+	pn, err := newDedupPlanner(&s.Config, s.Metrics)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
-	s.dedup = ds
-	if ds.table != nil {
-		s.Metrics.registerTable(ds.table)
+	s.planner = pn
+	if pn.table != nil {
+		s.Metrics.registerTable(pn.table)
 		s.wg.Add(1)
 		go s.expireLoop()
 	}
@@ -288,7 +289,7 @@ func (s *Server) expireLoop() {
 		case <-s.stop:
 			return
 		case now := <-t.C:
-			s.dedup.table.Expire(now)
+			s.planner.table.Expire(now)
 		}
 	}
 }

@@ -44,10 +44,19 @@ type session struct {
 
 	stopping  atomic.Bool // Shutdown: stop reading, drain, close
 	closeOnce sync.Once
+	closed    chan struct{} // closed by closeAll: waits give up
+
+	// SASL (see trusted): saslStarted is set by readLoop when the client
+	// sends SaslHandshake or SaslAuthenticate, saslDone by responseLoop
+	// when the broker accepts SaslAuthenticate.
+	saslStarted atomic.Bool
+	saslDone    atomic.Bool
 
 	scan      protocol.ProduceScanner         // readLoop's, reused
 	reduceBuf []byte                          // readLoop's, for reduced Produce requests
+	unqueued  *producePlan                    // readLoop's: decided, not yet queued
 	respScan  protocol.ProduceResponseScanner // responseLoop's, reused
+	current   *pending                        // responseLoop's: taken from the queue, not yet released
 }
 
 // pending is one request awaiting its response.
@@ -56,15 +65,13 @@ type pending struct {
 	corrID       int32
 	start        time.Time
 	api          *apiMetrics
-	async        bool          // the response is built by the proxy: wait on ready
-	ready        chan struct{} // async only: receives once when resp or failed is set
-	resp         *[]byte       // the whole response frame, from getFrame
-	failed       bool          // no response will come; the connection closes
-	plan         *producePlan  // Produce decided by the table, else nil
-	initTxn      bool          // InitProducerId for a transactional id: feeds fencing
+	resp         *[]byte      // the whole response frame, from getFrame; set early when the proxy answers alone
+	failed       bool         // no response will come; the connection closes
+	plan         *producePlan // Produce decided by the planner, else nil
+	initTxn      bool         // InitProducerId for a transactional id: feeds fencing
 }
 
-var pendingPool = sync.Pool{New: func() any { return &pending{ready: make(chan struct{}, 1)} }}
+var pendingPool = sync.Pool{New: func() any { return &pending{} }}
 
 // readBufferSize is the buffered reader on each side of a session.
 const readBufferSize = 32 << 10
@@ -76,7 +83,8 @@ const maxPooledFrame = 1 << 20
 func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
 	return &session{
 		s: s, id: id, client: client, upstream: upstream, log: log,
-		queue: make(chan *pending, s.Config.MaxInflight),
+		queue:  make(chan *pending, s.Config.MaxInflight),
+		closed: make(chan struct{}),
 	}
 }
 
@@ -97,13 +105,15 @@ func (c *session) stopReading() {
 
 func (c *session) closeAll() {
 	c.closeOnce.Do(func() {
+		close(c.closed)
 		c.client.Close()
 		c.upstream.Close()
 	})
 }
 
 // recoverPanic keeps a panic inside one connection: log it with the stack,
-// count it and close the connection (like net/http's conn.serve).
+// count it and close the connection (like net/http's conn.serve). What the
+// panic interrupted is settled by the loop's own deferred cleanup.
 func (c *session) recoverPanic(where string) {
 	if r := recover(); r != nil {
 		c.s.Metrics.Panics.Inc()
@@ -116,9 +126,18 @@ func (c *session) readLoop() {
 	defer func() {
 		// No more requests: let responseLoop drain what was forwarded, but
 		// not forever. A client that disconnected never abandons its
-		// in-flight requests (DESIGN.md §1).
+		// in-flight requests (docs/produce-path.md).
 		c.upstream.SetReadDeadline(time.Now().Add(c.s.Config.DrainTimeout))
 		close(c.queue)
+	}()
+	defer func() {
+		// A plan decided but not queued (a panic in between) still holds
+		// pending batches and waits: release them.
+		if pl := c.unqueued; pl != nil {
+			c.unqueued = nil
+			c.s.planner.fail(pl)
+			putPlan(pl)
+		}
 	}()
 	defer c.recoverPanic("read")
 
@@ -175,13 +194,15 @@ func (c *session) readLoop() {
 				return
 			}
 			if plan != nil {
-				if !c.sendPlanned(plan, h, body, frame, respond, start, api) {
+				if !c.sendPlanned(plan, h, body, frame, start, api) {
 					return
 				}
 				continue
 			}
 		case int16(kmsg.InitProducerID):
-			initTxn = c.s.dedup.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
+			initTxn = c.s.planner.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
+		case int16(kmsg.SASLHandshake), int16(kmsg.SASLAuthenticate):
+			c.saslStarted.Store(true)
 		}
 		if respond {
 			p := c.newPending(h, start, api)
@@ -247,20 +268,24 @@ func (c *session) responseLoop() {
 	failed := false // the upstream connection broke: no more responses come
 	dead := false   // the client is gone or failed: nothing more is written
 	defer func() {
+		// Settle what a panic interrupted and whatever is still queued:
+		// release their batches and abandon their waits, so nothing stays
+		// pending in the table.
 		c.upstream.Close()
-		for p := range c.queue { // settle whatever is still queued
-			if c.awaitsUpstream(p) {
-				c.fail(p)
-			}
-			if p.async {
-				<-p.ready
-			}
+		if p := c.current; p != nil {
+			c.current = nil
+			c.fail(p)
+			c.release(p)
+		}
+		for p := range c.queue {
+			c.fail(p)
 			c.release(p)
 		}
 	}()
 	defer c.recoverPanic("response")
 	upstream := bufio.NewReaderSize(c.upstream, readBufferSize)
 	for p := range c.queue {
+		c.current = p
 		switch {
 		case !c.awaitsUpstream(p):
 			// answered wholly by the proxy
@@ -274,8 +299,8 @@ func (c *session) responseLoop() {
 				c.closeAll() // the client must not wait for responses that cannot come
 			}
 		}
-		if p.async {
-			<-p.ready
+		if pl := p.plan; pl != nil && pl.anyLocal && !p.failed {
+			c.finishProduce(p)
 		}
 		if p.failed && !dead {
 			dead = true
@@ -284,19 +309,19 @@ func (c *session) responseLoop() {
 		if !dead {
 			dead = !c.writeResponse(p)
 		}
+		c.current = nil
 		c.release(p)
 	}
 }
 
 // awaitsUpstream reports whether a response for p comes from the broker.
 func (c *session) awaitsUpstream(p *pending) bool {
-	return !p.async || (p.plan != nil && p.plan.anyUp)
+	return p.resp == nil && (p.plan == nil || p.plan.anyUp)
 }
 
 // readResponse reads the broker's response to p, rewrites it and commits
-// what it decides. For a Produce the proxy partly answers itself it hands
-// the response to the merge (finishProduce signals p.ready); otherwise it
-// sets p.resp.
+// what it decides. For a Produce the proxy partly answers itself it keeps
+// the response for the merge (finishProduce); otherwise it sets p.resp.
 func (c *session) readResponse(upstream io.Reader, p *pending) error {
 	bp, body, err := readPooledFrame(upstream, c.s.Config.MaxFrameBytes)
 	if err == nil && protocol.ResponseCorrelationID(body) != p.corrID {
@@ -304,6 +329,7 @@ func (c *session) readResponse(upstream io.Reader, p *pending) error {
 	}
 	if err == nil {
 		c.s.Metrics.BrokerReadBytes.Add(float64(4 + len(body)))
+		c.noteResponse(p, body)
 		err = c.rewrite(p, bp, body)
 	}
 	var off int
@@ -312,7 +338,8 @@ func (c *session) readResponse(upstream io.Reader, p *pending) error {
 			if p.initTxn {
 				c.observeInit(p, (*bp)[4+off:])
 			} else {
-				err = c.commitProduce(p, (*bp)[4+off:])
+				testHook("commit")
+				err = c.s.planner.complete(p.plan, &c.respScan, (*bp)[4+off:], time.Now())
 			}
 		}
 	}
@@ -320,9 +347,8 @@ func (c *session) readResponse(upstream io.Reader, p *pending) error {
 		putFrame(bp)
 		return err
 	}
-	if p.async {
-		p.plan.upstream, p.plan.upBodyOff = bp, off
-		c.partDone(p) // the merged response is built when every part is in
+	if pl := p.plan; pl != nil && pl.anyLocal {
+		pl.upstream, pl.upOff = bp, off
 		return nil
 	}
 	p.resp = bp
@@ -395,7 +421,7 @@ func (c *session) rewrite(p *pending, bp *[]byte, body []byte) error {
 	if err != nil {
 		return err
 	}
-	out, changed, err = protocol.RewriteAddresses(nil, p.key, p.version, body[off:], &c.s.nodes)
+	out, changed, err = protocol.RewriteAddresses(nil, p.key, p.version, body[off:], &responseMapper{&c.s.nodes, c.s.planner.table})
 	if err != nil {
 		return err
 	}
@@ -414,27 +440,22 @@ func spliceBody(buf []byte, hdrLen int, newBody []byte) []byte {
 	return buf
 }
 
-// fail marks p as getting no response. For a Produce the proxy partly
-// answers itself, the last outstanding part marks it (finishProduce), so p
-// is signalled exactly once.
+// fail marks p as getting no response: its batches are released and its
+// waits abandoned, and the connection closes. It is idempotent.
 func (c *session) fail(p *pending) {
 	if pl := p.plan; pl != nil {
-		c.releaseAll(pl)
-		if p.async {
-			pl.failed = true
-			c.partDone(p)
-			return
-		}
+		c.s.planner.fail(pl)
 	}
 	p.failed = true
 }
 
 func (c *session) release(p *pending) {
-	if p.plan != nil {
-		putPlan(p.plan)
+	if pl := p.plan; pl != nil {
+		c.s.planner.abandonWaits(pl) // no-op unless a wait is still registered
+		putPlan(pl)
 	}
 	putFrame(p.resp)
-	*p = pending{ready: p.ready}
+	*p = pending{}
 	pendingPool.Put(p)
 }
 
@@ -459,7 +480,5 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 	*bp = buf
 	p := c.newPending(h, start, api)
 	p.resp = bp
-	p.async = true
-	p.ready <- struct{}{}
 	c.queue <- p
 }

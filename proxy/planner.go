@@ -1,0 +1,571 @@
+package proxy
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// planner decides the Produce path (docs/produce-path.md). It does no I/O
+// and reads no clock: time is an argument. A session hands it
+//
+//   - a Produce request: [planner.plan] returns what goes upstream, what the
+//     proxy answers itself and what waits for another batch's outcome;
+//   - the broker's response to what went upstream: [planner.complete]
+//     commits appended batches and releases the others, handing each outcome
+//     to the batches waiting on it;
+//   - the loss of that response: [planner.fail];
+//   - a wait's deadline: [planner.abandonWaits];
+//
+// and asks it for the client's answer with [planner.answer]. The session
+// only reads, writes and waits. The planner is shared by every session of a
+// server and safe for concurrent use.
+//
+// The rules (docs/kafka-rules.md §12): the proxy answers a batch itself only
+// where the outcome is certain — a retry of a batch appended with acks=all
+// whose offset is known, a retry of a batch still in flight (it gets the
+// original's outcome), and a reused sequence with different records. A gap,
+// a rewind or a stale epoch is counted and forwarded, since the table may
+// lag the broker (a second proxy, a producer path that bypasses this one);
+// so is everything the proxy cannot key or trust.
+type planner struct {
+	mode    string
+	table   *seqstate.Table
+	metrics *Metrics
+
+	// waitMu guards waiters, and the wait fields of every plan registered
+	// in it (produceDecision.waiting, producePlan.nWaits).
+	waitMu   sync.Mutex
+	waiters  map[waitKey][]waiter
+	nWaiting atomic.Int64 // entries in all waiters lists: resolve skips the lock at 0
+
+	logStart logStartOffsets
+}
+
+func newPlanner(mode string, table *seqstate.Table, m *Metrics) *planner {
+	pn := &planner{mode: mode, table: table, metrics: m, waiters: map[waitKey][]waiter{}}
+	pn.logStart.init()
+	return pn
+}
+
+// action is what happens to one partition of a Produce request.
+type action uint8
+
+const (
+	actForward action = iota // sent upstream; the broker answers
+	actAnswer                // answered by the proxy with produceDecision.local
+	actWait                  // waits for the in-flight original, then answered with its outcome
+)
+
+// produceDecision is the planner's decision for one partition of a Produce
+// request that carried an idempotent batch it could key.
+type produceDecision struct {
+	ti, pi  int // topic and partition index in the client's request
+	act     action
+	pending bool // registered as pending in the table: Commit or Release it
+	commit  bool // forwarded: commit it if the broker appends it
+	waiting bool // actWait, not yet resolved (guarded by planner.waitMu)
+	key     seqstate.Key
+	batch   seqstate.Batch
+	maxTS   int64 // the batch's maxTimestamp, kept as the original's log_append_time
+	result  seqstate.Result
+	local   protocol.LocalPartitionResult // the answer when not forwarded
+}
+
+// producePlan is what a Produce request carries from its decision to its
+// answer. Plans are pooled; steady-state requests allocate nothing.
+type producePlan struct {
+	version   int16
+	corrID    int32
+	acks      int16
+	decisions []produceDecision
+	anyLocal  bool // some partition is answered (or waited on) by the proxy
+	anyUp     bool // some partition goes upstream
+	reuse     bool // some partition was answered SequenceReuse (acks=0 closes the connection)
+	// deadline bounds the waits: the request's own timeout_ms plus
+	// waitMargin after it was read. Past it a wait is answered
+	// REQUEST_TIMED_OUT, which every client retries.
+	deadline time.Time
+	nWaits   int           // unresolved waits (guarded by planner.waitMu)
+	ready    chan struct{} // receives when nWaits reaches 0 (cap 1, may hold a stale token)
+	body     []byte        // copy of the request body, when anyLocal
+	upstream *[]byte       // upstream response frame, when anyUp and anyLocal
+	upOff    int           // its body offset after the size prefix
+}
+
+// waitMargin is added to a Produce request's timeout_ms to bound how long a
+// retry waits for its in-flight original: the original's own response is due
+// within timeout_ms, give or take the broker's queueing.
+const waitMargin = time.Second
+
+// maxWaitTimeout caps the timeout_ms taken from a request, so a client
+// cannot park waits for hours.
+const maxWaitTimeout = 5 * time.Minute
+
+var planPool = sync.Pool{New: func() any { return &producePlan{ready: make(chan struct{}, 1)} }}
+
+func getPlan() *producePlan {
+	pl := planPool.Get().(*producePlan)
+	pl.decisions = pl.decisions[:0]
+	pl.anyLocal, pl.anyUp, pl.reuse = false, false, false
+	pl.nWaits = 0
+	pl.body = pl.body[:0]
+	pl.upstream = nil
+	select { // a stale token from an earlier use
+	case <-pl.ready:
+	default:
+	}
+	return pl
+}
+
+func putPlan(pl *producePlan) {
+	putFrame(pl.upstream)
+	pl.upstream = nil
+	if cap(pl.body) > maxPooledFrame {
+		pl.body = nil
+	}
+	planPool.Put(pl)
+}
+
+// waitKey identifies an in-flight batch.
+type waitKey struct {
+	key      seqstate.Key
+	epoch    int16
+	firstSeq int32
+	count    int32
+}
+
+func waitKeyOf(d *produceDecision) waitKey {
+	return waitKey{d.key, d.batch.Epoch, d.batch.FirstSeq, d.batch.Count}
+}
+
+// waiter is one retry waiting for its original's outcome: decision i of pl.
+type waiter struct {
+	pl *producePlan
+	i  int
+}
+
+// Passthrough reasons, for dedupproxy_batches_passthrough_total{reason}.
+//
+// NOTE: add new reasons to passthroughReasons.
+const (
+	passLegacy          = iota // producer id -1: not idempotent
+	passInvalid                // not one well-formed v2 batch: the broker answers
+	passOldFormat              // message format v0/v1 (Produce v0–v2, or magic < 2)
+	passUnknownTopic           // a topic not yet seen in a Metadata response
+	passUnauthenticated        // the connection has not authenticated (SASL) yet
+	numPassReasons
+)
+
+var passthroughReasons = [numPassReasons]string{
+	passLegacy:          "legacy",
+	passInvalid:         "invalid",
+	passOldFormat:       "old_format",
+	passUnknownTopic:    "unknown_topic",
+	passUnauthenticated: "unauthenticated",
+}
+
+// timedOut is the answer to a batch whose outcome the proxy cannot know: its
+// original's upstream connection failed, or the wait's deadline passed.
+// REQUEST_TIMED_OUT is retriable in every client; the retry is then decided
+// afresh, and the broker's own duplicate check settles it.
+var timedOut = protocol.LocalPartitionResult{ErrorCode: kerr.RequestTimedOut.Code, BaseOffset: -1, LogAppendTime: -1, LogStartOffset: -1}
+
+// plan decides every partition of a Produce request whose header is h and
+// whose body (after the header) sc has been Reset on. trusted says whether
+// the connection may have batches decided (it has authenticated, or the
+// cluster needs no authentication). It returns nil when the request goes
+// upstream as it came and nothing needs its response: dedup off, or no
+// partition the planner could key.
+func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, trusted bool, now time.Time) *producePlan {
+	var pl *producePlan
+	enforce := pn.mode == DedupEnforce
+	acks := sc.Acks
+	for sc.Next() {
+		part := sc.Partition()
+		var bh protocol.BatchHeader
+		n, err := protocol.ReadBatch(part.Records, &bh)
+		switch {
+		case err != nil || n != 1:
+			pn.metrics.passthrough[passInvalid].Inc()
+			continue
+		case bh.Magic < 2:
+			pn.metrics.passthrough[passOldFormat].Inc()
+			continue
+		case bh.ProducerID < 0:
+			pn.metrics.passthrough[passLegacy].Inc()
+			continue
+		case !trusted:
+			pn.metrics.passthrough[passUnauthenticated].Inc()
+			continue
+		}
+		var topic seqstate.TopicID
+		var known bool
+		if h.APIVersion >= 13 {
+			topic, known = pn.table.LookupTopicID(part.TopicID)
+		} else {
+			topic, known = pn.table.LookupTopic(part.Topic)
+		}
+		if !known {
+			pn.metrics.passthrough[passUnknownTopic].Inc()
+			continue
+		}
+		if pl == nil {
+			pl = getPlan()
+			pl.version, pl.corrID, pl.acks = h.APIVersion, h.CorrelationID, acks
+			pl.deadline = now.Add(min(time.Duration(max(sc.TimeoutMillis, 0))*time.Millisecond, maxWaitTimeout) + waitMargin)
+		}
+		pl.decisions = append(pl.decisions, produceDecision{ti: part.TopicIndex, pi: part.PartitionIndex, maxTS: bh.MaxTimestamp})
+		i := len(pl.decisions) - 1
+		d := &pl.decisions[i]
+		d.key = seqstate.Key{ProducerID: bh.ProducerID, Topic: topic, Partition: part.Partition}
+		d.batch = seqstate.Batch{Epoch: bh.ProducerEpoch, FirstSeq: bh.BaseSequence, Count: bh.LastOffsetDelta + 1,
+			Fingerprint: protocol.RecordsFingerprint(part.Records, &bh)}
+		// acks=0 has no response to commit from: consult the table only.
+		if acks == 0 {
+			d.result = pn.table.Decide(d.key, d.batch, now)
+		} else {
+			d.result = pn.table.Check(d.key, d.batch, now)
+		}
+		if enforce && acks == -1 && d.result.Decision == seqstate.InFlight {
+			d.result = pn.wait(pl, i, now)
+		}
+		pn.metrics.countDecision(d.result.Decision)
+		// Kafka validates a batch before its duplicate check (§2.1 rows
+		// 4–12): the proxy answers only a batch the broker would not
+		// reject on its own.
+		answerable := enforce && protocol.BatchValid(part.Records, &bh) == 0
+		switch r := d.result; r.Decision {
+		case seqstate.Accept:
+			d.pending = acks != 0
+			d.commit = acks != 0
+		case seqstate.Duplicate:
+			// Only acks=all appends are committed with their offset (see
+			// complete), so a known offset is a durable one. A duplicate
+			// of a batch committed without one (REQUEST_TIMED_OUT, acks=1)
+			// goes to the broker, whose own duplicate check answers with
+			// the real offset.
+			if answerable && r.BaseOffset >= 0 {
+				d.act = actAnswer
+				d.local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.MaxTimestamp, LogStartOffset: pn.logStart.get(d.key)}
+			}
+		case seqstate.InFlight:
+			if d.waiting {
+				d.act = actWait
+			} else {
+				d.commit = acks != 0 // acks=1: the broker decides; it may commit the original
+			}
+		case seqstate.SequenceReuse:
+			// Kafka would answer success and silently drop these records.
+			if answerable {
+				d.act = actAnswer
+				d.local = protocol.LocalPartitionResult{ErrorCode: kerr.OutOfOrderSequenceNumber.Code, BaseOffset: -1, LogAppendTime: -1, LogStartOffset: pn.logStart.get(d.key)}
+				pl.reuse = true
+			}
+		case seqstate.OutOfOrder, seqstate.Fenced:
+			// Counted, and the broker decides: it answers 45/47 itself
+			// when they are real. If it appends, the table follows.
+			d.commit = acks != 0
+		}
+		if d.act == actForward {
+			pl.anyUp = true
+		} else {
+			pl.anyLocal = true
+		}
+	}
+	return pl
+}
+
+// wait registers decision i of pl, found InFlight, as waiting for its
+// original. The table is checked again under waitMu, with nWaiting raised
+// first: a resolve updates the table before it looks for waiters, so either
+// it finds this one or this check sees the outcome it committed. In the
+// second case the fresh result is returned and nothing waits.
+func (pn *planner) wait(pl *producePlan, i int, now time.Time) seqstate.Result {
+	d := &pl.decisions[i]
+	pn.waitMu.Lock()
+	defer pn.waitMu.Unlock()
+	pn.nWaiting.Add(1)
+	r := pn.table.Check(d.key, d.batch, now)
+	if r.Decision != seqstate.InFlight {
+		pn.nWaiting.Add(-1)
+		return r
+	}
+	wk := waitKeyOf(d)
+	pn.waiters[wk] = append(pn.waiters[wk], waiter{pl, i})
+	d.waiting = true
+	pl.nWaits++
+	return r
+}
+
+// waitsDone reports whether every wait of pl is resolved.
+func (pn *planner) waitsDone(pl *producePlan) bool {
+	pn.waitMu.Lock()
+	defer pn.waitMu.Unlock()
+	return pl.nWaits == 0
+}
+
+// resolve hands the outcome of decision d to every request waiting on it.
+// The caller has updated the table first (see wait).
+func (pn *planner) resolve(d *produceDecision, r protocol.LocalPartitionResult) {
+	if pn.nWaiting.Load() == 0 {
+		return
+	}
+	wk := waitKeyOf(d)
+	pn.waitMu.Lock()
+	ws := pn.waiters[wk]
+	delete(pn.waiters, wk)
+	pn.nWaiting.Add(-int64(len(ws)))
+	for _, w := range ws {
+		wd := &w.pl.decisions[w.i]
+		wd.local, wd.waiting = r, false
+		if w.pl.nWaits--; w.pl.nWaits == 0 {
+			select {
+			case w.pl.ready <- struct{}{}:
+			default:
+			}
+		}
+	}
+	pn.waitMu.Unlock()
+}
+
+// abandonWaits answers every unresolved wait of pl with REQUEST_TIMED_OUT
+// and forgets it: its deadline passed, or its connection is closing.
+func (pn *planner) abandonWaits(pl *producePlan) {
+	pn.waitMu.Lock()
+	defer pn.waitMu.Unlock()
+	for i := range pl.decisions {
+		d := &pl.decisions[i]
+		if !d.waiting {
+			continue
+		}
+		wk := waitKeyOf(d)
+		ws := pn.waiters[wk]
+		for j, w := range ws {
+			if w.pl == pl && w.i == i {
+				ws = append(ws[:j], ws[j+1:]...)
+				pn.nWaiting.Add(-1)
+				break
+			}
+		}
+		if len(ws) == 0 {
+			delete(pn.waiters, wk)
+		} else {
+			pn.waiters[wk] = ws
+		}
+		d.waiting, d.local = false, timedOut
+		pl.nWaits--
+	}
+}
+
+// fail settles pl when its upstream response will never come (the broker
+// connection failed, or the connection is torn down): every batch still
+// pending is released, its fate unknown, and its waiters get
+// REQUEST_TIMED_OUT; pl's own waits are abandoned. It is idempotent.
+func (pn *planner) fail(pl *producePlan) {
+	for i := range pl.decisions {
+		d := &pl.decisions[i]
+		d.commit = false
+		if d.pending {
+			d.pending = false
+			pn.table.Release(d.key, d.batch)
+			pn.resolve(d, timedOut)
+		}
+	}
+	pn.abandonWaits(pl)
+}
+
+// complete applies the broker's response to what pl sent upstream (body is
+// the response body after its header): appended batches are committed with
+// their offsets, the others released, and waiters get the same outcome. A
+// batch the response does not mention is released. sc is the caller's
+// reusable scanner.
+func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner, body []byte, now time.Time) error {
+	if err := sc.Reset(body, pl.version); err != nil {
+		pn.fail(pl)
+		return err
+	}
+	cursor := 0
+	for sc.Next() {
+		pr := sc.Partition()
+		var topic seqstate.TopicID
+		var ok bool
+		if pl.version >= 13 {
+			topic, ok = pn.table.LookupTopicID(pr.TopicID)
+		} else {
+			topic, ok = pn.table.LookupTopic(pr.Topic)
+		}
+		if !ok {
+			continue
+		}
+		// Brokers answer in request order in practice, so the decision at
+		// the cursor is nearly always the one; Kafka does not promise it.
+		d := pl.find(topic, pr.Partition, &cursor)
+		if d == nil {
+			continue
+		}
+		pn.logStart.set(d.key, pr.LogStartOffset)
+		outcome := protocol.LocalPartitionResult{ErrorCode: pr.ErrorCode, BaseOffset: pr.BaseOffset, LogAppendTime: pr.LogAppendTime, LogStartOffset: pr.LogStartOffset}
+		switch pr.ErrorCode {
+		case 0, kerr.RequestTimedOut.Code, kerr.NotEnoughReplicasAfterAppend.Code:
+			// Kafka counts these as appended (docs/kafka-rules.md §2.1
+			// row 16): its producer state moved, so ours does too.
+			ts := pr.LogAppendTime
+			if ts < 0 {
+				ts = d.maxTS
+			}
+			// Only an acks=all append is durable: an unclean leader
+			// election can lose an acks=1 one, and a retry the new
+			// leader never saw must be written. Without an offset, a
+			// later retry goes to the broker.
+			off := pr.BaseOffset
+			if pr.ErrorCode != 0 || pl.acks != -1 {
+				off = -1
+			}
+			pn.table.Commit(d.key, d.batch, off, ts, now)
+			if pr.ErrorCode == 0 {
+				outcome.LogAppendTime = ts // what a retry of it is answered with
+			}
+		default:
+			if d.pending {
+				pn.table.Release(d.key, d.batch)
+			}
+		}
+		wasPending := d.pending
+		d.pending, d.commit = false, false
+		if wasPending {
+			pn.resolve(d, outcome)
+		}
+	}
+	err := sc.Err()
+	pn.fail(pl) // anything the response did not mention
+	return err
+}
+
+// find returns the forwarded, not yet completed decision for
+// topic/partition, searching from *cursor and leaving it after the match.
+func (pl *producePlan) find(topic seqstate.TopicID, partition int32, cursor *int) *produceDecision {
+	n := len(pl.decisions)
+	for i := 0; i < n; i++ {
+		j := (*cursor + i) % n
+		d := &pl.decisions[j]
+		if d.act == actForward && (d.pending || d.commit) && d.key.Topic == topic && d.key.Partition == partition {
+			*cursor = j + 1
+			return d
+		}
+	}
+	return nil
+}
+
+// answer appends to dst the client's Produce response frame (size prefix
+// included) for a plan the proxy answered at least partly itself: its own
+// answers merged, in request order, with upBody, the broker's response body
+// to the reduced request (nil when nothing went upstream). Call it once
+// every wait is resolved or abandoned.
+func (pn *planner) answer(dst []byte, pl *producePlan, upBody []byte) ([]byte, error) {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0)
+	dst = protocol.AppendResponseHeader(dst, int16(kmsg.Produce), pl.version, pl.corrID)
+	di := 0
+	out, err := protocol.MergeProduceResponse(dst, pl.version, pl.body, upBody, func(ti, pi int) (protocol.LocalPartitionResult, bool) {
+		// decisions are in request order, so a cursor finds each one.
+		for ; di < len(pl.decisions); di++ {
+			d := &pl.decisions[di]
+			if d.ti > ti || (d.ti == ti && d.pi > pi) {
+				break
+			}
+			if d.ti == ti && d.pi == pi {
+				return d.local, d.act != actForward
+			}
+		}
+		return protocol.LocalPartitionResult{}, false
+	})
+	if err != nil {
+		return dst[:start], err
+	}
+	size := uint32(len(out) - start - 4)
+	out[start], out[start+1], out[start+2], out[start+3] = byte(size>>24), byte(size>>16), byte(size>>8), byte(size)
+	return out, nil
+}
+
+// keepUpstream reports, for a reduced request, whether partition (ti, pi)
+// goes upstream. Partitions the planner did not decide always do.
+func (pl *producePlan) keepUpstream(cursor *int, ti, pi int) bool {
+	for ; *cursor < len(pl.decisions); *cursor++ {
+		d := &pl.decisions[*cursor]
+		if d.ti > ti || (d.ti == ti && d.pi > pi) {
+			break
+		}
+		if d.ti == ti && d.pi == pi {
+			return d.act == actForward
+		}
+	}
+	return true
+}
+
+// logStartOffsets keeps the last log start offset seen per partition, for
+// the proxy's own answers (Kafka's carry the current one). It is sharded so
+// that commits on different partitions do not share a lock, bounded, and
+// written only when the value changes.
+type logStartOffsets struct {
+	shards [logStartShards]logStartShard
+}
+
+const (
+	logStartShards   = 64
+	logStartPerShard = 4096 // 256 Ki partitions in all
+)
+
+type logStartShard struct {
+	mu sync.Mutex
+	m  map[seqstate.Key]int64 // ProducerID 0: per partition
+	_  [40]byte               // own cache line
+}
+
+func (l *logStartOffsets) init() {
+	for i := range l.shards {
+		l.shards[i].m = map[seqstate.Key]int64{}
+	}
+}
+
+func (l *logStartOffsets) shard(k seqstate.Key) *logStartShard {
+	h := (uint64(k.Topic)<<32 | uint64(uint32(k.Partition))) * 0x9e3779b97f4a7c15
+	return &l.shards[h>>(64-6)]
+}
+
+// get returns the log start offset of k's partition, or -1 when unknown.
+func (l *logStartOffsets) get(k seqstate.Key) int64 {
+	k.ProducerID = 0
+	s := l.shard(k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.m[k]; ok {
+		return v
+	}
+	return -1
+}
+
+func (l *logStartOffsets) set(k seqstate.Key, v int64) {
+	if v < 0 {
+		return
+	}
+	k.ProducerID = 0
+	s := l.shard(k)
+	s.mu.Lock()
+	if old, ok := s.m[k]; !ok || old != v {
+		if !ok && len(s.m) >= logStartPerShard {
+			for victim := range s.m { // any one: a forgotten value only means -1 in an answer
+				delete(s.m, victim)
+				break
+			}
+		}
+		s.m[k] = v
+	}
+	s.mu.Unlock()
+}
