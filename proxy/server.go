@@ -34,10 +34,10 @@ type Server struct {
 	// Dial replaces the upstream dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 
-	nodes nodeRegistry
+	nodes        nodeRegistry
 	planner      *planner
-	openUpstream atomic.Bool // a broker answered a request without authentication (see session.trusted)
-	stop  chan struct{} // closed by Shutdown: background loops end
+	openUpstream atomic.Bool   // a broker answered a request without authentication (see session.trusted)
+	stop         chan struct{} // closed by Shutdown: background loops end
 
 	mu        sync.Mutex
 	listeners []net.Listener
