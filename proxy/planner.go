@@ -234,6 +234,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, t
 			d.result = pn.table.Check(d.key, d.batch, now)
 		}
 		if enforce && acks == -1 && d.result.Decision == seqstate.InFlight {
+			testHook("inflight")
 			d.result = pn.wait(pl, i, now)
 		}
 		pn.metrics.countDecision(d.result.Decision)
