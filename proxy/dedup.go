@@ -107,8 +107,10 @@ func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Ti
 // reports false when the connection must close.
 func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, frame []byte, start time.Time, api *apiMetrics) bool {
 	pn := c.s.planner
-	c.unqueued = pl // a panic before it is queued releases it (readLoop)
-	defer func() { c.unqueued = nil }()
+	// Until pl is queued or returned, a panic leaves it to readLoop's
+	// cleanup, which releases its batches (not a defer here: that would
+	// run first and hide it).
+	c.unqueued = pl
 	testHook("plan")
 	if pl.acks == 0 {
 		// Nothing comes back, so nothing was registered. Kafka closes the
@@ -119,6 +121,7 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 			reduced = c.reduce(pl, h, body)
 		}
 		anyLocal, anyUp, reuse := pl.anyLocal, pl.anyUp, pl.reuse
+		c.unqueued = nil
 		putPlan(pl)
 		switch {
 		case reuse:
@@ -137,6 +140,7 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 		// Everything goes upstream as it came; the plan rides along so the
 		// response commits or releases each batch.
 		c.queue <- p
+		c.unqueued = nil
 		return c.forward(frame)
 	}
 	// The proxy answers some partitions itself: keep the client's request
@@ -147,12 +151,14 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 		if reduced = c.reduce(pl, h, body); reduced == nil {
 			pn.fail(pl)
 			p.plan = nil
+			c.unqueued = nil
 			putPlan(pl)
 			c.release(p)
 			return false
 		}
 	}
 	c.queue <- p
+	c.unqueued = nil
 	if pl.anyUp {
 		return c.forward(reduced)
 	}
