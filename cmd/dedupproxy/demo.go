@@ -136,12 +136,43 @@ func produceFrame(topic string, records []byte) []byte {
 	return kmsg.NewRequestFormatter(kmsg.FormatterClientID("payments")).AppendRequest(nil, req, 1)
 }
 
+// askMetadata sends a Metadata request for topic on conn and reads the
+// answer, as every client does before producing: the proxy decides batches
+// only for topics it has seen in a Metadata response.
+func askMetadata(conn net.Conn, topic string) error {
+	req := kmsg.NewPtrMetadataRequest()
+	req.SetVersion(9)
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, t)
+	if _, err := conn.Write(kmsg.NewRequestFormatter(kmsg.FormatterClientID("payments")).AppendRequest(nil, req, 0)); err != nil {
+		return err
+	}
+	_, err := readResponse(conn)
+	return err
+}
+
+func readResponse(conn net.Conn) ([]byte, error) {
+	var head [4]byte
+	if _, err := io.ReadFull(conn, head[:]); err != nil {
+		return nil, err
+	}
+	body := make([]byte, binary.BigEndian.Uint32(head[:]))
+	_, err := io.ReadFull(conn, body)
+	return body, err
+}
+
 // sendLosingAck sends a Produce and drops the connection before reading the
 // acknowledgement, once landed() says the write is stored.
 func sendLosingAck(ctx context.Context, addr, topic string, records []byte, landed func() bool) error {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		return err
+	}
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := askMetadata(conn, topic); err != nil {
+		conn.Close()
 		return err
 	}
 	if _, err := conn.Write(produceFrame(topic, records)); err != nil {
@@ -169,15 +200,14 @@ func send(ctx context.Context, addr, topic string, records []byte) (int16, error
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := askMetadata(conn, topic); err != nil {
+		return 0, err
+	}
 	if _, err := conn.Write(produceFrame(topic, records)); err != nil {
 		return 0, err
 	}
-	var head [4]byte
-	if _, err := io.ReadFull(conn, head[:]); err != nil {
-		return 0, err
-	}
-	body := make([]byte, binary.BigEndian.Uint32(head[:]))
-	if _, err := io.ReadFull(conn, body); err != nil {
+	body, err := readResponse(conn)
+	if err != nil {
 		return 0, err
 	}
 	resp := kmsg.NewPtrProduceResponse()
