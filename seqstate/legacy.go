@@ -1,0 +1,364 @@
+package seqstate
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Legacy producers (producer id -1) carry no sequence numbers: Kafka appends
+// every batch they send, retries included (docs/kafka-rules.md §3.1). The
+// LegacyTable remembers recent legacy batches by identity — a hash of the
+// partition, the record count, the records section's length and a 64-bit
+// fingerprint of its bytes, computed by the caller — so that a retry can be
+// told from new data (docs/legacy.md):
+//
+//   - an identical batch still in flight upstream, sent on another
+//     connection, is a retry: it waits for the original's outcome;
+//   - an identical batch acknowledged within the window is a retry unless
+//     that acknowledgement went to the very connection the new batch arrives
+//     on: a client that has the acknowledgement (responses leave a
+//     connection in request order, so one that is still sending gets it)
+//     and sends the same content again is sending new data — a heartbeat,
+//     or the same record pipelined right behind itself;
+//   - anything else is new.
+//
+// Like Table it is deterministic, reads no clock (time is an argument) and
+// allocates nothing per batch once its shards are sized.
+
+// LegacyDecision is what the LegacyTable concludes about a legacy batch.
+//
+// NOTE: add new decisions to legacyDecisionNames and the proxy's metrics.
+type LegacyDecision uint8
+
+const (
+	// LegacyNew: forward the batch; it is registered as in flight and the
+	// caller must Commit or Release it.
+	LegacyNew LegacyDecision = iota + 1
+	// LegacyInFlight: an identical batch from another connection is in
+	// flight upstream. Do not forward it: wait for the original's outcome.
+	LegacyInFlight
+	// LegacyDuplicate: an identical batch was appended within the window
+	// and its acknowledgement never reached this connection. Answer with
+	// LegacyResult's offsets; nothing is registered.
+	LegacyDuplicate
+)
+
+var legacyDecisionNames = [...]string{
+	LegacyNew:       "legacy_new",
+	LegacyInFlight:  "legacy_in_flight",
+	LegacyDuplicate: "legacy_duplicate",
+}
+
+func (d LegacyDecision) String() string {
+	if int(d) < len(legacyDecisionNames) && legacyDecisionNames[d] != "" {
+		return legacyDecisionNames[d]
+	}
+	return fmt.Sprintf("LegacyDecision(%d)", d)
+}
+
+// LegacyResult is a decision plus, for a duplicate, the original's answer.
+type LegacyResult struct {
+	Decision LegacyDecision
+	// BaseOffset and LogAppendTime are the original's, for a duplicate.
+	// BaseOffset is -1 when the original was appended without an offset
+	// in its response (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+	// Kafka has appended it, the response does not say where).
+	BaseOffset    int64
+	LogAppendTime int64
+}
+
+// LegacyConfig configures a LegacyTable. The zero value means all defaults.
+type LegacyConfig struct {
+	// MaxIdentities caps the batches remembered; the oldest is forgotten
+	// first. Zero means DefaultMaxIdentities.
+	MaxIdentities int
+	// Window is how long an acknowledged batch is remembered. Zero means
+	// DefaultLegacyWindow, the default delivery.timeout.ms of the Java
+	// client and librdkafka (2 minutes): a client gives up retrying after
+	// it.
+	Window time.Duration
+	// Shards is a power of two; zero means as for Config.Shards.
+	Shards int
+}
+
+const (
+	// DefaultMaxIdentities bounds the LegacyTable when
+	// LegacyConfig.MaxIdentities is zero: about 16 MiB at ~64 B each.
+	DefaultMaxIdentities = 1 << 18
+	// DefaultLegacyWindow is LegacyConfig.Window's default.
+	DefaultLegacyWindow = 2 * time.Minute
+)
+
+// ErrInvalidLegacyConfig is returned, wrapped, by NewLegacyTable.
+var ErrInvalidLegacyConfig = errors.New("seqstate: invalid legacy config")
+
+// LegacyTable is safe for concurrent use.
+type LegacyTable struct {
+	shards     []legacyShard
+	shardShift uint
+	window     int64
+	evictions  atomic.Uint64
+}
+
+// legacyEntry is one remembered batch: 48 bytes, no pointers.
+type legacyEntry struct {
+	id       uint64 // the identity; 0 marks a free ring slot
+	offset   int64  // base offset once appended, -1 if unknown
+	ts       int64  // log_append_time to answer a duplicate with
+	conn     uint64 // the connection that sent it, or was last answered it: its acknowledgement goes there
+	seen     int64  // when it was last registered, committed or answered (ns)
+	inflight uint16 // copies in flight upstream from conn
+	state    uint8
+}
+
+const (
+	legacyPending  uint8 = iota // in flight, never appended yet
+	legacyAppended              // appended; offset may be -1
+)
+
+// legacyShard keeps its entries in a ring in registration order, which is
+// also expiry order (an entry lives Window after it was last touched, and a
+// touched entry is not moved: it is overwritten a little early at worst,
+// which only forgets a retry its client has most likely given up on), and
+// indexes them with an open-addressing table of ring slots: uint32 words,
+// slot+1 or 0 for empty, at most half full, linear probing, backward-shift
+// deletion. Ring and index are sized once, so the steady state allocates
+// nothing: 48 + 8 bytes per identity.
+type legacyShard struct {
+	mu    sync.Mutex
+	index []uint32
+	mask  uint32
+	ring  []legacyEntry
+	n     int    // identities indexed
+	head  uint32 // next ring slot to write
+	_     [16]byte
+}
+
+// home is where id's probe starts. Identities are hashes already; the
+// xor-shift and multiply only keep structured ids (tests) from clustering.
+func (s *legacyShard) home(id uint64) uint32 {
+	id ^= id >> 31
+	return uint32((id * 0xbf58476d1ce4e5b9) >> 32)
+}
+
+// find returns the index position holding id, or -1.
+func (s *legacyShard) find(id uint64) int {
+	for i := s.home(id) & s.mask; ; i = (i + 1) & s.mask {
+		w := s.index[i]
+		if w == 0 {
+			return -1
+		}
+		if s.ring[w-1].id == id {
+			return int(i)
+		}
+	}
+}
+
+func (s *legacyShard) get(id uint64) (uint32, bool) {
+	if p := s.find(id); p >= 0 {
+		return s.index[p] - 1, true
+	}
+	return 0, false
+}
+
+func (s *legacyShard) put(id uint64, slot uint32) {
+	i := s.home(id) & s.mask
+	for s.index[i] != 0 {
+		i = (i + 1) & s.mask
+	}
+	s.index[i] = slot + 1
+	s.n++
+}
+
+// del removes the index word at position i, shifting back the words of
+// its probe run that would no longer be found.
+func (s *legacyShard) del(i uint32) {
+	for j := (i + 1) & s.mask; ; j = (j + 1) & s.mask {
+		w := s.index[j]
+		if w == 0 {
+			break
+		}
+		home := s.home(s.ring[w-1].id) & s.mask
+		if (j-home)&s.mask >= (j-i)&s.mask {
+			s.index[i] = w
+			i = j
+		}
+	}
+	s.index[i] = 0
+	s.n--
+}
+
+func (s *legacyShard) forget(id uint64) {
+	if p := s.find(id); p >= 0 {
+		slot := s.index[p] - 1
+		s.del(uint32(p))
+		s.ring[slot] = legacyEntry{}
+	}
+}
+
+// NewLegacyTable returns an empty table.
+func NewLegacyTable(cfg LegacyConfig) (*LegacyTable, error) {
+	if cfg.MaxIdentities == 0 {
+		cfg.MaxIdentities = DefaultMaxIdentities
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultLegacyWindow
+	}
+	if cfg.Shards == 0 {
+		c := Config{MaxEntries: cfg.MaxIdentities}
+		c.EnsureDefaults()
+		cfg.Shards = c.Shards
+	}
+	switch {
+	case cfg.MaxIdentities < 1 || cfg.MaxIdentities > 1<<30:
+		return nil, fmt.Errorf("%w: MaxIdentities %d not in [1, 2^30]", ErrInvalidLegacyConfig, cfg.MaxIdentities)
+	case cfg.Window < 0:
+		return nil, fmt.Errorf("%w: Window %v is negative", ErrInvalidLegacyConfig, cfg.Window)
+	case cfg.Shards < 1 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > cfg.MaxIdentities:
+		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, MaxIdentities]", ErrInvalidLegacyConfig, cfg.Shards)
+	}
+	t := &LegacyTable{
+		shards:     make([]legacyShard, cfg.Shards),
+		shardShift: uint(64 - bits.TrailingZeros(uint(cfg.Shards))),
+		window:     int64(cfg.Window),
+	}
+	per := (cfg.MaxIdentities + cfg.Shards - 1) / cfg.Shards
+	size := 1 << bits.Len(uint(2*per-1)) // at most half full
+	for i := range t.shards {
+		t.shards[i].index = make([]uint32, size)
+		t.shards[i].mask = uint32(size - 1)
+		t.shards[i].ring = make([]legacyEntry, per)
+	}
+	return t, nil
+}
+
+func (t *LegacyTable) shard(id uint64) *legacyShard {
+	if t.shardShift == 64 {
+		return &t.shards[0]
+	}
+	return &t.shards[(id*0x9e3779b97f4a7c15)>>t.shardShift]
+}
+
+// lookup returns the live entry for id, dropping it if it expired.
+func (s *legacyShard) lookup(id uint64, now, window int64) *legacyEntry {
+	slot, ok := s.get(id)
+	if !ok {
+		return nil
+	}
+	e := &s.ring[slot]
+	if now-e.seen >= window && e.inflight == 0 {
+		s.forget(id)
+		return nil
+	}
+	return e
+}
+
+// insert writes a new entry at the ring's head, forgetting the oldest one
+// there. An entry still in flight is forgotten too: its Commit or Release
+// then finds nothing, which only loses a possible dedup.
+func (t *LegacyTable) insert(s *legacyShard, e legacyEntry) {
+	old := &s.ring[s.head]
+	if old.id != 0 {
+		if e.seen-old.seen < t.window {
+			t.evictions.Add(1)
+		}
+		s.forget(old.id)
+	}
+	*old = e
+	s.put(e.id, s.head)
+	if s.head++; int(s.head) == len(s.ring) {
+		s.head = 0
+	}
+}
+
+// Check decides a legacy batch with identity id (never 0) arriving on
+// connection conn (a caller-chosen id, never 0) at now, and registers it as
+// in flight when it is new.
+func (t *LegacyTable) Check(id, conn uint64, now time.Time) LegacyResult {
+	ns := now.UnixNano()
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.lookup(id, ns, t.window)
+	newResult := LegacyResult{Decision: LegacyNew, BaseOffset: -1, LogAppendTime: -1}
+	switch {
+	case e == nil:
+		t.insert(s, legacyEntry{id: id, offset: -1, ts: -1, conn: conn, seen: ns, inflight: 1, state: legacyPending})
+		return newResult
+	case e.conn == conn:
+		// Sent again on the connection its acknowledgement goes to: new
+		// data. A client retries only on a new connection (every client
+		// measured in docs/clients.md §3 does).
+		// Until this copy's outcome is known, a retry of it must not be
+		// answered with an earlier copy's offset.
+		e.inflight++
+		e.seen, e.state, e.offset, e.ts = ns, legacyPending, -1, -1
+		return newResult
+	case e.inflight > 0:
+		return LegacyResult{Decision: LegacyInFlight, BaseOffset: -1, LogAppendTime: -1}
+	}
+	// Appended, acknowledged elsewhere: a retry. This connection now gets
+	// the acknowledgement, so the same content sent here again is new.
+	e.conn, e.seen = conn, ns
+	return LegacyResult{Decision: LegacyDuplicate, BaseOffset: e.offset, LogAppendTime: e.ts}
+}
+
+// Commit records that the broker appended a batch Check registered from
+// conn, at baseOffset (-1 if the response carried none) with logAppendTime
+// as the answer to a later duplicate.
+func (t *LegacyTable) Commit(id, conn uint64, baseOffset, logAppendTime int64, now time.Time) {
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slot, ok := s.get(id)
+	if !ok {
+		return
+	}
+	e := &s.ring[slot]
+	if e.conn != conn || e.inflight == 0 {
+		return
+	}
+	e.inflight--
+	e.offset, e.ts, e.seen, e.state = baseOffset, logAppendTime, now.UnixNano(), legacyAppended
+}
+
+// Release records that a batch Check registered from conn was not appended,
+// or that its fate is unknown (the upstream connection failed): a later
+// identical batch is new.
+func (t *LegacyTable) Release(id, conn uint64) {
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slot, ok := s.get(id)
+	if !ok {
+		return
+	}
+	e := &s.ring[slot]
+	if e.conn != conn || e.inflight == 0 {
+		return
+	}
+	if e.inflight--; e.inflight == 0 && e.state == legacyPending {
+		s.forget(id)
+	}
+}
+
+// Len returns the number of remembered batches, expired ones included until
+// they are overwritten or looked up.
+func (t *LegacyTable) Len() int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		n += s.n
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Evictions returns how many batches were forgotten before their window
+// ended because the table was full.
+func (t *LegacyTable) Evictions() uint64 { return t.evictions.Load() }

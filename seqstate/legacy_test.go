@@ -1,0 +1,140 @@
+package seqstate
+
+import (
+	"runtime"
+	"testing"
+	"time"
+)
+
+func newLegacy(t testing.TB, cfg LegacyConfig) *LegacyTable {
+	t.Helper()
+	lt, err := NewLegacyTable(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lt
+}
+
+// TestLegacyRetryRule walks the retry rule of docs/legacy.md: a copy from
+// another connection waits while the original is in flight and is a
+// duplicate once it was appended; the same content on the connection that
+// gets the acknowledgement is new data.
+func TestLegacyRetryRule(t *testing.T) {
+	lt := newLegacy(t, LegacyConfig{Shards: 1})
+	now := time.Unix(1700000000, 0)
+	const id, x, y, z = 0xabc, 1, 2, 3
+	step := func(what string, conn uint64, want LegacyDecision, wantOff int64) {
+		t.Helper()
+		r := lt.Check(id, conn, now)
+		if r.Decision != want || (want == LegacyDuplicate && r.BaseOffset != wantOff) {
+			t.Fatalf("%s: %v offset %d, want %v offset %d", what, r.Decision, r.BaseOffset, want, wantOff)
+		}
+	}
+	step("first", x, LegacyNew, 0)
+	step("retry from y while in flight", y, LegacyInFlight, 0)
+	step("pipelined copy on x (new data)", x, LegacyNew, 0)
+	lt.Commit(id, x, 10, 5, now)
+	step("retry from y, one copy still in flight", y, LegacyInFlight, 0)
+	lt.Commit(id, x, 11, 5, now)
+	step("retry from y after both appended", y, LegacyDuplicate, 11)
+	step("y again: it has the acknowledgement now (new data)", y, LegacyNew, 0)
+	lt.Release(id, y)
+	step("after y's copy was not appended, z's copy is new", z, LegacyNew, 0)
+	lt.Commit(id, z, 12, 5, now)
+	step("x retries z's batch", x, LegacyDuplicate, 12)
+	// Window: an acknowledged batch is forgotten after it.
+	now = now.Add(DefaultLegacyWindow)
+	step("after the window", y, LegacyNew, 0)
+}
+
+// TestLegacyTimedOutAppendAnsweredWithoutOffset: an append whose response
+// carried no offset (REQUEST_TIMED_OUT) is still an append: its retry is a
+// duplicate with offset -1.
+func TestLegacyTimedOutAppendAnsweredWithoutOffset(t *testing.T) {
+	lt := newLegacy(t, LegacyConfig{Shards: 1})
+	now := time.Unix(1700000000, 0)
+	lt.Check(7, 1, now)
+	lt.Commit(7, 1, -1, -1, now)
+	if r := lt.Check(7, 2, now); r.Decision != LegacyDuplicate || r.BaseOffset != -1 {
+		t.Fatalf("retry of a timed-out append: %+v", r)
+	}
+}
+
+// TestLegacyBounded: the table never holds more than MaxIdentities, counts
+// evictions of live entries, and a stale Commit/Release after an eviction
+// is harmless.
+func TestLegacyBounded(t *testing.T) {
+	lt := newLegacy(t, LegacyConfig{MaxIdentities: 64, Shards: 4})
+	now := time.Unix(1700000000, 0)
+	for id := uint64(1); id <= 1000; id++ {
+		lt.Check(id, 1, now)
+		lt.Commit(id, 1, int64(id), 0, now)
+	}
+	if n := lt.Len(); n > 64 {
+		t.Fatalf("%d identities kept, cap 64", n)
+	}
+	if lt.Evictions() == 0 {
+		t.Fatal("no evictions counted")
+	}
+	lt.Commit(1, 1, 5, 0, now)
+	lt.Release(2, 1)
+	if r := lt.Check(1000, 2, now); r.Decision != LegacyDuplicate || r.BaseOffset != 1000 {
+		t.Fatalf("newest identity: %+v", r)
+	}
+}
+
+var sinkLegacy LegacyResult
+
+// TestLegacyNoAllocs pins the steady state: check, commit and the
+// duplicate answer allocate nothing once the table is sized.
+func TestLegacyNoAllocs(t *testing.T) {
+	lt := newLegacy(t, LegacyConfig{MaxIdentities: 1 << 12})
+	now := time.Unix(1700000000, 0)
+	id := uint64(1)
+	allocs := testing.AllocsPerRun(10000, func() {
+		id++
+		sinkLegacy = lt.Check(id, 1, now)
+		lt.Commit(id, 1, int64(id), 0, now)
+		sinkLegacy = lt.Check(id, 2, now)
+	})
+	if sinkLegacy.Decision != LegacyDuplicate {
+		t.Fatalf("last check: %+v", sinkLegacy)
+	}
+	if allocs != 0 {
+		t.Fatalf("%v allocations per legacy batch", allocs)
+	}
+}
+
+// BenchmarkLegacyCheckCommit is the legacy decision's cost per batch:
+// check a new identity, commit it.
+func BenchmarkLegacyCheckCommit(b *testing.B) {
+	lt := newLegacy(b, LegacyConfig{})
+	now := time.Unix(1700000000, 0)
+	id := uint64(1)
+	b.ReportAllocs()
+	for b.Loop() {
+		id++
+		lt.Check(id*0x9e3779b97f4a7c15, 1, now)
+		lt.Commit(id*0x9e3779b97f4a7c15, 1, int64(id), 0, now)
+	}
+}
+
+// BenchmarkLegacyMemory reports bytes per remembered identity with the
+// table full (target: at most 64).
+func BenchmarkLegacyMemory(b *testing.B) {
+	const n = 1 << 20
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		lt := newLegacy(b, LegacyConfig{MaxIdentities: n})
+		now := time.Unix(1700000000, 0)
+		for id := uint64(1); id <= n; id++ {
+			lt.Check(id*0x9e3779b97f4a7c15, 1, now)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/n, "B/identity")
+		runtime.KeepAlive(lt)
+	}
+}
