@@ -97,6 +97,41 @@ type DedupConfig struct {
 	// ProducerIDExpiration forgets a producer idle this long, like Kafka's
 	// producer.id.expiration.ms. Default 24h.
 	ProducerIDExpiration time.Duration `yaml:"producer_id_expiration"`
+
+	// Legacy configures deduplication of legacy batches (producer id -1),
+	// which Kafka cannot deduplicate (docs/legacy.md).
+	Legacy LegacyConfig `yaml:"legacy"`
+
+	// Topics overrides settings per topic, by name.
+	Topics map[string]TopicDedupConfig `yaml:"topics"`
+}
+
+// Legacy match modes: what makes two legacy batches the same.
+const (
+	MatchRecords = "records" // same partition, record count and records section: restamped retries match
+	MatchExact   = "exact"   // the same, and the same header timestamps: only byte-identical retries match
+	MatchOff     = "off"     // legacy batches are relayed untouched
+)
+
+// LegacyConfig configures deduplication of legacy producers.
+type LegacyConfig struct {
+	// Match is records (default), exact or off; see the Match constants.
+	Match string `yaml:"match"`
+	// Window is how long an acknowledged legacy batch is remembered: an
+	// identical batch arriving on another connection within it is answered
+	// as a retry. Default 2m, the default delivery.timeout.ms of the Java
+	// client and librdkafka, after which they stop retrying.
+	Window time.Duration `yaml:"window"`
+	// MaxIdentities caps the legacy batches remembered (about 56 bytes
+	// each); the oldest is forgotten first. Default 262144.
+	MaxIdentities int `yaml:"max_identities"`
+}
+
+// TopicDedupConfig is the per-topic part of DedupConfig.
+type TopicDedupConfig struct {
+	// LegacyMatch overrides dedup.legacy.match for this topic. Empty means
+	// the global setting.
+	LegacyMatch string `yaml:"legacy_match"`
 }
 
 // NodeConfig pins the listener of one broker node.
@@ -161,6 +196,15 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Dedup.ProducerIDExpiration == 0 {
 		c.Dedup.ProducerIDExpiration = seqstate.DefaultProducerIDExpiration
+	}
+	if c.Dedup.Legacy.Match == "" {
+		c.Dedup.Legacy.Match = MatchRecords
+	}
+	if c.Dedup.Legacy.Window == 0 {
+		c.Dedup.Legacy.Window = seqstate.DefaultLegacyWindow
+	}
+	if c.Dedup.Legacy.MaxIdentities == 0 {
+		c.Dedup.Legacy.MaxIdentities = seqstate.DefaultMaxIdentities
 	}
 }
 
@@ -239,6 +283,20 @@ func (c *Config) Validate() error {
 	if c.Dedup.ProducerIDExpiration < 0 {
 		return bad("dedup.producer_id_expiration %s is negative", c.Dedup.ProducerIDExpiration)
 	}
+	if !validMatch(c.Dedup.Legacy.Match) {
+		return bad("dedup.legacy.match %q: want records, exact or off", c.Dedup.Legacy.Match)
+	}
+	if c.Dedup.Legacy.Window < 0 {
+		return bad("dedup.legacy.window %s is negative", c.Dedup.Legacy.Window)
+	}
+	if c.Dedup.Legacy.MaxIdentities < 1 || c.Dedup.Legacy.MaxIdentities > 1<<30 {
+		return bad("dedup.legacy.max_identities %d: want 1..2^30", c.Dedup.Legacy.MaxIdentities)
+	}
+	for name, tc := range c.Dedup.Topics {
+		if tc.LegacyMatch != "" && !validMatch(tc.LegacyMatch) {
+			return bad("dedup.topics[%q].legacy_match %q: want records, exact or off", name, tc.LegacyMatch)
+		}
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -246,6 +304,8 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+func validMatch(m string) bool { return m == MatchRecords || m == MatchExact || m == MatchOff }
 
 func splitHostPort(addr string) (string, int, error) {
 	host, ps, err := net.SplitHostPort(addr)

@@ -15,18 +15,39 @@ import (
 // docs/produce-path.md for the whole life of a Produce.
 
 func newDedupPlanner(cfg *Config, m *Metrics) (*planner, error) {
-	if cfg.Dedup.Mode == DedupOff {
-		return newPlanner(cfg.Dedup.Mode, nil, m), nil
+	dc := &cfg.Dedup
+	if dc.Mode == DedupOff {
+		return newPlanner(dc, nil, nil, m), nil
 	}
 	t, err := seqstate.New(seqstate.Config{
-		MaxEntries:           cfg.Dedup.MaxEntries,
-		RetainedBatches:      cfg.Dedup.RetainedBatches,
-		ProducerIDExpiration: cfg.Dedup.ProducerIDExpiration,
+		MaxEntries:           dc.MaxEntries,
+		RetainedBatches:      dc.RetainedBatches,
+		ProducerIDExpiration: dc.ProducerIDExpiration,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return newPlanner(cfg.Dedup.Mode, t, m), nil
+	var legacy *seqstate.LegacyTable
+	if legacyAnywhere(dc) {
+		legacy, err = seqstate.NewLegacyTable(seqstate.LegacyConfig{MaxIdentities: dc.Legacy.MaxIdentities, Window: dc.Legacy.Window})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return newPlanner(dc, t, legacy, m), nil
+}
+
+// legacyAnywhere reports whether any topic has legacy dedup on.
+func legacyAnywhere(dc *DedupConfig) bool {
+	if dc.Legacy.Match != MatchOff {
+		return true
+	}
+	for _, tc := range dc.Topics {
+		if tc.LegacyMatch != "" && tc.LegacyMatch != MatchOff {
+			return true
+		}
+	}
+	return false
 }
 
 // responseMapper is what session.rewrite hands the protocol package: the
@@ -82,17 +103,19 @@ func (c *session) noteResponse(p *pending, body []byte) {
 // planProduce decides a Produce request; nil means relay it untouched.
 func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Time) (*producePlan, error) {
 	pn := c.s.planner
-	if pn.table == nil || h.APIVersion < 3 {
-		if h.APIVersion < 3 && pn.table != nil {
-			pn.metrics.passthrough[passOldFormat].Inc()
-		}
+	switch {
+	case pn.table == nil:
+		pn.metrics.passthrough[passDedupOff].Inc()
+		return nil, nil
+	case h.APIVersion < 3: // message formats v0/v1: no producer ids
+		pn.metrics.passthrough[passOldFormat].Inc()
 		return nil, nil
 	}
 	sc := &c.scan
 	if err := sc.Reset(body[h.BodyOffset:], h.APIVersion); err != nil {
 		return nil, err
 	}
-	pl := pn.plan(h, sc, c.trusted(), now)
+	pl := pn.plan(h, sc, c.id, c.trusted(), now)
 	if err := sc.Err(); err != nil {
 		if pl != nil {
 			pn.fail(pl)

@@ -30,6 +30,7 @@ type Metrics struct {
 	// NOTE: batches is indexed by seqstate.Decision; add new decisions to
 	// decisionOutcome.
 	batches      [8]prometheus.Counter
+	legacy       [4]prometheus.Counter // by seqstate.LegacyDecision
 	passthrough  [numPassReasons]prometheus.Counter
 	waitTimeouts prometheus.Counter
 
@@ -97,10 +98,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.reg = reg
 	batches := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_total",
-		Help: "Idempotent Produce batches by the proxy's decision."}, []string{"outcome"})
+		Help: "Produce batches by the proxy's decision: idempotent (accepted, duplicate, in_flight_wait, out_of_order, fenced, sequence_reuse) and legacy, producer id -1 (legacy_accepted, legacy_duplicate, legacy_in_flight_wait)."}, []string{"outcome"})
 	for d, outcome := range decisionOutcome {
 		if outcome != "" {
 			m.batches[d] = batches.WithLabelValues(outcome)
+		}
+	}
+	for d, outcome := range legacyOutcome {
+		if outcome != "" {
+			m.legacy[d] = batches.WithLabelValues(outcome)
 		}
 	}
 	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
@@ -159,6 +165,20 @@ var decisionOutcome = [...]string{
 	seqstate.Fenced:        "fenced",
 	seqstate.SequenceReuse: "sequence_reuse",
 	seqstate.Invalid:       "",
+}
+
+// legacyOutcome names each seqstate legacy decision in
+// dedupproxy_batches_total{outcome}.
+var legacyOutcome = [...]string{
+	seqstate.LegacyNew:       "legacy_accepted",
+	seqstate.LegacyInFlight:  "legacy_in_flight_wait",
+	seqstate.LegacyDuplicate: "legacy_duplicate",
+}
+
+func (m *Metrics) countLegacy(d seqstate.LegacyDecision) {
+	if int(d) < len(m.legacy) && m.legacy[d] != nil {
+		m.legacy[d].Inc()
+	}
 }
 
 func (m *Metrics) countDecision(d seqstate.Decision) {

@@ -37,7 +37,11 @@ import (
 type planner struct {
 	mode    string
 	table   *seqstate.Table
+	legacy  *seqstate.LegacyTable // nil when legacy dedup is off everywhere
 	metrics *Metrics
+
+	legacyMatch string            // dedup.legacy.match
+	topicMatch  map[string]string // dedup.topics[name].legacy_match, where set
 
 	// waitMu guards waiters, and the wait fields of every plan registered
 	// in it (produceDecision.waiting, producePlan.nWaits).
@@ -48,10 +52,28 @@ type planner struct {
 	logStart logStartOffsets
 }
 
-func newPlanner(mode string, table *seqstate.Table, m *Metrics) *planner {
-	pn := &planner{mode: mode, table: table, metrics: m, waiters: map[waitKey][]waiter{}}
+func newPlanner(cfg *DedupConfig, table *seqstate.Table, legacy *seqstate.LegacyTable, m *Metrics) *planner {
+	pn := &planner{mode: cfg.Mode, table: table, legacy: legacy, metrics: m, waiters: map[waitKey][]waiter{},
+		legacyMatch: cfg.Legacy.Match, topicMatch: map[string]string{}}
+	for name, tc := range cfg.Topics {
+		if tc.LegacyMatch != "" {
+			pn.topicMatch[name] = tc.LegacyMatch
+		}
+	}
 	pn.logStart.init()
 	return pn
+}
+
+// matchFor returns the legacy match mode of an interned topic.
+func (pn *planner) matchFor(topic seqstate.TopicID) string {
+	if len(pn.topicMatch) > 0 {
+		if name, ok := pn.table.TopicName(topic); ok {
+			if m, ok := pn.topicMatch[name]; ok {
+				return m
+			}
+		}
+	}
+	return pn.legacyMatch
 }
 
 // action is what happens to one partition of a Produce request.
@@ -64,17 +86,21 @@ const (
 )
 
 // produceDecision is the planner's decision for one partition of a Produce
-// request that carried an idempotent batch it could key.
+// request that carried a batch it could key: idempotent, or legacy (producer
+// id -1) with legacy dedup on for its topic.
 type produceDecision struct {
 	ti, pi  int // topic and partition index in the client's request
 	act     action
-	pending bool // registered as pending in the table: Commit or Release it
+	legacy  bool // a legacy batch: ident and lresult, not batch and result
+	pending bool // registered as pending (in flight) in its table: Commit or Release it
 	commit  bool // forwarded: commit it if the broker appends it
 	waiting bool // actWait, not yet resolved (guarded by planner.waitMu)
 	key     seqstate.Key
 	batch   seqstate.Batch
-	maxTS   int64 // the batch's maxTimestamp, kept as the original's log_append_time
+	ident   uint64 // legacy: the batch's identity (protocol.MixIdentity)
+	maxTS   int64  // the batch's maxTimestamp, kept as the original's log_append_time
 	result  seqstate.Result
+	lresult seqstate.LegacyResult
 	local   protocol.LocalPartitionResult // the answer when not forwarded
 }
 
@@ -84,6 +110,7 @@ type producePlan struct {
 	version   int16
 	corrID    int32
 	acks      int16
+	conn      uint64 // the session: legacy batches remember where their acknowledgement goes
 	decisions []produceDecision
 	anyLocal  bool // some partition is answered (or waited on) by the proxy
 	anyUp     bool // some partition goes upstream
@@ -133,16 +160,18 @@ func putPlan(pl *producePlan) {
 	planPool.Put(pl)
 }
 
-// waitKey identifies an in-flight batch.
+// waitKey identifies an in-flight batch: by sequence numbers, or for a
+// legacy batch by identity.
 type waitKey struct {
 	key      seqstate.Key
 	epoch    int16
 	firstSeq int32
 	count    int32
+	ident    uint64
 }
 
 func waitKeyOf(d *produceDecision) waitKey {
-	return waitKey{d.key, d.batch.Epoch, d.batch.FirstSeq, d.batch.Count}
+	return waitKey{d.key, d.batch.Epoch, d.batch.FirstSeq, d.batch.Count, d.ident}
 }
 
 // waiter is one retry waiting for its original's outcome: decision i of pl.
@@ -155,11 +184,12 @@ type waiter struct {
 //
 // NOTE: add new reasons to passthroughReasons.
 const (
-	passLegacy          = iota // producer id -1: not idempotent
+	passLegacy          = iota // producer id -1, legacy dedup off for the topic, or acks=0
 	passInvalid                // not one well-formed v2 batch: the broker answers
 	passOldFormat              // message format v0/v1 (Produce v0–v2, or magic < 2)
 	passUnknownTopic           // a topic not yet seen in a Metadata response
 	passUnauthenticated        // the connection has not authenticated (SASL) yet
+	passDedupOff               // dedup mode off: counted per request, nothing is scanned
 	numPassReasons
 )
 
@@ -169,6 +199,7 @@ var passthroughReasons = [numPassReasons]string{
 	passOldFormat:       "old_format",
 	passUnknownTopic:    "unknown_topic",
 	passUnauthenticated: "unauthenticated",
+	passDedupOff:        "dedup_off",
 }
 
 // timedOut is the answer to a batch whose outcome the proxy cannot know: its
@@ -183,7 +214,7 @@ var timedOut = protocol.LocalPartitionResult{ErrorCode: kerr.RequestTimedOut.Cod
 // cluster needs no authentication). It returns nil when the request goes
 // upstream as it came and nothing needs its response: dedup off, or no
 // partition the planner could key.
-func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, trusted bool, now time.Time) *producePlan {
+func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, conn uint64, trusted bool, now time.Time) *producePlan {
 	var pl *producePlan
 	enforce := pn.mode == DedupEnforce
 	acks := sc.Acks
@@ -198,7 +229,8 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, t
 		case bh.Magic < 2:
 			pn.metrics.passthrough[passOldFormat].Inc()
 			continue
-		case bh.ProducerID < 0:
+		case bh.ProducerID < 0 && (pn.legacy == nil || acks == 0):
+			// acks=0 gets no response: nothing to answer a retry with.
 			pn.metrics.passthrough[passLegacy].Inc()
 			continue
 		case !trusted:
@@ -216,14 +248,25 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, t
 			pn.metrics.passthrough[passUnknownTopic].Inc()
 			continue
 		}
+		match := MatchRecords
+		if bh.ProducerID < 0 {
+			if match = pn.matchFor(topic); match == MatchOff {
+				pn.metrics.passthrough[passLegacy].Inc()
+				continue
+			}
+		}
 		if pl == nil {
 			pl = getPlan()
-			pl.version, pl.corrID, pl.acks = h.APIVersion, h.CorrelationID, acks
+			pl.version, pl.corrID, pl.acks, pl.conn = h.APIVersion, h.CorrelationID, acks, conn
 			pl.deadline = now.Add(min(time.Duration(max(sc.TimeoutMillis, 0))*time.Millisecond, maxWaitTimeout) + waitMargin)
 		}
 		pl.decisions = append(pl.decisions, produceDecision{ti: part.TopicIndex, pi: part.PartitionIndex, maxTS: bh.MaxTimestamp})
 		i := len(pl.decisions) - 1
 		d := &pl.decisions[i]
+		if bh.ProducerID < 0 {
+			pn.planLegacy(pl, i, part, &bh, topic, match == MatchExact, now)
+			continue
+		}
 		d.key = seqstate.Key{ProducerID: bh.ProducerID, Topic: topic, Partition: part.Partition}
 		d.batch = seqstate.Batch{Epoch: bh.ProducerEpoch, FirstSeq: bh.BaseSequence, Count: bh.LastOffsetDelta + 1,
 			Fingerprint: protocol.RecordsFingerprint(part.Records, &bh)}
@@ -235,7 +278,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, t
 		}
 		if enforce && acks == -1 && d.result.Decision == seqstate.InFlight {
 			testHook("inflight")
-			d.result = pn.wait(pl, i, now)
+			pn.wait(pl, i, now)
 		}
 		pn.metrics.countDecision(d.result.Decision)
 		// Kafka validates a batch before its duplicate check (§2.1 rows
@@ -274,35 +317,84 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, t
 			// when they are real. If it appends, the table follows.
 			d.commit = acks != 0
 		}
-		if d.act == actForward {
-			pl.anyUp = true
-		} else {
-			pl.anyLocal = true
-		}
+		pl.account(d)
 	}
 	return pl
 }
 
-// wait registers decision i of pl, found InFlight, as waiting for its
+// account records where decision d goes.
+func (pl *producePlan) account(d *produceDecision) {
+	if d.act == actForward {
+		pl.anyUp = true
+	} else {
+		pl.anyLocal = true
+	}
+}
+
+// planLegacy decides decision i of pl, a legacy batch (docs/legacy.md):
+// a retry of a batch appended with acks=all and acknowledged on another
+// connection is answered with the original's offset; a retry of one in
+// flight from another connection waits for its outcome; everything else is
+// forwarded and, with acks=all, remembered once appended.
+func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePartition, bh *protocol.BatchHeader, topic seqstate.TopicID, exact bool, now time.Time) {
+	d := &pl.decisions[i]
+	d.legacy = true
+	d.key = seqstate.Key{ProducerID: -1, Topic: topic, Partition: part.Partition}
+	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic), part.Partition)
+	enforce := pn.mode == DedupEnforce
+	d.lresult = pn.legacy.Check(d.ident, pl.conn, now)
+	if enforce && d.lresult.Decision == seqstate.LegacyInFlight {
+		testHook("inflight")
+		pn.wait(pl, i, now)
+	}
+	pn.metrics.countLegacy(d.lresult.Decision)
+	switch r := d.lresult; r.Decision {
+	case seqstate.LegacyNew:
+		d.pending, d.commit = true, true
+	case seqstate.LegacyInFlight:
+		if d.waiting {
+			d.act = actWait
+		}
+	case seqstate.LegacyDuplicate:
+		// Answered like Kafka answers an idempotent duplicate: error 0,
+		// the original's offset and append time. An original appended
+		// without an offset in its response (REQUEST_TIMED_OUT) gives
+		// offset -1: Kafka has it, the response did not say where, and
+		// forwarding would write it twice.
+		if enforce && protocol.BatchValid(part.Records, bh) == 0 {
+			d.act = actAnswer
+			d.local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.LogAppendTime, LogStartOffset: pn.logStart.get(d.key)}
+		}
+	}
+	pl.account(d)
+}
+
+// wait registers decision i of pl, found in flight, as waiting for its
 // original. The table is checked again under waitMu, with nWaiting raised
 // first: a resolve updates the table before it looks for waiters, so either
 // it finds this one or this check sees the outcome it committed. In the
-// second case the fresh result is returned and nothing waits.
-func (pn *planner) wait(pl *producePlan, i int, now time.Time) seqstate.Result {
+// second case the fresh result replaces the decision's and nothing waits.
+func (pn *planner) wait(pl *producePlan, i int, now time.Time) {
 	d := &pl.decisions[i]
 	pn.waitMu.Lock()
 	defer pn.waitMu.Unlock()
 	pn.nWaiting.Add(1)
-	r := pn.table.Check(d.key, d.batch, now)
-	if r.Decision != seqstate.InFlight {
+	var inFlight bool
+	if d.legacy {
+		d.lresult = pn.legacy.Check(d.ident, pl.conn, now)
+		inFlight = d.lresult.Decision == seqstate.LegacyInFlight
+	} else {
+		d.result = pn.table.Check(d.key, d.batch, now)
+		inFlight = d.result.Decision == seqstate.InFlight
+	}
+	if !inFlight {
 		pn.nWaiting.Add(-1)
-		return r
+		return
 	}
 	wk := waitKeyOf(d)
 	pn.waiters[wk] = append(pn.waiters[wk], waiter{pl, i})
 	d.waiting = true
 	pl.nWaits++
-	return r
 }
 
 // waitsDone reports whether every wait of pl is resolved.
@@ -375,7 +467,11 @@ func (pn *planner) fail(pl *producePlan) {
 		d.commit = false
 		if d.pending {
 			d.pending = false
-			pn.table.Release(d.key, d.batch)
+			if d.legacy {
+				pn.legacy.Release(d.ident, pl.conn)
+			} else {
+				pn.table.Release(d.key, d.batch)
+			}
 			pn.resolve(d, timedOut)
 		}
 	}
@@ -429,12 +525,24 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 			if pr.ErrorCode != 0 || pl.acks != -1 {
 				off = -1
 			}
-			pn.table.Commit(d.key, d.batch, off, ts, now)
+			switch {
+			case !d.legacy:
+				pn.table.Commit(d.key, d.batch, off, ts, now)
+			case pl.acks == -1:
+				pn.legacy.Commit(d.ident, pl.conn, off, ts, now)
+			default:
+				// A legacy acks=1 append is not remembered: a retry of
+				// it is written again, as without the proxy.
+				pn.legacy.Release(d.ident, pl.conn)
+			}
 			if pr.ErrorCode == 0 {
 				outcome.LogAppendTime = ts // what a retry of it is answered with
 			}
 		default:
-			if d.pending {
+			switch {
+			case d.legacy && d.pending:
+				pn.legacy.Release(d.ident, pl.conn)
+			case d.pending:
 				pn.table.Release(d.key, d.batch)
 			}
 		}

@@ -26,6 +26,7 @@ type planHarness struct {
 	now   time.Time
 	scan  protocol.ProduceScanner
 	rscan protocol.ProduceResponseScanner
+	conn  uint64 // the session the next plan comes from
 }
 
 func newPlanHarness(t *testing.T, mode string) *planHarness {
@@ -38,7 +39,7 @@ func newPlanHarness(t *testing.T, mode string) *planHarness {
 		t.Fatal(err)
 	}
 	pn.table.InternTopics([]seqstate.TopicRef{{Name: planTopic, ID: planTopicID}})
-	return &planHarness{t: t, pn: pn, now: time.Unix(1700000000, 0)}
+	return &planHarness{t: t, pn: pn, now: time.Unix(1700000000, 0), conn: 1}
 }
 
 // produce encodes a Produce request of version v for planTopic (by ID from
@@ -69,7 +70,7 @@ func (h *planHarness) plan(req *kmsg.ProduceRequest, trusted bool) *producePlan 
 	if err := h.scan.Reset(body[hdr.BodyOffset:], hdr.APIVersion); err != nil {
 		h.t.Fatal(err)
 	}
-	pl := h.pn.plan(hdr, &h.scan, trusted, h.now)
+	pl := h.pn.plan(hdr, &h.scan, h.conn, trusted, h.now)
 	if err := h.scan.Err(); err != nil {
 		h.t.Fatal(err)
 	}
@@ -201,8 +202,8 @@ func TestPlanUnknownTopicAndUntrustedPassThrough(t *testing.T) {
 	if a, b := testutil.ToFloat64(m.passthrough[passUnknownTopic]), testutil.ToFloat64(m.passthrough[passUnauthenticated]); a != 1 || b != 1 {
 		t.Fatalf("passthrough unknown_topic=%v unauthenticated=%v", a, b)
 	}
-	if pl := h.plan(produce(9, -1, 1000, recordBatch(t, -1, -1, -1, 1, "legacy")), true); pl != nil {
-		t.Fatal("legacy batch planned")
+	if pl := h.plan(produce(9, 0, 1000, recordBatch(t, -1, -1, -1, 1, "legacy")), true); pl != nil {
+		t.Fatal("legacy acks=0 batch planned")
 	}
 	if n := testutil.ToFloat64(m.passthrough[passLegacy]); n != 1 {
 		t.Fatalf("legacy counted %v", n)

@@ -1,0 +1,164 @@
+package proxy
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// Unit tests of the planner's legacy rules (docs/legacy.md), no sockets.
+
+func legacyBatch(t *testing.T, n int, value string) []byte {
+	return recordBatch(t, -1, -1, -1, n, value)
+}
+
+// TestPlanLegacyRetryFromAnotherConnection: a legacy batch appended with
+// acks=all is answered with its original offset when the same records come
+// again on another connection (the acknowledgement was lost with the first
+// one); on the same connection they are new data (a heartbeat).
+func TestPlanLegacyRetryFromAnotherConnection(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	b := legacyBatch(t, 3, "charge")
+	pl := h.plan(produce(7, -1, 1000, b), true)
+	if d := pl.decisions[0]; !d.legacy || d.lresult.Decision != seqstate.LegacyNew || d.act != actForward || !d.pending {
+		t.Fatalf("first: %+v", d)
+	}
+	h.complete(pl, map[int32]brokerResult{0: {offset: 30}})
+	h.conn = 2 // the client reconnected
+	pl = h.plan(produce(7, -1, 1000, b), true)
+	if r := h.answer(pl, nil)[0]; pl.decisions[0].act != actAnswer || r.ErrorCode != 0 || r.BaseOffset != 30 {
+		t.Fatalf("retry on a new connection: act %v %+v", pl.decisions[0].act, r)
+	}
+	pl = h.plan(produce(7, -1, 1000, b), true)
+	if d := pl.decisions[0]; d.act != actForward || d.lresult.Decision != seqstate.LegacyNew {
+		t.Fatalf("the same records again where the acknowledgement went: %v", d.lresult.Decision)
+	}
+	if n := testutil.ToFloat64(h.pn.metrics.legacy[seqstate.LegacyDuplicate]); n != 1 {
+		t.Fatalf("legacy_duplicate counted %v", n)
+	}
+}
+
+// TestPlanLegacyInFlightWaits: a retry on another connection while the
+// original is in flight waits for its outcome and is never forwarded.
+func TestPlanLegacyInFlightWaits(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	b := legacyBatch(t, 2, "x")
+	orig := h.plan(produce(7, -1, 1000, b), true)
+	h.conn = 2
+	retry := h.plan(produce(7, -1, 1000, b), true)
+	if d := retry.decisions[0]; d.act != actWait || retry.nWaits != 1 {
+		t.Fatalf("retry while in flight: act %v waits %d", d.act, retry.nWaits)
+	}
+	h.complete(orig, map[int32]brokerResult{0: {offset: 8}})
+	if r := h.answer(retry, nil)[0]; r.ErrorCode != 0 || r.BaseOffset != 8 {
+		t.Fatalf("waiting retry answered %+v", r)
+	}
+}
+
+// TestPlanLegacyUnknownOutcomeForwarded: when the original's upstream
+// connection fails its fate is unknown; waiters get the retriable
+// REQUEST_TIMED_OUT and the next copy is forwarded (never lost; a duplicate
+// only if the broker had appended it, which the log will resolve).
+func TestPlanLegacyUnknownOutcomeForwarded(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	b := legacyBatch(t, 2, "x")
+	orig := h.plan(produce(7, -1, 1000, b), true)
+	h.conn = 2
+	retry := h.plan(produce(7, -1, 1000, b), true)
+	h.pn.fail(orig)
+	if r := h.answer(retry, nil)[0]; r.ErrorCode != kerr.RequestTimedOut.Code {
+		t.Fatalf("waiter of a lost original: %+v", r)
+	}
+	h.conn = 3
+	again := h.plan(produce(7, -1, 1000, b), true)
+	if d := again.decisions[0]; d.act != actForward || d.lresult.Decision != seqstate.LegacyNew {
+		t.Fatalf("after an unknown outcome: %v", d.lresult.Decision)
+	}
+}
+
+// TestPlanLegacyTimedOutAppend: REQUEST_TIMED_OUT means the broker appended
+// it; the retry is answered success with offset -1 rather than written
+// twice.
+func TestPlanLegacyTimedOutAppend(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	b := legacyBatch(t, 2, "x")
+	pl := h.plan(produce(7, -1, 1000, b), true)
+	h.complete(pl, map[int32]brokerResult{0: {err: kerr.RequestTimedOut.Code}})
+	h.conn = 2
+	pl = h.plan(produce(7, -1, 1000, b), true)
+	if r := h.answer(pl, nil)[0]; r.ErrorCode != 0 || r.BaseOffset != -1 {
+		t.Fatalf("retry of a timed-out append: %+v", r)
+	}
+}
+
+// TestPlanLegacyAcksOneAndErrorsNotRemembered: an acks=1 append, or a
+// rejected batch, is not remembered: the same records from another
+// connection are forwarded.
+func TestPlanLegacyAcksOneAndErrorsNotRemembered(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		acks int16
+		res  brokerResult
+	}{
+		{"acks=1", 1, brokerResult{offset: 4}},
+		{"rejected", -1, brokerResult{err: kerr.NotLeaderForPartition.Code}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newPlanHarness(t, DedupEnforce)
+			b := legacyBatch(t, 2, "x")
+			pl := h.plan(produce(7, tc.acks, 1000, b), true)
+			h.complete(pl, map[int32]brokerResult{0: tc.res})
+			h.conn = 2
+			pl = h.plan(produce(7, -1, 1000, b), true)
+			if d := pl.decisions[0]; d.act != actForward {
+				t.Fatalf("same records from another connection: %v", d.lresult.Decision)
+			}
+		})
+	}
+}
+
+// TestPlanLegacyMatchModes: exact needs the same header timestamps;
+// restamped retries (kafka-go, kafkajs) match in records mode; off passes
+// through, per topic.
+func TestPlanLegacyMatchModes(t *testing.T) {
+	restamp := func(b []byte, ts int64) []byte {
+		c := append([]byte(nil), b...)
+		for i := 0; i < 8; i++ {
+			c[27+i] = byte(ts >> (56 - 8*i)) // FirstTimestamp
+			c[35+i] = byte(ts >> (56 - 8*i)) // MaxTimestamp
+		}
+		return fixBatchLengthAndCRC(c)
+	}
+	for _, tc := range []struct {
+		match    string
+		perTopic bool
+		want     action
+	}{
+		{MatchRecords, false, actAnswer},
+		{MatchExact, false, actForward},
+		{MatchExact, true, actForward},
+	} {
+		h := newPlanHarness(t, DedupEnforce)
+		if tc.perTopic {
+			h.pn.topicMatch[planTopic] = tc.match
+		} else {
+			h.pn.legacyMatch = tc.match
+		}
+		b := legacyBatch(t, 2, "x")
+		pl := h.plan(produce(7, -1, 1000, b), true)
+		h.complete(pl, map[int32]brokerResult{0: {offset: 1}})
+		h.conn = 2
+		pl = h.plan(produce(7, -1, 1000, restamp(b, 1800000000000)), true)
+		if d := pl.decisions[0]; d.act != tc.want {
+			t.Fatalf("match %s (per topic %v): restamped retry act %v, want %v", tc.match, tc.perTopic, d.act, tc.want)
+		}
+	}
+	h := newPlanHarness(t, DedupEnforce)
+	h.pn.topicMatch[planTopic] = MatchOff
+	if pl := h.plan(produce(7, -1, 1000, legacyBatch(t, 1, "x")), true); pl != nil {
+		t.Fatal("legacy batch planned on a topic with legacy_match off")
+	}
+}
