@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -254,6 +255,68 @@ func (c *session) finishProduce(p *pending) {
 	}
 	*bp = out
 	p.resp = bp
+	c.logAnswers(pl)
+}
+
+// logAnswers writes one line per batch the proxy answered itself — a
+// prevented duplicate or a refused sequence reuse — rate-limited across the
+// server, because an operator of a payment system wants to see each one.
+func (c *session) logAnswers(pl *producePlan) {
+	for i := range pl.decisions {
+		d := &pl.decisions[i]
+		if d.act == actForward {
+			continue
+		}
+		ok, suppressed := c.s.answerLog.allow(time.Now())
+		if !ok {
+			continue
+		}
+		topic, _ := c.s.planner.table.TopicName(d.key.Topic)
+		attrs := []any{"topic", topic, "partition", d.key.Partition, "client_id", c.clientID,
+			"error_code", d.local.ErrorCode, "offset", d.local.BaseOffset}
+		if d.legacy {
+			attrs = append(attrs, "producer_id", -1)
+		} else {
+			attrs = append(attrs, "producer_id", d.key.ProducerID, "epoch", d.batch.Epoch, "first_seq", d.batch.FirstSeq, "last_seq", d.batch.LastSeq())
+		}
+		if suppressed > 0 {
+			attrs = append(attrs, "suppressed", suppressed)
+		}
+		switch {
+		case d.local.ErrorCode == 0:
+			c.log.Info("duplicate prevented: answered with the original's offset", attrs...)
+		case d.act == actAnswer:
+			c.log.Warn("batch refused: it reuses a sequence for different records (Kafka would drop them silently)", attrs...)
+		default:
+			c.log.Info("retry answered with its original's outcome", attrs...)
+		}
+	}
+}
+
+// logLimiter lets at most perSecond lines through each second and counts
+// the rest, which the next line that passes reports.
+type logLimiter struct {
+	mu         sync.Mutex
+	second     int64
+	n          int
+	suppressed int
+}
+
+const answerLogPerSecond = 20
+
+func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := now.Unix(); s != l.second {
+		l.second, l.n = s, 0
+	}
+	if l.n >= answerLogPerSecond {
+		l.suppressed++
+		return false, 0
+	}
+	l.n++
+	suppressed, l.suppressed = l.suppressed, 0
+	return true, suppressed
 }
 
 // isTransactionalInit reports whether an InitProducerId request names a

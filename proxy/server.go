@@ -37,6 +37,7 @@ type Server struct {
 	nodes        nodeRegistry
 	planner      *planner
 	openUpstream atomic.Bool   // a broker answered a request without authentication (see session.trusted)
+	answerLog    logLimiter    // lines about batches the proxy answered itself
 	stop         chan struct{} // closed by Shutdown: background loops end
 
 	mu        sync.Mutex

@@ -52,6 +52,7 @@ type session struct {
 	saslStarted atomic.Bool
 	saslDone    atomic.Bool
 
+	clientID  string                          // from the first request, for log lines
 	scan      protocol.ProduceScanner         // readLoop's, reused
 	reduceBuf []byte                          // readLoop's, for reduced Produce requests
 	unqueued  *producePlan                    // readLoop's: decided, not yet queued
@@ -171,6 +172,9 @@ func (c *session) readLoop() {
 		}
 		api := m.api(h.APIKey)
 		api.requests.Inc()
+		if c.clientID == "" {
+			c.clientID = protocol.ClientID(body, h)
+		}
 		if h.BodyOffset == 0 { // ApiVersions newer than the proxy knows
 			c.answerUnsupportedAPIVersions(h, start, api)
 			continue
