@@ -189,6 +189,21 @@ func (m *Metrics) countDecision(d seqstate.Decision) {
 	m.passthrough[passInvalid].Inc()
 }
 
+// registerLegacy exports the legacy table's own counts.
+func (m *Metrics) registerLegacy(t *seqstate.LegacyTable) {
+	if m.reg == nil {
+		return
+	}
+	const ns, sub = "dedupproxy", "seqstate"
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "legacy_identities",
+			Help: "Legacy (producer id -1) batches remembered for deduplicating their retries."}, func() float64 { return float64(t.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "legacy_evictions_total",
+			Help: "Legacy batches forgotten before dedup.legacy.window ended because the table was full (dedup.legacy.max_identities)."},
+			func() float64 { return float64(t.Evictions()) }),
+	)
+}
+
 // registerTable exports the table's own counts.
 func (m *Metrics) registerTable(t *seqstate.Table) {
 	if m.reg == nil {

@@ -92,6 +92,9 @@ func (s *Server) Start(ctx context.Context) error {
 	s.planner = pn
 	if pn.table != nil {
 		s.Metrics.registerTable(pn.table)
+		if pn.legacy != nil {
+			s.Metrics.registerLegacy(pn.legacy)
+		}
 		s.wg.Add(1)
 		go s.expireLoop()
 	}
