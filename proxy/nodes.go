@@ -4,6 +4,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
 // nodeRegistry knows every broker node seen in a response: its real address
@@ -85,6 +87,10 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 		r.startListener(id, n)
 	}
 	if n.advHost == "" {
+		if r.s.closing.Load() {
+			// Shutdown has begun: no listener will stand for this node.
+			return "", protocol.OmitBroker
+		}
 		h, p, _ := r.s.bootstrapAdvertised()
 		return h, int32(p)
 	}
@@ -118,11 +124,13 @@ func (r *nodeRegistry) startListener(id int32, n *node) {
 	if override.Advertise != "" {
 		adv = override.Advertise
 	}
+	if !r.s.serve(ln, id) {
+		return // Shutdown has begun; serve closed ln
+	}
 	ah, ap, _ := splitHostPort(adv)
 	n.advHost, n.advPort = ah, int32(ap)
 	n.bound = bound.String()
 	r.s.Logger.Info("listening", "listener", "broker", "node", id, "addr", bound.String(), "advertised", adv, "broker", n.upstream)
-	r.s.serve(ln, id)
 }
 
 // bootstrapAdvertised returns what clients are told for the bootstrap listener.
