@@ -39,6 +39,14 @@ type Server struct {
 	Listen func(network, addr string) (net.Listener, error)
 	// Dial replaces the upstream dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Now replaces time.Now.
+	Now func() time.Time
+	// AdminAddr is the bound address of the admin HTTP listener, when the
+	// command runs one. Bind it before Start: a proxy listener that cannot
+	// bind because the admin listener holds its port then says so, and
+	// Start fails with ErrAdminPortTaken if that happens to the bootstrap
+	// listener or to a node its probe learns.
+	AdminAddr net.Addr
 
 	nodes nodeRegistry
 	dedup *dedupState
@@ -121,6 +129,9 @@ func (s *Server) Start(ctx context.Context) error {
 
 	ln, err := s.Listen("tcp", s.Config.Listen)
 	if err != nil {
+		if port, ok := s.adminHolds(s.Config.Listen, err); ok {
+			return fmt.Errorf("%w: port %d for the bootstrap listener is the admin listener's (%s)", ErrAdminPortTaken, port, s.AdminAddr)
+		}
 		return fmt.Errorf("bootstrap listener: %w", err)
 	}
 	s.mu.Lock()
@@ -138,7 +149,22 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.Probe(ctx); err != nil {
 		s.Logger.Warn("upstream not reachable yet", "err", err)
 	}
+	// A node listener on the admin port is a configuration mistake that
+	// would leave that broker unreachable for good: refuse to start.
+	if err := s.nodes.adminCollision(); err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s.Shutdown(sctx)
+		return err
+	}
 	return nil
+}
+
+func (s *Server) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
 }
 
 // Addr returns the bootstrap listener's address.
