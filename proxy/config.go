@@ -69,6 +69,17 @@ type Config struct {
 	// (backpressure). Default 256.
 	MaxInflight int `yaml:"max_inflight"`
 
+	// MaxConnections caps the client connections open at once, over all
+	// listeners; one beyond it is closed as soon as it is accepted (each
+	// costs a broker connection, two goroutines and their buffers). Default
+	// 10000; -1 means unlimited.
+	MaxConnections int `yaml:"max_connections"`
+
+	// MaxConnectionsPerIP caps the client connections open at once from one
+	// IP address, so one client cannot take them all. Default 0: unlimited
+	// (clients behind one NAT share an address).
+	MaxConnectionsPerIP int `yaml:"max_connections_per_ip"`
+
 	// DialTimeout bounds connecting to a broker. Default 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 
@@ -128,13 +139,14 @@ type NodeConfig struct {
 
 // Defaults.
 const (
-	DefaultListen       = "127.0.0.1:9092"
-	DefaultAdmin        = "127.0.0.1:9080"
-	DefaultMaxInflight  = 256
-	DefaultDialTimeout  = 10 * time.Second
-	DefaultIdleTimeout  = 10 * time.Minute
-	DefaultWriteTimeout = 30 * time.Second
-	DefaultDrainTimeout = 30 * time.Second
+	DefaultListen         = "127.0.0.1:9092"
+	DefaultAdmin          = "127.0.0.1:9080"
+	DefaultMaxInflight    = 256
+	DefaultMaxConnections = 10000
+	DefaultDialTimeout    = 10 * time.Second
+	DefaultIdleTimeout    = 10 * time.Minute
+	DefaultWriteTimeout   = 30 * time.Second
+	DefaultDrainTimeout   = 30 * time.Second
 )
 
 // ErrInvalidConfig wraps every configuration error.
@@ -153,6 +165,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxInflight == 0 {
 		c.MaxInflight = DefaultMaxInflight
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout
@@ -269,6 +284,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxInflight < 1 {
 		return bad("max_inflight %d must be at least 1", c.MaxInflight)
+	}
+	if c.MaxConnections < -1 {
+		return bad("max_connections %d: want at least 1, or -1 for unlimited", c.MaxConnections)
+	}
+	if c.MaxConnectionsPerIP < 0 {
+		return bad("max_connections_per_ip %d: want at least 1, or 0 for unlimited", c.MaxConnectionsPerIP)
 	}
 	for name, d := range map[string]time.Duration{"dial_timeout": c.DialTimeout, "idle_timeout": c.IdleTimeout, "write_timeout": c.WriteTimeout, "drain_timeout": c.DrainTimeout} {
 		if d < 0 {

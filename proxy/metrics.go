@@ -44,6 +44,7 @@ type Metrics struct {
 
 	// Listeners and connection limits (server.go, nodes.go).
 	listenerErrors *prometheus.CounterVec
+	refusedConns   *prometheus.CounterVec
 }
 
 type apiMetrics struct {
@@ -130,13 +131,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{listenerPortRange, listenerBind, listenerAdminPort} {
 		m.listenerErrors.WithLabelValues(r)
 	}
+	m.refusedConns = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "connections_refused_total",
+		Help: "Client connections closed as soon as accepted because a limit was reached, by limit (max_connections, max_connections_per_ip)."}, []string{"reason"})
+	for _, r := range []string{refusedMaxConns, refusedMaxPerIP} {
+		m.refusedConns.WithLabelValues(r)
+	}
 	if reg != nil {
-		reg.MustRegister(m.listenerErrors)
+		reg.MustRegister(m.listenerErrors, m.refusedConns)
 	}
 	return m
 }
 
-// Closed label sets of the listener and limit metrics.
+// Closed label sets of the listener and limit metrics; those of
+// client_connections_refused_total{reason} are refusedMaxConns and
+// refusedMaxPerIP (server.go).
 const (
 	// broker_listener_errors_total{reason}
 	listenerPortRange = "port_range"
@@ -145,6 +153,8 @@ const (
 )
 
 func (m *Metrics) listenerError(reason string) { m.listenerErrors.WithLabelValues(reason).Inc() }
+
+func (m *Metrics) connectionRefused(reason string) { m.refusedConns.WithLabelValues(reason).Inc() }
 
 // api returns the resolved children for key, which the caller has checked
 // is a known API.

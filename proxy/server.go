@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -63,8 +64,10 @@ type Server struct {
 	// starts after Shutdown took its snapshot.
 	mu        sync.Mutex
 	listeners []net.Listener
-	clients   map[net.Conn]struct{} // every client connection accepted and not yet finished
+	clients   map[net.Conn]netip.Addr // every client connection admitted and not yet finished, with its IP when counted in perIP
+	perIP     map[netip.Addr]int      // open connections per client IP, kept when MaxConnectionsPerIP is set
 	sessions  map[*session]struct{}
+	refusals  refusalLog
 	closing   atomic.Bool // written under mu; read without it where a stale false is harmless
 	started   bool
 	wg        sync.WaitGroup // accept loops, connections, background loops
@@ -116,7 +119,8 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.started = true
 	s.sessions = make(map[*session]struct{})
-	s.clients = make(map[net.Conn]struct{})
+	s.clients = make(map[net.Conn]netip.Addr)
+	s.perIP = make(map[netip.Addr]int)
 	s.stop = make(chan struct{})
 	s.dialCtx, s.cancelDial = context.WithCancel(context.Background())
 	s.dedup = ds
@@ -240,36 +244,110 @@ func (s *Server) acceptLoop(ln net.Listener, node int32) {
 			continue
 		}
 		backoff = 0
-		if !s.admit(c, node) {
+		switch refused := s.admit(c, node); refused {
+		case "":
+		case refusedClosing:
 			c.Close()
 			return
+		default:
+			// Closed at once, before any dial or buffer: a flood of
+			// connections costs an accept and a close each.
+			c.Close()
+			s.refused(refused, c)
 		}
 	}
 }
 
-// admit registers a new client connection and starts its handler, unless
-// Shutdown has begun.
-func (s *Server) admit(c net.Conn, node int32) bool {
+// Why admit refuses a connection: Shutdown has begun, or a limit (the
+// label of dedupproxy_client_connections_refused_total).
+const (
+	refusedClosing  = "closing"
+	refusedMaxConns = "max_connections"
+	refusedMaxPerIP = "max_connections_per_ip"
+)
+
+// admit registers a new client connection and starts its handler, or says
+// why not: Shutdown has begun, or MaxConnections or MaxConnectionsPerIP is
+// reached.
+func (s *Server) admit(c net.Conn, node int32) (refused string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing.Load() {
-		return false
+		return refusedClosing
 	}
-	s.clients[c] = struct{}{}
+	if limit := s.Config.MaxConnections; limit > 0 && len(s.clients) >= limit {
+		return refusedMaxConns
+	}
+	var ip netip.Addr
+	if limit := s.Config.MaxConnectionsPerIP; limit > 0 {
+		ip = remoteIP(c)
+		if s.perIP[ip] >= limit {
+			return refusedMaxPerIP
+		}
+		s.perIP[ip]++
+	}
+	s.clients[c] = ip
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer s.release(c)
 		s.handle(c, node)
 	}()
-	return true
+	return ""
 }
 
 // release forgets a client connection admit registered.
 func (s *Server) release(c net.Conn) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	ip, ok := s.clients[c]
 	delete(s.clients, c)
-	s.mu.Unlock()
+	if ok && ip.IsValid() {
+		if s.perIP[ip]--; s.perIP[ip] <= 0 {
+			delete(s.perIP, ip)
+		}
+	}
+}
+
+// remoteIP is the client's address for MaxConnectionsPerIP; an IPv4-mapped
+// IPv6 address counts as the IPv4 one.
+func remoteIP(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	return ap.Addr().Unmap()
+}
+
+// refusalLogEvery spaces the log lines about refused connections: a flood
+// must not become a flood of log lines.
+const refusalLogEvery = 10 * time.Second
+
+// refusalLog rate-limits the refused-connection log line.
+type refusalLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// refused counts a connection refused for reason and logs it, at most one
+// line per refusalLogEvery, with the number refused in between.
+func (s *Server) refused(reason string, c net.Conn) {
+	s.Metrics.connectionRefused(reason)
+	r := &s.refusals
+	now := s.now()
+	r.mu.Lock()
+	if !r.last.IsZero() && now.Sub(r.last) < refusalLogEvery {
+		r.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	suppressed := r.suppressed
+	r.last, r.suppressed = now, 0
+	r.mu.Unlock()
+	s.Logger.Warn("refusing client connections: limit reached", "reason", reason, "client", c.RemoteAddr().String(),
+		"max_connections", s.Config.MaxConnections, "max_connections_per_ip", s.Config.MaxConnectionsPerIP,
+		"refused_since_last_line", suppressed, "next_line_in", refusalLogEvery)
 }
 
 // track registers sess, unless Shutdown has begun.
