@@ -59,6 +59,8 @@ type Server struct {
 	dialCtx    context.Context
 	cancelDial context.CancelFunc
 
+	refusals refusalLog // connections refused for a limit, logged sparingly
+
 	// mu guards the fields below, and makes "not closing" and registering
 	// a listener, a session or a goroutine one step, so that nothing
 	// starts after Shutdown took its snapshot.
@@ -67,7 +69,6 @@ type Server struct {
 	clients   map[net.Conn]netip.Addr // every client connection admitted and not yet finished, with its IP when counted in perIP
 	perIP     map[netip.Addr]int      // open connections per client IP, kept when MaxConnectionsPerIP is set
 	sessions  map[*session]struct{}
-	refusals  refusalLog
 	closing   atomic.Bool // written under mu; read without it where a stale false is harmless
 	started   bool
 	wg        sync.WaitGroup // accept loops, connections, background loops
