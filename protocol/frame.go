@@ -37,6 +37,12 @@ const minResponseSize = 4
 // and [ResponseMinSize] for responses. A bad size prefix is diagnosed: the
 // first bytes of a TLS handshake or of an HTTP request get an error saying so,
 // like kgo's parseReadSize.
+//
+// The buffer grows only as bytes arrive, never to the declared size up
+// front: a peer that declares a 100 MiB frame and sends 1 KiB pins a few KiB,
+// not 100 MiB (the size prefix costs nothing to send). When buf is already
+// large enough, as in the steady state of a reused buffer, ReadFrame does
+// not allocate.
 func ReadFrame(r io.Reader, buf []byte, maxSize int32, minSize int32) (body, newBuf []byte, err error) {
 	if cap(buf) < 4 {
 		buf = make([]byte, 4096)
@@ -49,22 +55,29 @@ func ReadFrame(r io.Reader, buf []byte, maxSize int32, minSize int32) (body, new
 	if err != nil {
 		return nil, buf, err
 	}
-	if len(buf) < 4+int(size) {
-		// Grow at least twofold, so frames of slowly rising size do not
+	frameLen := 4 + int(size)
+	have := 4
+	for {
+		// Fill what the buffer holds, then grow it twofold (at most to
+		// the largest frame) and go on: every allocation is backed by
+		// bytes that arrived, and frames of slowly rising size do not
 		// reallocate (and zero) a buffer each time.
-		n := max(4+int(size), min(2*len(buf), 4+int(maxSize)))
-		grown := make([]byte, n)
-		copy(grown, buf[:4])
+		end := min(frameLen, len(buf))
+		n, err := io.ReadFull(r, buf[have:end])
+		have += n
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, buf, fmt.Errorf("read frame body of %d bytes (%d read): %w", size, have-4, err)
+		}
+		if have == frameLen {
+			return buf[4:frameLen], buf, nil
+		}
+		grown := make([]byte, min(2*len(buf), 4+int(maxSize)))
+		copy(grown, buf[:have])
 		buf = grown
 	}
-	body = buf[4 : 4+size]
-	if _, err := io.ReadFull(r, body); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return nil, buf, fmt.Errorf("read frame body of %d bytes: %w", size, err)
-	}
-	return body, buf, nil
 }
 
 // RequestMinSize and ResponseMinSize are the minSize arguments of [ReadFrame].

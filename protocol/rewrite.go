@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -37,9 +38,40 @@ var (
 // malformed response never teaches the mapper an address. host is a fresh
 // string the implementation may keep. Returning host and port unchanged
 // leaves that address untouched.
+//
+// Returning advPort [OmitBroker] leaves the broker out of the response, for
+// a node clients cannot be given an address of its own (the proxy could not
+// start its listener); see [OmitBroker].
 type AddrMapper interface {
 	MapBroker(nodeID int32, host string, port int32) (advHost string, advPort int32)
 }
+
+// OmitBroker is the advPort an [AddrMapper] returns to leave a broker out
+// of the response rather than advertise it at an address that is not its
+// own: a wrong address sends the client to the wrong broker, and the real
+// one leaks past the proxy. Leaving it out is what Kafka itself does for a
+// broker that is not alive:
+//
+//   - Metadata, DescribeCluster: the broker is dropped from Brokers (a
+//     partition led by it then looks leaderless to the client, which
+//     refreshes its metadata later); a Metadata ControllerID naming it
+//     becomes -1, Kafka's "no controller".
+//   - FindCoordinator: the coordinator becomes COORDINATOR_NOT_AVAILABLE
+//     with Kafka's Node.noNode() placeholder (-1, "", -1), which clients
+//     retry.
+//   - the KIP-951 NodeEndpoints of Produce, Fetch, ShareFetch and
+//     ShareAcknowledge: the entry is dropped (the partition's CurrentLeader
+//     still names the node; clients then fall back to a Metadata request).
+//     The array's length is rewritten in place; when every entry of a
+//     tagged NodeEndpoints is left out the tag stays, holding an empty
+//     array (kmsg would leave the tag out; clients decode both alike).
+//
+// Any negative port means the same; Kafka ports are never negative.
+const OmitBroker int32 = -1
+
+// omittedCoordinatorMessage is the ErrorMessage of a FindCoordinator
+// answer whose broker was left out.
+const omittedCoordinatorMessage = "the coordinator's broker is not reachable through the proxy"
 
 // TopicObserver is an optional interface of an [AddrMapper]: RewriteAddresses
 // tells it the topics of every well-formed Metadata response that the broker
@@ -167,17 +199,21 @@ func RewriteAddresses(dst []byte, key, version int16, body []byte, m AddrMapper)
 func malformed(err error) error { return fmt.Errorf("%w: %w", ErrMalformedResponse, err) }
 
 // mapAddr asks m for the advertised address of one broker and reports
-// whether it differs from the real one.
-func mapAddr(m AddrMapper, nodeID int32, host *string, port *int32) (bool, error) {
+// whether it differs from the real one, and whether the broker is to be
+// left out ([OmitBroker]; the address is then not touched).
+func mapAddr(m AddrMapper, nodeID int32, host *string, port *int32) (changed, omit bool, err error) {
 	h, p := m.MapBroker(nodeID, *host, *port)
+	if p < 0 {
+		return true, true, nil
+	}
 	if h == *host && p == *port {
-		return false, nil
+		return false, false, nil
 	}
 	if len(h) > math.MaxInt16 {
-		return false, fmt.Errorf("node %d: %d bytes: %w", nodeID, len(h), ErrHostTooLong)
+		return false, false, fmt.Errorf("node %d: %d bytes: %w", nodeID, len(h), ErrHostTooLong)
 	}
 	*host, *port = h, p
-	return true, nil
+	return true, false, nil
 }
 
 // The kmsg-based rewriters below handle the rare, small responses: decode,
@@ -193,14 +229,23 @@ func rewriteMetadata(dst, body []byte, version int16, m AddrMapper) ([]byte, boo
 		observeTopics(o, resp.Topics)
 	}
 	changed := false
+	kept := resp.Brokers[:0]
 	for i := range resp.Brokers {
-		b := &resp.Brokers[i]
-		c, err := mapAddr(m, b.NodeID, &b.Host, &b.Port)
+		b := resp.Brokers[i]
+		c, omit, err := mapAddr(m, b.NodeID, &b.Host, &b.Port)
 		if err != nil {
 			return nil, false, err
 		}
 		changed = changed || c
+		if omit {
+			if b.NodeID == resp.ControllerID {
+				resp.ControllerID = -1
+			}
+			continue
+		}
+		kept = append(kept, b)
 	}
+	resp.Brokers = kept
 	if !changed {
 		return body, false, nil
 	}
@@ -234,11 +279,14 @@ func rewriteFindCoordinator(dst, body []byte, version int16, m AddrMapper) ([]by
 		// v0-v3: one coordinator at the top level. On error Kafka sends
 		// Node.noNode() (-1, "", -1); there is nothing to map.
 		if resp.ErrorCode == 0 && resp.NodeID >= 0 {
-			c, err := mapAddr(m, resp.NodeID, &resp.Host, &resp.Port)
+			c, omit, err := mapAddr(m, resp.NodeID, &resp.Host, &resp.Port)
 			if err != nil {
 				return nil, false, err
 			}
 			changed = c
+			if omit {
+				resp.ErrorCode, resp.ErrorMessage = noCoordinator(&resp.NodeID, &resp.Host, &resp.Port)
+			}
 		}
 	} else {
 		// v4+ (KIP-699): one entry per requested key, each with its own
@@ -248,11 +296,14 @@ func rewriteFindCoordinator(dst, body []byte, version int16, m AddrMapper) ([]by
 			if co.ErrorCode != 0 || co.NodeID < 0 {
 				continue
 			}
-			c, err := mapAddr(m, co.NodeID, &co.Host, &co.Port)
+			c, omit, err := mapAddr(m, co.NodeID, &co.Host, &co.Port)
 			if err != nil {
 				return nil, false, err
 			}
 			changed = changed || c
+			if omit {
+				co.ErrorCode, co.ErrorMessage = noCoordinator(&co.NodeID, &co.Host, &co.Port)
+			}
 		}
 	}
 	if !changed {
@@ -261,12 +312,23 @@ func rewriteFindCoordinator(dst, body []byte, version int16, m AddrMapper) ([]by
 	return resp.AppendTo(dst[:0]), true, nil
 }
 
+// noCoordinator turns a coordinator whose broker is left out into Kafka's
+// answer for a coordinator that is not available: COORDINATOR_NOT_AVAILABLE
+// and the Node.noNode() placeholder, which clients retry.
+func noCoordinator(id *int32, host *string, port *int32) (int16, *string) {
+	*id, *host, *port = -1, "", -1
+	msg := omittedCoordinatorMessage
+	return kerr.CoordinatorNotAvailable.Code, &msg
+}
+
 func rewriteDescribeCluster(dst, body []byte, version int16, m AddrMapper) ([]byte, bool, error) {
 	resp := kmsg.DescribeClusterResponse{Version: version}
 	if err := resp.ReadFrom(body); err != nil {
 		return nil, false, malformed(err)
 	}
-	changed, err := mapEach(m, resp.Brokers, func(b *kmsg.DescribeClusterResponseBroker) (int32, *string, *int32) {
+	var changed bool
+	var err error
+	resp.Brokers, changed, err = mapEach(m, resp.Brokers, func(b *kmsg.DescribeClusterResponseBroker) (int32, *string, *int32) {
 		return b.NodeID, &b.Host, &b.Port
 	})
 	if err != nil || !changed {
@@ -280,7 +342,9 @@ func rewriteShareAcknowledge(dst, body []byte, version int16, m AddrMapper) ([]b
 	if err := resp.ReadFrom(body); err != nil {
 		return nil, false, malformed(err)
 	}
-	changed, err := mapEach(m, resp.NodeEndpoints, func(n *kmsg.ShareAcknowledgeResponseNodeEndpoint) (int32, *string, *int32) {
+	var changed bool
+	var err error
+	resp.NodeEndpoints, changed, err = mapEach(m, resp.NodeEndpoints, func(n *kmsg.ShareAcknowledgeResponseNodeEndpoint) (int32, *string, *int32) {
 		return n.NodeID, &n.Host, &n.Port
 	})
 	if err != nil || !changed {
@@ -289,17 +353,22 @@ func rewriteShareAcknowledge(dst, body []byte, version int16, m AddrMapper) ([]b
 	return resp.AppendTo(dst[:0]), true, nil
 }
 
-// mapEach maps the address of every element of a decoded broker list.
-func mapEach[T any](m AddrMapper, items []T, addr func(*T) (int32, *string, *int32)) (changed bool, err error) {
+// mapEach maps the address of every element of a decoded broker list and
+// returns the list without the brokers left out.
+func mapEach[T any](m AddrMapper, items []T, addr func(*T) (int32, *string, *int32)) (kept []T, changed bool, err error) {
+	kept = items[:0]
 	for i := range items {
 		id, host, port := addr(&items[i])
-		c, err := mapAddr(m, id, host, port)
+		c, omit, err := mapAddr(m, id, host, port)
 		if err != nil {
-			return false, err
+			return nil, false, err
 		}
 		changed = changed || c
+		if !omit {
+			kept = append(kept, items[i])
+		}
 	}
-	return changed, nil
+	return kept, changed, nil
 }
 
 // rewriteTaggedNodes handles Produce v10+ and Fetch v16+, whose broker
@@ -724,19 +793,25 @@ func (s *addrSplice) closeTag(valEnd int) {
 	kbin.AppendUvarint(s.dst[:s.dstValAt], uint32(n)) // writes in place
 }
 
-// replace swaps the Host and Port at src[hostAt:end] for host and port.
-func (s *addrSplice) replace(hostAt, end int, host string, port int32, flexible bool) {
+// cut drops src[from:to] from the output; the caller appends what replaces
+// it to s.dst.
+func (s *addrSplice) cut(from, to int) {
 	if !s.active {
 		s.activate()
 	}
-	s.dst = append(s.dst, s.src[s.last:hostAt]...)
+	s.dst = append(s.dst, s.src[s.last:from]...)
+	s.last = to
+}
+
+// replace swaps the Host and Port at src[hostAt:end] for host and port.
+func (s *addrSplice) replace(hostAt, end int, host string, port int32, flexible bool) {
+	s.cut(hostAt, end)
 	if flexible {
 		s.dst = kbin.AppendCompactString(s.dst, host)
 	} else {
 		s.dst = kbin.AppendString(s.dst, host)
 	}
 	s.dst = kbin.AppendInt32(s.dst, port)
-	s.last = end
 }
 
 func (s *addrSplice) finish() ([]byte, bool) {
@@ -746,34 +821,70 @@ func (s *addrSplice) finish() ([]byte, bool) {
 	return append(s.dst, s.src[s.last:]...), true
 }
 
+// nodeEntry is one element of a NodeEndpoints array as splice sees it.
+type nodeEntry struct {
+	start, hostAt, end, stop int // the element, its Host, past its Port, past the element
+	host                     string
+	port                     int32
+	changed, omit            bool
+}
+
 // nodes walks a NodeEndpoints array that pass one already validated,
-// mapping each node and splicing in the addresses that change.
+// mapping each node and splicing in the addresses that change. Nodes the
+// mapper omits are cut out and the array's length rewritten; since the
+// length comes first, every node is mapped before anything is spliced.
+// Brokers send NodeEndpoints only with NOT_LEADER_OR_FOLLOWER, so the slice
+// this allocates is off the hot path.
 func (s *addrSplice) nodes(w *respWalker, flexible bool, m AddrMapper) error {
+	lenAt := w.pos()
 	n := w.arrayLen(flexible, 11)
+	lenEnd := w.pos()
+	var entries []nodeEntry
+	kept := n
 	for i := int32(0); i < n && w.Ok(); i++ {
+		e := nodeEntry{start: w.pos()}
 		id := w.Int32()
-		hostAt := w.pos()
+		e.hostAt = w.pos()
 		host := string(w.Span(w.strLen(flexible)))
 		port := w.Int32()
-		end := w.pos()
+		e.end = w.pos()
 		w.skipNullableString(flexible) // Rack
 		if flexible {
 			w.skipTags()
 		}
+		e.stop = w.pos()
 		if !w.Ok() {
 			break
 		}
-		advHost, advPort := host, port
-		c, err := mapAddr(m, id, &advHost, &advPort)
+		e.host, e.port = host, port
+		c, omit, err := mapAddr(m, id, &e.host, &e.port)
 		if err != nil {
 			return err
 		}
-		if c {
-			s.replace(hostAt, end, advHost, advPort, flexible)
+		e.changed, e.omit = c, omit
+		if omit {
+			kept--
 		}
+		entries = append(entries, e)
 	}
 	if !w.Ok() {
 		return ErrMalformedResponse // unreachable after pass one
+	}
+	if kept != n {
+		s.cut(lenAt, lenEnd)
+		if flexible {
+			s.dst = kbin.AppendCompactArrayLen(s.dst, int(kept))
+		} else {
+			s.dst = kbin.AppendArrayLen(s.dst, int(kept))
+		}
+	}
+	for _, e := range entries {
+		switch {
+		case e.omit:
+			s.cut(e.start, e.stop)
+		case e.changed:
+			s.replace(e.hostAt, e.end, e.host, e.port, flexible)
+		}
 	}
 	return nil
 }

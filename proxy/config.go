@@ -23,22 +23,41 @@ type Config struct {
 
 	// Listen is the bootstrap listener's bind address. Default
 	// 127.0.0.1:9092. Broker node N is served on the same host at port
-	// (listen port + 1 + N) unless Nodes maps it. With port 0 every
+	// NodePortBase + (N − NodeIDOffset), by default listen port + 1 + N,
+	// unless Nodes maps it. With port 0 (and no NodePortBase) every
 	// listener takes a free port (how tests run).
 	Listen string `yaml:"listen"`
 
 	// Advertise is the host:port clients are told for the bootstrap
-	// listener; node N is advertised at (advertise port + 1 + N). Empty
-	// means the address actually bound, which needs a concrete listen host.
-	// Set it behind NAT, in containers and behind port-forwards.
+	// listener. Broker nodes are advertised shifted like it: node N at
+	// advertise port + (its listen port − listen port), by default
+	// advertise port + 1 + N. Empty means the address actually bound, which
+	// needs a concrete listen host. Set it behind NAT, in containers and
+	// behind port-forwards.
 	Advertise string `yaml:"advertise"`
+
+	// NodePortBase is the listen port of node NodeIDOffset; node N listens
+	// on NodePortBase + (N − NodeIDOffset). 0 (the default) means listen
+	// port + 1, or free ports when the listen port is 0.
+	NodePortBase int `yaml:"node_port_base"`
+
+	// NodeIDOffset is subtracted from node ids before they pick a port:
+	// ZooKeeper-era clusters number brokers from 1001, so 1000 puts node
+	// 1001 on NodePortBase. Default 0. A node whose id is below it, or
+	// whose port would fall outside 1..65535, gets no listener: it is
+	// logged once and left out of every response (never advertised at an
+	// address that is not its own), unless Nodes maps it.
+	NodeIDOffset int32 `yaml:"node_id_offset"`
 
 	// Nodes overrides the listen and advertised address of single broker
 	// nodes, by node id.
 	Nodes map[int32]NodeConfig `yaml:"nodes"`
 
 	// Admin is the HTTP address of /metrics, /healthz and /readyz. Default
-	// 127.0.0.1:9080, below the default broker port range. "off" disables it.
+	// 127.0.0.1:9080, below the default broker ports. "off" disables it.
+	// Validate refuses only an admin port equal to a listen port it knows
+	// (listen, nodes); a derived node port on it is found when that node's
+	// listener binds (see Server.AdminAddr).
 	Admin string `yaml:"admin"`
 
 	// MaxFrameBytes caps one request or response frame. Default 100 MiB,
@@ -49,6 +68,17 @@ type Config struct {
 	// response; when reached the proxy stops reading from that client
 	// (backpressure). Default 256.
 	MaxInflight int `yaml:"max_inflight"`
+
+	// MaxConnections caps the client connections open at once, over all
+	// listeners; one beyond it is closed as soon as it is accepted (each
+	// costs a broker connection, two goroutines and their buffers). Default
+	// 10000; -1 means unlimited.
+	MaxConnections int `yaml:"max_connections"`
+
+	// MaxConnectionsPerIP caps the client connections open at once from one
+	// IP address, so one client cannot take them all. Default 0: unlimited
+	// (clients behind one NAT share an address).
+	MaxConnectionsPerIP int `yaml:"max_connections_per_ip"`
 
 	// DialTimeout bounds connecting to a broker. Default 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -144,13 +174,14 @@ type NodeConfig struct {
 
 // Defaults.
 const (
-	DefaultListen       = "127.0.0.1:9092"
-	DefaultAdmin        = "127.0.0.1:9080"
-	DefaultMaxInflight  = 256
-	DefaultDialTimeout  = 10 * time.Second
-	DefaultIdleTimeout  = 10 * time.Minute
-	DefaultWriteTimeout = 30 * time.Second
-	DefaultDrainTimeout = 30 * time.Second
+	DefaultListen         = "127.0.0.1:9092"
+	DefaultAdmin          = "127.0.0.1:9080"
+	DefaultMaxInflight    = 256
+	DefaultMaxConnections = 10000
+	DefaultDialTimeout    = 10 * time.Second
+	DefaultIdleTimeout    = 10 * time.Minute
+	DefaultWriteTimeout   = 30 * time.Second
+	DefaultDrainTimeout   = 30 * time.Second
 )
 
 // ErrInvalidConfig wraps every configuration error.
@@ -169,6 +200,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxInflight == 0 {
 		c.MaxInflight = DefaultMaxInflight
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout
@@ -232,19 +266,45 @@ func (c *Config) Validate() error {
 			return bad("advertise %q: port 0 cannot be advertised", c.Advertise)
 		}
 	}
+	if c.NodePortBase < 0 || c.NodePortBase > 65535 {
+		return bad("node_port_base %d: want 1..65535, or 0 for listen port + 1", c.NodePortBase)
+	}
+	if c.NodePortBase == 0 && port == 65535 {
+		return bad("listen port 65535 leaves no port for broker nodes (listen port + 1 + node id): set node_port_base")
+	}
+	if c.NodeIDOffset < 0 {
+		return bad("node_id_offset %d is negative", c.NodeIDOffset)
+	}
+	if c.Advertise != "" {
+		// The port of node node_id_offset, shifted like the bootstrap's.
+		_, aport, _ := splitHostPort(c.Advertise)
+		if first := aport + c.nodePortBase(port) - port; first < 1 || first > 65535 {
+			return bad("advertise %q with node ports from %d: nodes would be advertised from port %d, outside 1..65535", c.Advertise, c.nodePortBase(port), first)
+		}
+	}
 	for id, n := range c.Nodes {
 		if id < 0 {
 			return bad("nodes: node id %d is negative", id)
 		}
 		if n.Listen != "" {
-			if _, _, err := splitHostPort(n.Listen); err != nil {
+			nh, _, err := splitHostPort(n.Listen)
+			if err != nil {
 				return bad("nodes[%d].listen %q: %v", id, n.Listen, err)
+			}
+			if unspecifiedHost(nh) && n.Advertise == "" && c.Advertise == "" {
+				return bad("nodes[%d].listen %q binds every interface: set nodes[%d].advertise (or advertise) to the host:port clients should use", id, n.Listen, id)
 			}
 		}
 		if n.Advertise != "" {
-			if _, _, err := splitHostPort(n.Advertise); err != nil {
+			if _, aport, err := splitHostPort(n.Advertise); err != nil {
 				return bad("nodes[%d].advertise %q: %v", id, n.Advertise, err)
+			} else if aport == 0 {
+				return bad("nodes[%d].advertise %q: port 0 cannot be advertised", id, n.Advertise)
 			}
+		}
+		// What the override leaves to derivation must be derivable.
+		if _, _, err := c.nodeAddrs(id); err != nil {
+			return bad("nodes[%d]: %v", id, err)
 		}
 	}
 	if c.Admin != "off" {
@@ -252,10 +312,15 @@ func (c *Config) Validate() error {
 		if err != nil {
 			return bad("admin %q: %v", c.Admin, err)
 		}
-		// The admin port must not fall in the broker range of the default
-		// derivation, or the first broker listener that lands on it fails.
-		if port != 0 && aport >= port && aport <= port+1024 && (ahost == host || unspecifiedHost(ahost) || unspecifiedHost(host)) {
-			return bad("admin port %d collides with the proxy's listener range %d..%d (listen port + 1 + node id)", aport, port, port+1024)
+		// Only the exact collisions known now; a node listener that would
+		// take the admin port is found when it binds (see nodes.go).
+		if aport != 0 && aport == port && hostsOverlap(ahost, host) {
+			return bad("admin %q and listen %q are the same port", c.Admin, c.Listen)
+		}
+		for id, n := range c.Nodes {
+			if nh, np, _ := splitHostPort(n.Listen); n.Listen != "" && aport != 0 && np == aport && hostsOverlap(ahost, nh) {
+				return bad("admin %q and nodes[%d].listen %q are the same port", c.Admin, id, n.Listen)
+			}
 		}
 	}
 	if c.MaxFrameBytes < 1024 {
@@ -263,6 +328,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxInflight < 1 {
 		return bad("max_inflight %d must be at least 1", c.MaxInflight)
+	}
+	if c.MaxConnections < -1 {
+		return bad("max_connections %d: want at least 1, or -1 for unlimited", c.MaxConnections)
+	}
+	if c.MaxConnectionsPerIP < 0 {
+		return bad("max_connections_per_ip %d: want at least 1, or 0 for unlimited", c.MaxConnectionsPerIP)
 	}
 	for name, d := range map[string]time.Duration{"dial_timeout": c.DialTimeout, "idle_timeout": c.IdleTimeout, "write_timeout": c.WriteTimeout, "drain_timeout": c.DrainTimeout} {
 		if d < 0 {
@@ -306,6 +377,69 @@ func (c *Config) Validate() error {
 }
 
 func validMatch(m string) bool { return m == MatchRecords || m == MatchExact || m == MatchOff }
+
+// nodePortBase returns the listen port of node NodeIDOffset, given the
+// listen port: NodePortBase, or listen port + 1.
+func (c *Config) nodePortBase(listenPort int) int {
+	if c.NodePortBase != 0 {
+		return c.NodePortBase
+	}
+	return listenPort + 1
+}
+
+// nodeAddrs returns the address broker node id binds and, when clients are
+// told something other than the bound address, what they are told (adv is
+// empty when they are told the bound address). The port is derived from the
+// node id (see NodePortBase) unless Nodes sets the address; a derived port
+// outside 1..65535, or an id below NodeIDOffset, is an error: such a node
+// gets no listener. Call it on a validated Config.
+func (c *Config) nodeAddrs(id int32) (bind, adv string, err error) {
+	lhost, lport, _ := splitHostPort(c.Listen)
+	ov := c.Nodes[id]
+	// derived is node id's port by the offset rule, before any override.
+	derived := func() (int, error) {
+		if id < c.NodeIDOffset {
+			return 0, fmt.Errorf("node id %d is below node_id_offset %d, so it has no port (set nodes[%d] or lower node_id_offset)", id, c.NodeIDOffset, id)
+		}
+		p := c.nodePortBase(lport) + int(id-c.NodeIDOffset)
+		if p > 65535 {
+			return 0, fmt.Errorf("node %d would listen on port %d (%d + node id %d − node_id_offset %d), beyond 65535 (set node_port_base, node_id_offset or nodes[%d])",
+				id, p, c.nodePortBase(lport), id, c.NodeIDOffset, id)
+		}
+		return p, nil
+	}
+	bind = ov.Listen
+	if bind == "" {
+		p, err := derived()
+		if err != nil {
+			return "", "", err
+		}
+		if lport == 0 && c.NodePortBase == 0 {
+			p = 0 // free ports
+		}
+		bind = hostPort(lhost, p)
+	}
+	adv = ov.Advertise
+	if adv == "" && c.Advertise != "" {
+		p, err := derived()
+		if err != nil {
+			return "", "", err
+		}
+		ahost, aport, _ := splitHostPort(c.Advertise)
+		ap := aport + p - lport // shifted like the bootstrap listener
+		if ap < 1 || ap > 65535 {
+			return "", "", fmt.Errorf("node %d would be advertised at port %d (advertise port %d + node port %d − listen port %d), outside 1..65535", id, ap, aport, p, lport)
+		}
+		adv = hostPort(ahost, ap)
+	}
+	return bind, adv, nil
+}
+
+// hostsOverlap reports whether listeners on hosts a and b can collide: the
+// same host, or either binding every interface.
+func hostsOverlap(a, b string) bool {
+	return a == b || unspecifiedHost(a) || unspecifiedHost(b)
+}
 
 func splitHostPort(addr string) (string, int, error) {
 	host, ps, err := net.SplitHostPort(addr)

@@ -43,6 +43,10 @@ type Metrics struct {
 	// does no label lookups and only APIs actually seen get series.
 	apiMu sync.Mutex
 	apis  [kmsg.MaxKey + 1]*apiMetrics
+
+	// Listeners and connection limits (server.go, nodes.go).
+	listenerErrors *prometheus.CounterVec
+	refusedConns   *prometheus.CounterVec
 }
 
 type apiMetrics struct {
@@ -132,8 +136,37 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, m.waitTimeouts,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
+
+	// Listeners and connection limits (server.go, nodes.go).
+	m.listenerErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "broker", Name: "listener_errors_total",
+		Help: "Broker node listeners that could not be started, by reason (port_range, bind, admin_port); such a node is left out of responses. A failed bind is retried at most every 30s."}, []string{"reason"})
+	for _, r := range []string{listenerPortRange, listenerBind, listenerAdminPort} {
+		m.listenerErrors.WithLabelValues(r)
+	}
+	m.refusedConns = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "connections_refused_total",
+		Help: "Client connections closed as soon as accepted because a limit was reached, by limit (max_connections, max_connections_per_ip)."}, []string{"reason"})
+	for _, r := range []string{refusedMaxConns, refusedMaxPerIP} {
+		m.refusedConns.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.listenerErrors, m.refusedConns)
+	}
 	return m
 }
+
+// Closed label sets of the listener and limit metrics; those of
+// client_connections_refused_total{reason} are refusedMaxConns and
+// refusedMaxPerIP (server.go).
+const (
+	// broker_listener_errors_total{reason}
+	listenerPortRange = "port_range"
+	listenerBind      = "bind"
+	listenerAdminPort = "admin_port"
+)
+
+func (m *Metrics) listenerError(reason string) { m.listenerErrors.WithLabelValues(reason).Inc() }
+
+func (m *Metrics) connectionRefused(reason string) { m.refusedConns.WithLabelValues(reason).Inc() }
 
 // api returns the resolved children for key, which the caller has checked
 // is a known API.

@@ -1,10 +1,26 @@
 package proxy
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
 )
+
+// ErrAdminPortTaken is returned by [Server.Start] when a listener the proxy
+// needs (the bootstrap's, or a broker node's learned by Start's probe)
+// would take the admin listener's port ([Server.AdminAddr]).
+var ErrAdminPortTaken = errors.New("proxy: port collision with the admin listener")
+
+// bindRetryInterval spaces the attempts to bind a node listener that failed
+// to bind: the cause (a port in use) rarely clears at once, and a Metadata
+// response arrives every few seconds per client.
+const bindRetryInterval = 30 * time.Second
 
 // nodeRegistry knows every broker node seen in a response: its real address
 // and the proxy listener that stands for it. It implements
@@ -17,10 +33,30 @@ type nodeRegistry struct {
 
 type node struct {
 	upstream string // real broker host:port, updated whenever a response names it
-	advHost  string
+	advHost  string // what clients are told; empty while the node has no listener
 	advPort  int32
 	bound    string // the listener's bound address
+
+	// While the node has no listener: the attempts that failed in a row,
+	// the last error, and when the next attempt may be made. A permanent
+	// failure (the config gives it no valid port, or the admin listener
+	// holds it) is not retried.
+	failures  int
+	err       *listenerError
+	retryAt   time.Time
+	permanent bool
 }
+
+// listenerError is why a node has no listener; reason is its
+// dedupproxy_broker_listener_errors_total label.
+type listenerError struct {
+	reason    string
+	permanent bool
+	err       error
+}
+
+func (e *listenerError) Error() string { return e.err.Error() }
+func (e *listenerError) Unwrap() error { return e.err }
 
 func (r *nodeRegistry) init(s *Server) {
 	r.s = s
@@ -59,13 +95,29 @@ func (r *nodeRegistry) advertised(id int32) (string, bool) {
 	return hostPort(n.advHost, int(n.advPort)), true
 }
 
+// adminCollision returns the error of a node whose listener could not bind
+// because the admin listener holds its port, if any.
+func (r *nodeRegistry) adminCollision() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range r.nodes {
+		if n.err != nil && n.err.reason == listenerAdminPort {
+			return n.err.err
+		}
+	}
+	return nil
+}
+
 // MapBroker records the real address of node id, starting its listener on
 // first sight, and returns the address clients must use instead.
 //
-// If the listener cannot be bound, the node keeps no advertised address and
-// the response goes out with the proxy's bootstrap address for it: better a
-// client that reaches the wrong broker through the proxy (and gets
-// NOT_LEADER, then refreshes) than one that leaks past the proxy.
+// A node without a listener of its own (its port is out of range, the bind
+// failed, Shutdown has begun) is left out of the response
+// ([protocol.OmitBroker]), never advertised at another address: the
+// bootstrap address would send clients to the wrong broker, which answers
+// NOT_LEADER forever, and the real one would leak past the proxy. The
+// failure is logged once, and a failed bind is retried at most every
+// bindRetryInterval, not on every response.
 func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int32) {
 	real := net.JoinHostPort(host, strconv.Itoa(int(port)))
 	r.mu.Lock()
@@ -81,59 +133,91 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 		}
 		n.upstream = real
 	}
-	if n.advHost == "" && !r.s.closing.Load() {
-		r.startListener(id, n)
+	if n.advHost == "" {
+		r.tryListen(id, n)
 	}
 	if n.advHost == "" {
-		h, p, _ := r.s.bootstrapAdvertised()
-		return h, int32(p)
+		return "", protocol.OmitBroker
 	}
 	return n.advHost, n.advPort
 }
 
-// startListener binds node id's listener at its configured or derived
-// address. Called with r.mu held.
-func (r *nodeRegistry) startListener(id int32, n *node) {
-	cfg := &r.s.Config
-	lhost, lport, _ := splitHostPort(cfg.Listen)
-	bind := hostPort(lhost, 0)
-	if lport != 0 {
-		bind = hostPort(lhost, lport+1+int(id))
+// tryListen starts node id's listener unless an earlier failure says not
+// yet (or never). Called with r.mu held.
+func (r *nodeRegistry) tryListen(id int32, n *node) {
+	if r.s.closing.Load() {
+		return
 	}
-	override := cfg.Nodes[id]
-	if override.Listen != "" {
-		bind = override.Listen
+	now := r.s.now()
+	if n.failures > 0 && (n.permanent || now.Before(n.retryAt)) {
+		return
+	}
+	err := r.startListener(id, n)
+	if err == nil {
+		if n.failures > 0 {
+			r.s.Logger.Info("broker listener started after failed attempts; the node is advertised again", "node", id, "failed_attempts", n.failures)
+		}
+		n.failures, n.err = 0, nil
+		return
+	}
+	var le *listenerError
+	if !errors.As(err, &le) {
+		return // Shutdown has begun
+	}
+	n.failures++
+	n.err, n.permanent, n.retryAt = le, le.permanent, now.Add(bindRetryInterval)
+	r.s.Metrics.listenerError(le.reason)
+	if n.failures > 1 {
+		r.s.Logger.Debug("broker listener retry failed", "node", id, "err", err, "failed_attempts", n.failures)
+		return
+	}
+	retry := "never (fix the configuration)"
+	if !le.permanent {
+		retry = bindRetryInterval.String()
+	}
+	r.s.Logger.Error("broker node has no listener on the proxy: left out of every response until it has one (never advertised at another address)",
+		"node", id, "broker", n.upstream, "reason", le.reason, "err", err, "retry_every", retry)
+}
+
+// startListener binds node id's listener at its configured or derived
+// address and serves it. Called with r.mu held.
+func (r *nodeRegistry) startListener(id int32, n *node) error {
+	bind, adv, err := r.s.Config.nodeAddrs(id)
+	if err != nil {
+		return &listenerError{reason: listenerPortRange, permanent: true, err: err}
 	}
 	ln, err := r.s.Listen("tcp", bind)
 	if err != nil {
-		r.s.Logger.Error("cannot start broker listener; clients are sent to the bootstrap listener for this node", "node", id, "addr", bind, "err", err)
-		return
+		if port, ok := r.s.adminHolds(bind, err); ok {
+			return &listenerError{reason: listenerAdminPort, permanent: true, err: fmt.Errorf(
+				"%w: port %d for node %d is the admin listener's (%s); move admin, or set node_port_base, node_id_offset or nodes[%d]",
+				ErrAdminPortTaken, port, id, r.s.AdminAddr, id)}
+		}
+		return &listenerError{reason: listenerBind, err: fmt.Errorf("node %d listener on %s: %w", id, bind, err)}
 	}
-	bound := ln.Addr().(*net.TCPAddr)
-	adv := hostPort(lhost, bound.Port)
-	if cfg.Advertise != "" {
-		ahost, aport, _ := splitHostPort(cfg.Advertise)
-		adv = hostPort(ahost, aport+1+int(id))
+	if !r.s.serve(ln, id) {
+		return ErrServerClosed // serve closed ln
 	}
-	if override.Advertise != "" {
-		adv = override.Advertise
+	bound := ln.Addr().String()
+	if adv == "" {
+		bhost, _, _ := net.SplitHostPort(bind)
+		_, bport, _ := net.SplitHostPort(bound)
+		adv = net.JoinHostPort(bhost, bport)
 	}
 	ah, ap, _ := splitHostPort(adv)
 	n.advHost, n.advPort = ah, int32(ap)
-	n.bound = bound.String()
-	r.s.Logger.Info("listening", "listener", "broker", "node", id, "addr", bound.String(), "advertised", adv, "broker", n.upstream)
-	r.s.serve(ln, id)
+	n.bound = bound
+	r.s.Logger.Info("listening", "listener", "broker", "node", id, "addr", bound, "advertised", adv, "broker", n.upstream)
+	return nil
 }
 
-// bootstrapAdvertised returns what clients are told for the bootstrap listener.
-func (s *Server) bootstrapAdvertised() (string, int, error) {
-	if s.Config.Advertise != "" {
-		return splitHostPort(s.Config.Advertise)
+// adminHolds reports whether binding addr failed because the admin
+// listener holds its port, and which port.
+func (s *Server) adminHolds(addr string, err error) (int, bool) {
+	admin, ok := s.AdminAddr.(*net.TCPAddr)
+	if !ok || !errors.Is(err, syscall.EADDRINUSE) {
+		return 0, false
 	}
-	lhost, _, _ := splitHostPort(s.Config.Listen)
-	port := 0
-	if a := s.Addr(); a != nil {
-		port = a.(*net.TCPAddr).Port
-	}
-	return lhost, port, nil
+	_, port, perr := splitHostPort(addr)
+	return port, perr == nil && port != 0 && port == admin.Port
 }

@@ -6,14 +6,21 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// ErrServerClosed is returned by [Server.Start] after [Server.Shutdown].
+// ErrServerClosed is returned by [Server.Start] called after (or while)
+// [Server.Shutdown] runs: a Server serves once, like net/http's.
 var ErrServerClosed = errors.New("proxy: server closed")
+
+// shutdownGrace bounds how long Shutdown, once its context has ended and it
+// has closed every connection, waits for the connection goroutines to
+// notice. Past it Shutdown returns anyway: its context is final.
+const shutdownGrace = 250 * time.Millisecond
 
 // Server is the proxy: a bootstrap listener that forwards to the configured
 // upstream brokers, and one listener per broker node, started when the node is
@@ -33,19 +40,40 @@ type Server struct {
 	Listen func(network, addr string) (net.Listener, error)
 	// Dial replaces the upstream dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Now replaces time.Now.
+	Now func() time.Time
+	// AdminAddr is the bound address of the admin HTTP listener, when the
+	// command runs one. Bind it before Start: a proxy listener that cannot
+	// bind because the admin listener holds its port then says so, and
+	// Start fails with ErrAdminPortTaken if that happens to the bootstrap
+	// listener or to a node its probe learns.
+	AdminAddr net.Addr
 
 	nodes        nodeRegistry
 	planner      *planner
-	openUpstream atomic.Bool   // a broker answered a request without authentication (see session.trusted)
-	answerLog    logLimiter    // lines about batches the proxy answered itself
-	stop         chan struct{} // closed by Shutdown: background loops end
+	openUpstream atomic.Bool // a broker answered a request without authentication (see session.trusted)
+	answerLog    logLimiter  // lines about batches the proxy answered itself
 
+	// stop is closed, and dialCtx cancelled, once by the first Shutdown:
+	// background loops end and dials in progress are abandoned.
+	stop       chan struct{}
+	stopOnce   sync.Once
+	dialCtx    context.Context
+	cancelDial context.CancelFunc
+
+	refusals refusalLog // connections refused for a limit, logged sparingly
+
+	// mu guards the fields below, and makes "not closing" and registering
+	// a listener, a session or a goroutine one step, so that nothing
+	// starts after Shutdown took its snapshot.
 	mu        sync.Mutex
 	listeners []net.Listener
+	clients   map[net.Conn]netip.Addr // every client connection admitted and not yet finished, with its IP when counted in perIP
+	perIP     map[netip.Addr]int      // open connections per client IP, kept when MaxConnectionsPerIP is set
 	sessions  map[*session]struct{}
-	closing   atomic.Bool
+	closing   atomic.Bool // written under mu; read without it where a stale false is harmless
 	started   bool
-	wg        sync.WaitGroup // accept loops and sessions
+	wg        sync.WaitGroup // accept loops, connections, background loops
 	connSeq   atomic.Uint64
 	bootNext  atomic.Uint32
 	bootstrap net.Listener
@@ -53,8 +81,12 @@ type Server struct {
 
 // Start validates the configuration, binds the bootstrap listener, learns the
 // cluster's brokers from the upstream (starting their listeners) when it can,
-// and serves in the background until Shutdown.
+// and serves in the background until Shutdown. A Server starts once: Start
+// after Shutdown returns [ErrServerClosed].
 func (s *Server) Start(ctx context.Context) error {
+	if s.closing.Load() {
+		return ErrServerClosed
+	}
 	s.Config.EnsureDefaults()
 	if err := s.Config.Validate(); err != nil {
 		return err
@@ -75,39 +107,50 @@ func (s *Server) Start(ctx context.Context) error {
 		d := &net.Dialer{Timeout: s.Config.DialTimeout, KeepAlive: 30 * time.Second}
 		s.Dial = d.DialContext
 	}
+	pn, err := newDedupPlanner(&s.Config, s.Metrics)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
 	s.mu.Lock()
-	if s.started {
+	switch {
+	case s.closing.Load():
+		s.mu.Unlock()
+		return ErrServerClosed
+	case s.started:
 		s.mu.Unlock()
 		return errors.New("proxy: server already started")
 	}
 	s.started = true
 	s.sessions = make(map[*session]struct{})
-	s.mu.Unlock()
-	s.nodes.init(s)
+	s.clients = make(map[net.Conn]netip.Addr)
+	s.perIP = make(map[netip.Addr]int)
 	s.stop = make(chan struct{})
-	pn, err := newDedupPlanner(&s.Config, s.Metrics)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
-	}
+	s.dialCtx, s.cancelDial = context.WithCancel(context.Background())
 	s.planner = pn
+	s.nodes.init(s)
+	s.mu.Unlock()
 	if pn.table != nil {
 		s.Metrics.registerTable(pn.table)
 		if pn.legacy != nil {
 			s.Metrics.registerLegacy(pn.legacy)
 		}
-		s.wg.Add(1)
-		go s.expireLoop()
+		s.spawn(s.expireLoop)
 	}
 
 	ln, err := s.Listen("tcp", s.Config.Listen)
 	if err != nil {
+		if port, ok := s.adminHolds(s.Config.Listen, err); ok {
+			return fmt.Errorf("%w: port %d for the bootstrap listener is the admin listener's (%s)", ErrAdminPortTaken, port, s.AdminAddr)
+		}
 		return fmt.Errorf("bootstrap listener: %w", err)
 	}
 	s.mu.Lock()
 	s.bootstrap = ln
 	s.mu.Unlock()
+	if !s.serve(ln, -1) {
+		return ErrServerClosed
+	}
 	s.Logger.Info("listening", "listener", "bootstrap", "addr", ln.Addr().String(), "upstream", s.Config.Upstream)
-	s.serve(ln, -1)
 
 	// Learning the brokers up front makes node listeners exist before any
 	// client asks, which matters after a restart: clients reconnect to node
@@ -116,7 +159,22 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.Probe(ctx); err != nil {
 		s.Logger.Warn("upstream not reachable yet", "err", err)
 	}
+	// A node listener on the admin port is a configuration mistake that
+	// would leave that broker unreachable for good: refuse to start.
+	if err := s.nodes.adminCollision(); err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s.Shutdown(sctx)
+		return err
+	}
 	return nil
+}
+
+func (s *Server) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
 }
 
 // Addr returns the bootstrap listener's address.
@@ -129,18 +187,44 @@ func (s *Server) Addr() net.Addr {
 	return s.bootstrap.Addr()
 }
 
-// serve runs the accept loop of ln in the background. node is -1 for the
-// bootstrap listener.
-func (s *Server) serve(ln net.Listener, node int32) {
+// serve registers ln and runs its accept loop in the background; node is
+// -1 for the bootstrap listener. Once Shutdown has begun it closes ln
+// instead and returns false: Shutdown closes only the listeners registered
+// before it, so one registered after would never be closed.
+func (s *Server) serve(ln net.Listener, node int32) bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		ln.Close()
+		return false
+	}
 	s.listeners = append(s.listeners, ln)
-	s.mu.Unlock()
 	s.wg.Add(1)
-	go s.acceptLoop(ln, node)
+	go func() {
+		defer s.wg.Done()
+		s.acceptLoop(ln, node)
+	}()
+	return true
+}
+
+// spawn runs f in a goroutine that Shutdown waits for, unless Shutdown has
+// begun; it reports whether f runs. (Adding to the WaitGroup under mu,
+// before closing is set, keeps every Add ahead of Shutdown's Wait.)
+func (s *Server) spawn(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return false
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+	return true
 }
 
 func (s *Server) acceptLoop(ln net.Listener, node int32) {
-	defer s.wg.Done()
 	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
@@ -156,30 +240,130 @@ func (s *Server) acceptLoop(ln net.Listener, node int32) {
 				backoff = time.Second
 			}
 			s.Logger.Error("accept failed", "addr", ln.Addr().String(), "err", err, "retry_in", backoff)
-			time.Sleep(backoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-s.stop:
+				t.Stop()
+				return
+			}
 			continue
 		}
 		backoff = 0
-		if !s.track(nil) {
+		switch refused := s.admit(c, node); refused {
+		case "":
+		case refusedClosing:
 			c.Close()
 			return
+		default:
+			// Closed at once, before any dial or buffer: a flood of
+			// connections costs an accept and a close each.
+			c.Close()
+			s.refused(refused, c)
 		}
-		s.wg.Add(1)
-		go s.handle(c, node)
 	}
 }
 
-// track reports whether the server still accepts work, registering sess when
-// not nil.
+// Why admit refuses a connection: Shutdown has begun, or a limit (the
+// label of dedupproxy_client_connections_refused_total).
+const (
+	refusedClosing  = "closing"
+	refusedMaxConns = "max_connections"
+	refusedMaxPerIP = "max_connections_per_ip"
+)
+
+// admit registers a new client connection and starts its handler, or says
+// why not: Shutdown has begun, or MaxConnections or MaxConnectionsPerIP is
+// reached.
+func (s *Server) admit(c net.Conn, node int32) (refused string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return refusedClosing
+	}
+	if limit := s.Config.MaxConnections; limit > 0 && len(s.clients) >= limit {
+		return refusedMaxConns
+	}
+	var ip netip.Addr
+	if limit := s.Config.MaxConnectionsPerIP; limit > 0 {
+		ip = remoteIP(c)
+		if s.perIP[ip] >= limit {
+			return refusedMaxPerIP
+		}
+		s.perIP[ip]++
+	}
+	s.clients[c] = ip
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.release(c)
+		s.handle(c, node)
+	}()
+	return ""
+}
+
+// release forgets a client connection admit registered.
+func (s *Server) release(c net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ip, ok := s.clients[c]
+	delete(s.clients, c)
+	if ok && ip.IsValid() {
+		if s.perIP[ip]--; s.perIP[ip] <= 0 {
+			delete(s.perIP, ip)
+		}
+	}
+}
+
+// remoteIP is the client's address for MaxConnectionsPerIP; an IPv4-mapped
+// IPv6 address counts as the IPv4 one.
+func remoteIP(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	return ap.Addr().Unmap()
+}
+
+// refusalLogEvery spaces the log lines about refused connections: a flood
+// must not become a flood of log lines.
+const refusalLogEvery = 10 * time.Second
+
+// refusalLog rate-limits the refused-connection log line.
+type refusalLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// refused counts a connection refused for reason and logs it, at most one
+// line per refusalLogEvery, with the number refused in between.
+func (s *Server) refused(reason string, c net.Conn) {
+	s.Metrics.connectionRefused(reason)
+	r := &s.refusals
+	now := s.now()
+	r.mu.Lock()
+	if !r.last.IsZero() && now.Sub(r.last) < refusalLogEvery {
+		r.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	suppressed := r.suppressed
+	r.last, r.suppressed = now, 0
+	r.mu.Unlock()
+	s.Logger.Warn("refusing client connections: limit reached", "reason", reason, "client", c.RemoteAddr().String(),
+		"max_connections", s.Config.MaxConnections, "max_connections_per_ip", s.Config.MaxConnectionsPerIP,
+		"refused_since_last_line", suppressed, "next_line_in", refusalLogEvery)
+}
+
+// track registers sess, unless Shutdown has begun.
 func (s *Server) track(sess *session) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing.Load() {
 		return false
 	}
-	if sess != nil {
-		s.sessions[sess] = struct{}{}
-	}
+	s.sessions[sess] = struct{}{}
 	return true
 }
 
@@ -189,15 +373,16 @@ func (s *Server) untrack(sess *session) {
 	s.mu.Unlock()
 }
 
-// handle dials the upstream for a new client connection and runs its session.
+// handle dials the upstream for a new client connection and runs its
+// session. Shutdown abandons the dial (dialCtx): the connection has sent
+// nothing yet, so there is nothing to drain.
 func (s *Server) handle(c net.Conn, node int32) {
-	defer s.wg.Done()
 	id := s.connSeq.Add(1)
 	log := s.Logger.With("conn", id, "client", c.RemoteAddr().String())
 	addr, err := s.upstreamFor(node)
 	var up net.Conn
 	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), s.Config.DialTimeout)
+		ctx, cancel := context.WithTimeout(s.dialCtx, s.Config.DialTimeout)
 		up, err = s.Dial(ctx, "tcp", addr)
 		cancel()
 	}
@@ -236,8 +421,12 @@ func (s *Server) upstreamFor(node int32) (string, error) {
 
 // Shutdown stops accepting connections, stops reading new requests, lets
 // every request already forwarded get its response to the client, then
-// closes the connections. If ctx ends first, it closes everything at once and
-// returns ctx.Err(). Like net/http's Server.Shutdown.
+// closes the connections, like net/http's Server.Shutdown. It may be called
+// more than once, concurrently, and before Start.
+//
+// ctx is final: once it ends, Shutdown closes every listener and connection
+// at once, waits at most a short grace (shutdownGrace) for the connection
+// goroutines to notice, and returns ctx.Err() whether or not they all have.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing.Store(true)
@@ -247,17 +436,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for sess := range s.sessions {
 		sessions = append(sessions, sess)
 	}
+	stop, cancelDial := s.stop, s.cancelDial
 	s.mu.Unlock()
 	for _, ln := range lns {
 		ln.Close()
 	}
-	if s.stop != nil {
-		select {
-		case <-s.stop:
-		default:
-			close(s.stop)
+	s.stopOnce.Do(func() {
+		if stop != nil {
+			close(stop)
+			cancelDial()
 		}
-	}
+	})
 	for _, sess := range sessions {
 		sess.stopReading()
 	}
@@ -267,14 +456,36 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		s.mu.Lock()
-		for sess := range s.sessions {
-			sess.closeAll()
-		}
-		s.mu.Unlock()
-		<-done
-		return ctx.Err()
 	}
+	select {
+	case <-done: // both ready: the drain finished in time
+		return nil
+	default:
+	}
+	log := s.Logger
+	if log == nil { // Shutdown before Start
+		log = slog.Default()
+	}
+	s.mu.Lock()
+	open := len(s.clients)
+	for sess := range s.sessions {
+		sess.closeAll()
+	}
+	for c := range s.clients { // also those still dialing their broker
+		c.Close()
+	}
+	s.mu.Unlock()
+	t := time.NewTimer(shutdownGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		// Left running: goroutines stuck outside any socket (a Dial
+		// that ignores its context). They end on their own.
+		log.Warn("shutdown: connection goroutines still running after their sockets were closed; not waiting for them", "grace", shutdownGrace)
+	}
+	log.Warn("shutdown deadline passed; closed the remaining connections", "connections", open, "err", ctx.Err())
+	return ctx.Err()
 }
 
 // hostPort joins a host and a port.
@@ -284,7 +495,6 @@ func hostPort(host string, port int) string { return net.JoinHostPort(host, strc
 // removeExpiredProducers (producer.id.expiration.check.interval.ms, 10
 // minutes by default; we check more often since it is cheap).
 func (s *Server) expireLoop() {
-	defer s.wg.Done()
 	every := max(min(s.Config.Dedup.ProducerIDExpiration/10, time.Minute), 10*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()

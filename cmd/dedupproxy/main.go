@@ -77,23 +77,33 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 
 	reg := prometheus.NewRegistry()
 	srv := &proxy.Server{Config: cfg, Logger: log, Metrics: proxy.NewMetrics(reg)}
+
+	// The admin listener is bound first, so that a proxy listener that
+	// would take its port is found when it binds, named as the admin
+	// listener's, and fails Start (see proxy.Server.AdminAddr). It serves
+	// only once the proxy has started: /readyz probes through it.
+	var adminLn net.Listener
+	if cfg.Admin != "off" {
+		if adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
+			log.Error("cannot start the admin listener", "addr", cfg.Admin, "err", err)
+			return 1
+		}
+		srv.AdminAddr = adminLn.Addr()
+	}
 	if err := srv.Start(ctx); err != nil {
 		log.Error("cannot start", "err", err)
+		if adminLn != nil {
+			adminLn.Close()
+		}
 		return 1
 	}
 
 	var admin *http.Server
-	if cfg.Admin != "off" {
-		ln, err := net.Listen("tcp", cfg.Admin)
-		if err != nil {
-			log.Error("cannot start the admin listener", "addr", cfg.Admin, "err", err)
-			srv.Shutdown(context.Background())
-			return 1
-		}
+	if adminLn != nil {
 		admin = &http.Server{Handler: adminHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
-		log.Info("admin listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+		log.Info("admin listening", "addr", adminLn.Addr().String(), "paths", "/metrics /healthz /readyz")
 		go func() {
-			if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin server failed", "err", err)
 			}
 		}()
@@ -123,8 +133,8 @@ func loadConfig(args []string, stderr io.Writer) (proxy.Config, error) {
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "YAML config `file` (see config.example.yaml)")
 	upstream := fs.String("upstream", "", "bootstrap brokers of the real cluster, `HOST:PORT[,HOST:PORT...]`; empty starts an embedded in-memory cluster")
-	listen := fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N")
-	advertise := fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised at port+1+N")
+	listen := fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (see node_port_base, node_id_offset in the config file)")
+	advertise := fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised shifted alike, at port+1+N by default")
 	admin := fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz, or \"off\"")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

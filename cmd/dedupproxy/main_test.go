@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -330,4 +332,57 @@ func TestDemo(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
 	}
+}
+
+// TestAdminPortCheck: the admin port is checked against the listeners the
+// proxy actually binds, not a fixed window. Two set-ups the old 1024-port
+// window refused are valid; a real collision — node 0's listener (listen
+// port + 1) on the admin port — is found when the node's listener binds
+// during start, and the command exits 1 saying whose port it is.
+func TestAdminPortCheck(t *testing.T) {
+	for _, args := range [][]string{
+		{"--listen", "127.0.0.1:29092", "--admin", "127.0.0.1:29644"},
+		{"--listen", "0.0.0.0:9000", "--advertise", "proxy.example:9000", "--admin", ":9500"},
+	} {
+		if _, err := loadConfig(args, io.Discard); err != nil {
+			t.Errorf("%v: %v; want valid", args, err)
+		}
+	}
+	if _, err := loadConfig([]string{"--listen", "127.0.0.1:9092", "--admin", "127.0.0.1:9092"}, io.Discard); err == nil || !strings.Contains(err.Error(), "same port") {
+		t.Errorf("admin on the listen port: %v; want an error", err)
+	}
+
+	// The real collision, on free ports: admin localhost:P+1 with listen
+	// 127.0.0.1:P, and a one-broker cluster whose node 0 takes P+1.
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	port := 0
+	for p := 33000; p < 34000 && port == 0; p += 2 {
+		a, errA := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		b, errB := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1)))
+		if errA == nil && errB == nil {
+			port = p
+		}
+		for _, ln := range []net.Listener{a, b} {
+			if ln != nil {
+				ln.Close()
+			}
+		}
+	}
+	if port == 0 {
+		t.Skip("no two consecutive free ports")
+	}
+	logs := newLogWatcher()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code := run(ctx, []string{"--upstream", strings.Join(c.ListenAddrs(), ","),
+		"--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		"--admin", net.JoinHostPort("localhost", strconv.Itoa(port+1))}, logs)
+	if code != 1 {
+		t.Fatalf("exit code %d, want 1", code)
+	}
+	logs.await(t, fmt.Sprintf(`cannot start.*port %d for node 0 is the admin listener's`, port+1))
 }
