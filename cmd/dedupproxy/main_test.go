@@ -60,19 +60,27 @@ func TestConfigExample(t *testing.T) {
 	if err := yaml.Unmarshal(raw, &keys); err != nil {
 		t.Fatal(err)
 	}
-	for _, typ := range []reflect.Type{reflect.TypeFor[proxy.Config]()} {
+	var check func(typ reflect.Type, keys map[string]any, where string)
+	check = func(typ reflect.Type, keys map[string]any, where string) {
 		for i := range typ.NumField() {
-			tag := strings.Split(typ.Field(i).Tag.Get("yaml"), ",")[0]
-			if _, ok := keys[tag]; !ok {
-				t.Errorf("config.example.yaml does not document %q", tag)
+			f := typ.Field(i)
+			tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
+			v, ok := keys[tag]
+			if !ok {
+				t.Errorf("config.example.yaml does not document %s%q", where, tag)
+				continue
+			}
+			if sub, isMap := v.(map[string]any); isMap && f.Type.Kind() == reflect.Struct {
+				check(f.Type, sub, where+tag+".")
 			}
 		}
 	}
-	// Apart from the example values (upstream, nodes), the file states
+	check(reflect.TypeFor[proxy.Config](), keys, "")
+	// Apart from the example values (upstream, nodes, dedup.topics), the file states
 	// the defaults.
 	var defaults proxy.Config
 	defaults.EnsureDefaults()
-	cfg.Upstream, cfg.Nodes = nil, nil
+	cfg.Upstream, cfg.Nodes, cfg.Dedup.Topics = nil, nil, nil
 	if !reflect.DeepEqual(cfg, defaults) {
 		t.Errorf("config.example.yaml states other defaults than the code:\nfile: %+v\ncode: %+v", cfg, defaults)
 	}
