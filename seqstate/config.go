@@ -30,6 +30,13 @@ const (
 	// DefaultMaxFencedProducers bounds the per-producer epoch floors kept by
 	// Table.ObserveInitProducerID when Config.MaxFencedProducers is zero.
 	DefaultMaxFencedProducers = 1 << 14
+	// DefaultMaxTopics bounds the interned topic names, and separately the
+	// interned topic IDs, when Config.MaxTopics is zero. A topic with one ID
+	// keeps about 120 bytes plus its name's allocation (BenchmarkInternTopics:
+	// 117–135 B per topic with 16-byte name allocations, varying as the
+	// tables double), so the default is about 20 MB when full of 32-byte
+	// names. It is allocated only as Metadata responses name new topics.
+	DefaultMaxTopics = 1 << 17
 )
 
 // Config configures a Table. The zero value means all defaults.
@@ -55,6 +62,10 @@ type Config struct {
 	// remembered (Table.ObserveInitProducerID). Zero means
 	// DefaultMaxFencedProducers.
 	MaxFencedProducers int
+	// MaxTopics caps the topic names, and separately the topic IDs, that
+	// Table.InternTopics interns; beyond it nothing new is interned (see
+	// Table.TopicsRefused). Zero means DefaultMaxTopics.
+	MaxTopics int
 }
 
 // EnsureDefaults replaces zero fields with their defaults.
@@ -77,6 +88,9 @@ func (c *Config) EnsureDefaults() {
 	if c.MaxFencedProducers == 0 {
 		c.MaxFencedProducers = DefaultMaxFencedProducers
 	}
+	if c.MaxTopics == 0 {
+		c.MaxTopics = DefaultMaxTopics
+	}
 }
 
 // Validate reports the first invalid field, wrapping ErrInvalidConfig. Call it
@@ -95,6 +109,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: ProducerIDExpiration %v <= 0", ErrInvalidConfig, c.ProducerIDExpiration)
 	case c.MaxFencedProducers < 1:
 		return fmt.Errorf("%w: MaxFencedProducers %d < 1", ErrInvalidConfig, c.MaxFencedProducers)
+	case c.MaxTopics < 1 || c.MaxTopics > math.MaxInt32:
+		return fmt.Errorf("%w: MaxTopics %d not in [1, 2^31-1]", ErrInvalidConfig, c.MaxTopics)
 	}
 	return nil
 }

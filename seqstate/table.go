@@ -42,7 +42,7 @@ func New(cfg Config) (*Table, error) {
 		s := &t.shards[i].shard
 		s.init(perShard, fencesPerShard, cfg.RetainedBatches, t.expiration, seed0, seed1)
 	}
-	t.topics.init()
+	t.topics.init(cfg.MaxTopics)
 	return t, nil
 }
 
@@ -127,10 +127,10 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 // topics. A later retry of b is then a Duplicate answered with these.
 //
 // The caller decides what counts as appended. Kafka updates producer state as
-// soon as the leader has appended (§2), so REQUEST_TIMED_OUT (7) and
-// NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) count as appended, even though their
-// responses carry base_offset -1: commit with -1, and a Duplicate then
-// carries -1 too (see Result.BaseOffset).
+// soon as the leader has appended (docs/kafka-rules.md §2), so
+// REQUEST_TIMED_OUT (7) and NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) count as
+// appended, even though their responses carry base_offset -1: commit with
+// -1, and a Duplicate then carries -1 too (see Result.BaseOffset).
 //
 // Commit of a batch the table does not hold as pending is applied as the
 // broker applied it; see the package documentation ("Commit and Release").
@@ -182,10 +182,11 @@ func (t *Table) Release(k Key, b Batch) {
 // entry for.
 //
 // This is stricter than a partition leader, which only compares with the
-// epoch stored for that partition (§12). It is stricter only where Kafka's
-// outcome is certain: the coordinator answers InitProducerId successfully only
-// after aborting the old epoch's open transaction with markers at the new
-// epoch (TransactionCoordinator.handleInitProducerId,
+// epoch stored for that partition (docs/kafka-rules.md §12). It is stricter
+// only where Kafka's outcome is certain: the coordinator answers
+// InitProducerId successfully only after aborting the old epoch's open
+// transaction with markers at the new epoch
+// (TransactionCoordinator.handleInitProducerId,
 // prepareFenceProducerEpoch), and with transaction.partition.verification.enable
 // (default true since 3.6, KIP-890) the first write of a stale epoch to any
 // other partition fails verification with INVALID_PRODUCER_EPOCH. So call it
@@ -261,23 +262,47 @@ func (t *Table) Expirations() uint64 {
 	return n
 }
 
-// Topic interns a topic name, or a Produce v13+ topic id as a 16-byte string,
-// into a TopicID. Interning a known name does not allocate or lock. Names are
-// never forgotten, so intern only topics the cluster knows (for example from
-// Metadata responses), not arbitrary client input.
-func (t *Table) Topic(name string) TopicID { return t.topics.intern(name) }
+// InternTopics interns the topics of one Metadata response: call it with the
+// topics the broker answered with error 0. Only interned topics can be
+// looked up, so only they are deduplicated; a Produce to any other topic is
+// forwarded without a decision, which is always safe (an unknown producer is
+// what the broker sees after a restart too).
+//
+// A topic's identity is its name: each name gets one TopicID, and a
+// non-zero ID maps to its name's TopicID, so Produce v13+, which names
+// topics by ID, and earlier versions, which name them by string, share one
+// Key per partition. A name seen again with a new ID (the topic was deleted
+// and recreated) maps the new ID to the name's TopicID too; the old ID keeps
+// its mapping (nothing is ever removed, so lookups need no lock). An ID keeps
+// the name it was first interned with. A ref with an empty name is ignored.
+//
+// At most Config.MaxTopics names and Config.MaxTopics IDs are interned.
+// Beyond that nothing new is interned and TopicsRefused counts the refs
+// refused. It returns how many refs added a name or an ID.
+//
+// It copies the names it keeps, so they may alias a reused buffer. Each new
+// name costs amortized O(1); known names cost a lookup.
+func (t *Table) InternTopics(topics []TopicRef) (added int) { return t.topics.intern(topics) }
 
-// TopicBytes is Topic for a name still in a request buffer; a known name does
-// not allocate.
-func (t *Table) TopicBytes(name []byte) TopicID {
-	if id, ok := t.topics.lookupBytes(name); ok {
-		return id
-	}
-	return t.topics.intern(string(name))
-}
+// LookupTopic returns the TopicID of a name interned by InternTopics, for a
+// Produce request's topic name still in the request buffer. It takes no lock
+// and does not allocate; a name never interned is not found.
+func (t *Table) LookupTopic(name []byte) (TopicID, bool) { return t.topics.lookupName(name) }
+
+// LookupTopicID is LookupTopic for a Produce v13+ topic ID. The all-zero ID
+// is never found.
+func (t *Table) LookupTopicID(id [16]byte) (TopicID, bool) { return t.topics.lookupID(id) }
 
 // TopicName returns the name interned as id.
 func (t *Table) TopicName(id TopicID) (string, bool) { return t.topics.name(id) }
+
+// Topics returns the number of topic names interned.
+func (t *Table) Topics() int { return t.topics.count() }
+
+// TopicsRefused returns how many refs InternTopics refused because
+// Config.MaxTopics names or IDs were already interned. A topic refused in
+// several Metadata responses counts once per response.
+func (t *Table) TopicsRefused() uint64 { return t.topics.refused.Load() }
 
 // expireBatch bounds how many entries Expire removes per lock hold, so a large
 // sweep does not stall the hot path on that shard.

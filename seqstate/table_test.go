@@ -77,6 +77,7 @@ func TestConfig(t *testing.T) {
 		{RetainedBatches: -1},
 		{ProducerIDExpiration: -time.Second},
 		{MaxFencedProducers: -1},
+		{MaxTopics: -1},
 	}
 	for _, b := range bad {
 		if _, err := New(b); !errors.Is(err, ErrInvalidConfig) {
@@ -89,22 +90,15 @@ func TestConfig(t *testing.T) {
 	}
 }
 
-func TestTopicInterning(t *testing.T) {
-	t.Parallel()
-	tab, _ := New(Config{})
-	a, b := tab.Topic("orders"), tab.Topic("payments")
-	if a == b || tab.Topic("orders") != a || tab.TopicBytes([]byte("payments")) != b {
-		t.Fatal("interning is not stable")
+// topic interns name and returns its TopicID, as the proxy would after a
+// Metadata response naming it. It panics if the name is refused.
+func (t *Table) topic(name string) TopicID {
+	t.InternTopics([]TopicRef{{Name: name}})
+	id, ok := t.LookupTopic([]byte(name))
+	if !ok {
+		panic("topic " + name + " refused")
 	}
-	if c := tab.TopicBytes([]byte("new")); c == a || c == b || tab.Topic("new") != c {
-		t.Fatal("TopicBytes of a new name")
-	}
-	if name, ok := tab.TopicName(b); !ok || name != "payments" {
-		t.Errorf("TopicName(%d) = %q, %v", b, name, ok)
-	}
-	if _, ok := tab.TopicName(99); ok {
-		t.Error("TopicName of an unknown id")
-	}
+	return id
 }
 
 // TestConcurrentProducers runs many goroutines on one table under -race. Each
@@ -126,7 +120,7 @@ func TestConcurrentProducers(t *testing.T) {
 	for p := range producers {
 		wg.Go(func() {
 			pid := int64(p)
-			topic := tab.Topic("t" + strconv.Itoa(p%3))
+			topic := tab.topic("t" + strconv.Itoa(p%3))
 			var epoch int16
 			seq := [4]int32{}
 			for r := range rounds {
@@ -170,7 +164,13 @@ func TestConcurrentProducers(t *testing.T) {
 				tab.Commit(k, b, 1, 1, now)
 				tab.Release(k, b)
 				tab.ObserveInitProducerID(2000+int64(r%5), int16(r%4), now)
-				tab.Topic("shared" + strconv.Itoa(r%9))
+				name := "shared" + strconv.Itoa(r%9)
+				tab.InternTopics([]TopicRef{{Name: name, ID: [16]byte{byte(r % 9), 1}}})
+				if id, ok := tab.LookupTopic([]byte(name)); !ok {
+					t.Errorf("topic %s not found after interning", name)
+				} else if id2, ok := tab.LookupTopicID([16]byte{byte(r % 9), 1}); !ok || id2 != id {
+					t.Errorf("topic %s: id %d, by topic ID %d, %v", name, id, id2, ok)
+				}
 				if r%50 == 0 {
 					tab.Expire(now)
 				}
@@ -211,12 +211,16 @@ var (
 
 // TestNoAllocs pins zero allocations on the hot paths for a known key:
 // check-then-commit, duplicate detection, in-flight detection, release and
-// interning a known topic (netip's TestNoAllocs style: each call is checked to
-// have done what it should, so an early return cannot fake a pass).
+// looking up a topic by name or ID, known or not (netip's TestNoAllocs
+// style: each call is checked to have done what it should, so an early
+// return cannot fake a pass).
 func TestNoAllocs(t *testing.T) {
 	tab, _ := New(Config{Shards: 4})
 	now := time.Unix(1_700_000_000, 0)
-	k := Key{ProducerID: 42, Topic: tab.Topic("orders"), Partition: 3}
+	uuid := [16]byte{0: 0xab, 15: 0xcd}
+	tab.InternTopics([]TopicRef{{Name: "orders", ID: uuid}})
+	topic, _ := tab.LookupTopic([]byte("orders"))
+	k := Key{ProducerID: 42, Topic: topic, Partition: 3}
 	name := []byte("orders")
 	tab.Commit(k, Batch{FirstSeq: 0, Count: 1}, 0, 0, now) // create the entry outside the measurement
 	seq := int32(1)
@@ -259,9 +263,18 @@ func TestNoAllocs(t *testing.T) {
 			}
 		}},
 		{"topic", func() {
-			sinkTopic = tab.Topic("orders") + tab.TopicBytes(name)
-			if sinkTopic != 2*k.Topic {
+			a, ok1 := tab.LookupTopic(name)
+			b, ok2 := tab.LookupTopicID(uuid)
+			sinkTopic = a + b
+			if !ok1 || !ok2 || sinkTopic != 2*k.Topic {
 				t.Fatal("topic")
+			}
+		}},
+		{"unknown-topic", func() {
+			_, ok1 := tab.LookupTopic([]byte("unknown"))
+			_, ok2 := tab.LookupTopicID([16]byte{1})
+			if ok1 || ok2 {
+				t.Fatal("unknown topic found")
 			}
 		}},
 	}
