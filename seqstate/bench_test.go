@@ -148,8 +148,8 @@ func BenchmarkTableMemory(b *testing.B) {
 			runtime.GC()
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			// headroom: shards fill unevenly, and no entry may be evicted
-			tab, _ := New(Config{MaxEntries: 2 * entries, RetainedBatches: retained})
+			// MaxEntries is table-wide, so the table holds them all
+			tab, _ := New(Config{MaxEntries: entries, RetainedBatches: retained})
 			topic := tab.topic("orders")
 			key := func(i int) Key { return Key{ProducerID: int64(i / 100), Topic: topic, Partition: int32(i % 100)} }
 			for i := range entries {

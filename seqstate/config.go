@@ -41,10 +41,25 @@ const (
 
 // Config configures a Table. The zero value means all defaults.
 type Config struct {
-	// MaxEntries caps the number of (producer, topic, partition) entries.
-	// Each shard holds MaxEntries/Shards (rounded up) and evicts its least
-	// recently used entry when full; an evicted producer is unknown, which
-	// Kafka accepts with any sequence. Zero means DefaultMaxEntries.
+	// MaxEntries caps the number of (producer, topic, partition) entries in
+	// the whole table; zero means DefaultMaxEntries. Any shard may hold up
+	// to all of them, so a producer with many partitions (all in one shard)
+	// does not evict its own entries below the cap. At the cap, an insert
+	// evicts the least recently used entry of its own shard, or, if that
+	// shard holds none, is allowed: the table then holds at most
+	// MaxEntries + Shards - 1 entries (see Table.Len). An evicted producer
+	// is unknown, which Kafka accepts with any sequence.
+	//
+	// Eviction never crosses shards, so the cap is shared first come, first
+	// served: while one shard holds most entries, a new producer in another
+	// shard evicts that shard's own entries, until the first shard's entries
+	// expire or are forgotten. Hashing producer ids over shards keeps this
+	// rare unless a few producers hold most entries.
+	//
+	// A shard's slab and index keep the size of the most entries it has
+	// held: if a large producer's entries move from shard to shard over
+	// time (it restarts with a new producer id), memory can exceed what
+	// MaxEntries entries take, up to Shards times in the worst case.
 	MaxEntries int
 	// Shards is the number of independently locked shards, a power of two.
 	// Zero means 4*GOMAXPROCS rounded up to a power of two: pebble's rule of
@@ -103,6 +118,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: Shards %d is not a positive power of two", ErrInvalidConfig, c.Shards)
 	case c.Shards > c.MaxEntries:
 		return fmt.Errorf("%w: Shards %d > MaxEntries %d", ErrInvalidConfig, c.Shards, c.MaxEntries)
+	case c.MaxEntries > math.MaxInt32-c.Shards+1:
+		// one shard may hold MaxEntries+Shards-1 entries, indexed by int32
+		return fmt.Errorf("%w: MaxEntries %d + Shards %d - 1 > 2^31-1", ErrInvalidConfig, c.MaxEntries, c.Shards)
 	case c.RetainedBatches < 1 || c.RetainedBatches > MaxRetainedBatches:
 		return fmt.Errorf("%w: RetainedBatches %d not in [1, %d]", ErrInvalidConfig, c.RetainedBatches, MaxRetainedBatches)
 	case c.ProducerIDExpiration <= 0:

@@ -33,6 +33,16 @@
 // index of uint32 words maps a Key to its slab index. It bounds the entry
 // count, expires idle entries and counts both.
 //
+// The bound, Config.MaxEntries, is table-wide: any shard may grow until the
+// table holds MaxEntries entries, so one producer, whose partitions all share
+// its shard, can use the whole table. At the cap, an insert evicts the least
+// recently used entry of its own shard (the only lock it holds); an insert
+// into a shard with no entry is allowed, so the table holds at most
+// MaxEntries + Shards - 1 entries, even under concurrent inserts (the proof
+// is at shard.insert). Eviction never crosses shards: while one shard holds
+// most of the table, producers in the others evict among themselves until
+// its entries expire.
+//
 // The issue suggested golang-lru's simplelru under the shard lock, and the
 // first version used it. It was replaced because it missed the issue's
 // targets and cost most of both budgets: its list element (80 B) and map slot

@@ -14,13 +14,21 @@ import (
 //
 // Entries are sharded by producer id, so all of a producer's partitions and
 // its InitProducerId epoch floor sit behind one shard lock. Each shard is an
-// intrusive LRU over slabs of pointer-free entry memory (see shard).
+// intrusive LRU over slabs of pointer-free entry memory (see shard). The
+// entry cap, Config.MaxEntries, is table-wide (see shard.insert).
 type Table struct {
 	shards     []paddedShard
 	shardShift uint // 64 - log2(len(shards))
 	retained   int
 	expiration int64 // nanoseconds
 	topics     interner
+	// count is the number of entries in all shards. Inserts and removals
+	// update it under their shard's lock, so it is exact at every moment;
+	// the padding keeps its cache line away from the read-mostly fields
+	// above, which every call reads.
+	_     [64]byte
+	count atomic.Int64
+	_     [56]byte
 }
 
 // New returns an empty table. Zero fields of cfg take their defaults.
@@ -35,12 +43,11 @@ func New(cfg Config) (*Table, error) {
 		retained:   cfg.RetainedBatches,
 		expiration: int64(cfg.ProducerIDExpiration),
 	}
-	perShard := (cfg.MaxEntries + cfg.Shards - 1) / cfg.Shards
 	fencesPerShard := (cfg.MaxFencedProducers + cfg.Shards - 1) / cfg.Shards
 	seed0, seed1 := rand.Uint64(), rand.Uint64()
 	for i := range t.shards {
 		s := &t.shards[i].shard
-		s.init(perShard, fencesPerShard, cfg.RetainedBatches, t.expiration, seed0, seed1)
+		s.init(cfg.MaxEntries, cfg.Shards, fencesPerShard, cfg.RetainedBatches, t.expiration, seed0, seed1, &t.count)
 	}
 	t.topics.init(cfg.MaxTopics)
 	return t, nil
@@ -234,16 +241,11 @@ func (t *Table) Expire(now time.Time) int {
 }
 
 // Len returns the number of entries, including any that have expired but were
-// not yet removed.
-func (t *Table) Len() int {
-	var n int64
-	for i := range t.shards {
-		n += t.shards[i].count.Load()
-	}
-	return int(n)
-}
+// not yet removed. It is at most Config.MaxEntries + Config.Shards - 1 (see
+// Config.MaxEntries).
+func (t *Table) Len() int { return int(t.count.Load()) }
 
-// Evictions returns how many entries were evicted because their shard was full.
+// Evictions returns how many entries were evicted because the table was full.
 func (t *Table) Evictions() uint64 {
 	var n uint64
 	for i := range t.shards {
@@ -336,20 +338,21 @@ type shard struct {
 	idxMask     uint32   // low bits of an index word: slab index + 1
 	seed0       uint64
 	seed1       uint64
-	mru, lru    int32 // most and least recently used entries, or nilIndex
-	mruEntry    entry // the view of mru, kept so that lookup's common case skips the slab arithmetic
-	live        int   // entries in the LRU (count mirrors it for Len)
+	mru, lru    int32         // most and least recently used entries, or nilIndex
+	mruEntry    entry         // the view of mru, kept so that lookup's common case skips the slab arithmetic
+	live        int           // entries in the LRU
+	total       *atomic.Int64 // Table.count: entries in all shards
+	maxEntries  int64         // Config.MaxEntries, the table-wide cap
 	fences      *simplelru.LRU[int64, fence]
 	anyFences   bool    // fences.Len() > 0, without the pointer chase
 	wide        wideMap // exact values of slots whose deltas do not fit (see slot)
-	capacity    int
+	capacity    int     // most entries the shard can hold: maxEntries + shards - 1
 	retained    int
 	expiration  int64
 	pageShift   uint
 	pages       []page   // page p holds entries p<<pageShift ...
 	used        uint32   // entries ever handed out (the slab's high-water mark)
 	free        []uint32 // indexes handed back by removals
-	count       atomic.Int64
 	evictions   atomic.Uint64
 	expirations atomic.Uint64
 }
@@ -367,8 +370,11 @@ type fence struct {
 	epoch int16
 }
 
-func (s *shard) init(capacity, fences, retained int, expiration int64, seed0, seed1 uint64) {
+func (s *shard) init(maxEntries, shards, fences, retained int, expiration int64, seed0, seed1 uint64, total *atomic.Int64) {
 	s.fences, _ = simplelru.NewLRU[int64, fence](fences, nil)
+	// One shard may hold the whole table, and then some (see insert).
+	capacity := maxEntries + shards - 1
+	s.total, s.maxEntries = total, int64(maxEntries)
 	s.capacity = capacity
 	s.retained = retained
 	s.expiration = expiration
@@ -506,10 +512,27 @@ func (s *shard) setMRU(idx int32) {
 	}
 }
 
-// insert adds an empty entry for k, which must be absent, evicting the least
-// recently used entry if the shard is full. The caller fills it in.
+// insert adds an empty entry for k, which must be absent. The caller fills it
+// in.
+//
+// Config.MaxEntries caps the whole table, not the shard: a shard grows until
+// the table holds MaxEntries entries, so one producer, whose partitions all
+// share a shard, can use all of it. At the cap, an insert evicts its own
+// shard's least recently used entry, since only its own lock is held; a
+// shard with no entry inserts anyway.
+//
+// The overshoot that allows is bounded: Table.count never exceeds
+// MaxEntries + Shards - 1, even with concurrent inserts. Take any moment T
+// and the last moment T0 before it when count was below MaxEntries (count
+// changes by one at a time, so it is at least MaxEntries throughout (T0, T]).
+// An insert that read count after T0 read at least MaxEntries, so it evicted
+// first, unless its shard was empty. An insert that read count at or before
+// T0 held its shard's lock at T0, so there is at most one per shard. So at T
+// no shard holds more than one entry above what it held at T0, and count is
+// at most (MaxEntries-1) + Shards. Sequentially the bound is reached when one
+// shard holds MaxEntries entries and each other shard then inserts one.
 func (s *shard) insert(k Key) entry {
-	if s.live >= s.capacity {
+	if s.live > 0 && s.total.Load() >= s.maxEntries {
 		s.remove(s.lru)
 		s.evictions.Add(1)
 	}
@@ -538,7 +561,7 @@ func (s *shard) insert(k Key) entry {
 	}
 	s.index[i] = hv&^s.idxMask | uint32(idx+1)
 	s.live++
-	s.count.Add(1)
+	s.total.Add(1)
 	e := s.entry(idx)
 	*e.h = header{key: k}
 	s.pushFront(idx, e.h)
@@ -595,7 +618,7 @@ func (s *shard) remove(idx int32) {
 	s.unlink(h)
 	s.free = append(s.free, uint32(idx))
 	s.live--
-	s.count.Add(-1)
+	s.total.Add(-1)
 }
 
 // fenced reports whether epoch is below the producer's InitProducerId floor,

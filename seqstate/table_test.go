@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -78,6 +79,7 @@ func TestConfig(t *testing.T) {
 		{ProducerIDExpiration: -time.Second},
 		{MaxFencedProducers: -1},
 		{MaxTopics: -1},
+		{MaxEntries: math.MaxInt32, Shards: 2},
 	}
 	for _, b := range bad {
 		if _, err := New(b); !errors.Is(err, ErrInvalidConfig) {
@@ -361,4 +363,129 @@ func TestIndexChurn(t *testing.T) {
 	if tab.Evictions() == 0 || tab.Expirations() == 0 || tab.Len() == 0 {
 		t.Errorf("evictions %d, expirations %d, len %d", tab.Evictions(), tab.Expirations(), tab.Len())
 	}
+}
+
+// TestOneProducerManyPartitions: MaxEntries caps the table, not a shard, so
+// a producer on more partitions than MaxEntries/Shards, all in its one
+// shard, keeps every entry and its retries are duplicates. (With a
+// per-shard cap of 1024/8 = 128 it evicted its own entries, and a retry was
+// accepted and forwarded again.)
+func TestOneProducerManyPartitions(t *testing.T) {
+	t.Parallel()
+	tab, _ := New(Config{MaxEntries: 1024, Shards: 8})
+	now := time.Unix(1_700_000_000, 0)
+	topic := tab.topic("orders")
+	const partitions = 200
+	for p := range partitions {
+		k := Key{ProducerID: 7, Topic: topic, Partition: int32(p)}
+		b := Batch{FirstSeq: 0, Count: 3, Fingerprint: 11}
+		expect(t, tab.Check(k, b, now), Accept)
+		tab.Commit(k, b, int64(100+p), 5, now)
+	}
+	for p := range partitions {
+		k := Key{ProducerID: 7, Topic: topic, Partition: int32(p)}
+		r := tab.Check(k, Batch{FirstSeq: 0, Count: 3, Fingerprint: 11}, now)
+		if r.Decision != Duplicate || r.BaseOffset != int64(100+p) {
+			t.Fatalf("partition %d: retry = %+v, want duplicate at %d", p, r, 100+p)
+		}
+	}
+	if tab.Len() != partitions || tab.Evictions() != 0 {
+		t.Errorf("Len %d, Evictions %d; want %d, 0", tab.Len(), tab.Evictions(), partitions)
+	}
+	tab.dumpAll(t)
+}
+
+// pidsByShard returns, for each shard, the first n producer ids at or after
+// from that it holds.
+func pidsByShard(tab *Table, from int64, n int) [][]int64 {
+	out := make([][]int64, len(tab.shards))
+	for pid, full := from, 0; full < len(out); pid++ {
+		s := tab.shardIndex(pid)
+		if len(out[s]) < n {
+			if out[s] = append(out[s], pid); len(out[s]) == n {
+				full++
+			}
+		}
+	}
+	return out
+}
+
+// TestGlobalCapOvershoot walks the documented worst case: one shard holds
+// all MaxEntries entries, then each other (empty) shard inserts one, which
+// the cap allows because an insert only evicts from its own shard. That is
+// MaxEntries+Shards-1, and no insert goes beyond it: every shard now holds
+// an entry and evicts its own least recently used one.
+func TestGlobalCapOvershoot(t *testing.T) {
+	t.Parallel()
+	const maxEntries, shards = 64, 4
+	tab, _ := New(Config{MaxEntries: maxEntries, Shards: shards})
+	now := time.Unix(0, 0)
+	pids := pidsByShard(tab, 0, 3)
+	b := Batch{FirstSeq: 0, Count: 1}
+	for p := range maxEntries {
+		tab.Check(Key{ProducerID: pids[0][0], Partition: int32(p)}, b, now)
+	}
+	if tab.Len() != maxEntries || tab.Evictions() != 0 {
+		t.Fatalf("Len %d, Evictions %d", tab.Len(), tab.Evictions())
+	}
+	for s := 1; s < shards; s++ {
+		tab.Check(Key{ProducerID: pids[s][0]}, b, now)
+	}
+	if tab.Len() != maxEntries+shards-1 || tab.Evictions() != 0 {
+		t.Fatalf("Len %d, Evictions %d; want %d, 0", tab.Len(), tab.Evictions(), maxEntries+shards-1)
+	}
+	for s := range shards {
+		for _, pid := range pids[s][1:] {
+			tab.Check(Key{ProducerID: pid, Partition: 1000}, b, now)
+			if tab.Len() != maxEntries+shards-1 {
+				t.Fatalf("Len %d after an insert into shard %d", tab.Len(), s)
+			}
+		}
+	}
+	if tab.Evictions() != 2*shards {
+		t.Errorf("Evictions %d, want %d", tab.Evictions(), 2*shards)
+	}
+	// Each shard evicted its own least recently used entries: shard 0 its
+	// first two partitions, the others their first producer.
+	for p, want := range []bool{false, false, true} {
+		if got := tab.Decide(Key{ProducerID: pids[0][0], Partition: int32(p)}, Batch{FirstSeq: 5, Count: 1}, now).Decision == OutOfOrder; got != want {
+			t.Errorf("shard 0 partition %d held: %v, want %v", p, got, want)
+		}
+	}
+	tab.dumpAll(t)
+}
+
+// TestGlobalCapFlood: goroutines insert distinct producer ids, each a new
+// entry, into a small table; the table never holds more than
+// MaxEntries+Shards-1 entries (Len is exact at every moment), and at the
+// end it is full and consistent.
+func TestGlobalCapFlood(t *testing.T) {
+	t.Parallel()
+	const maxEntries, shards, workers, perWorker = 256, 8, 4, 20_000
+	tab, _ := New(Config{MaxEntries: maxEntries, Shards: shards})
+	now := time.Unix(0, 0)
+	var wg sync.WaitGroup
+	var peak atomic.Int64
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				k := Key{ProducerID: int64(w*perWorker + i), Partition: int32(i % 3)}
+				tab.Check(k, Batch{FirstSeq: int32(i % 5), Count: 1}, now)
+				n := int64(tab.Len())
+				if n > maxEntries+shards-1 {
+					t.Errorf("Len %d > MaxEntries+Shards-1 = %d", n, maxEntries+shards-1)
+					return
+				}
+				if n > peak.Load() {
+					peak.Store(n) // racy maximum; only logged
+				}
+			}
+		})
+	}
+	wg.Wait()
+	tab.dumpAll(t) // total ≤ MaxEntries+Shards-1, per-shard bookkeeping
+	if tab.Len() < maxEntries || tab.Evictions() < workers*perWorker-maxEntries-shards {
+		t.Errorf("Len %d, Evictions %d", tab.Len(), tab.Evictions())
+	}
+	t.Logf("Len %d, peak seen %d, evictions %d", tab.Len(), peak.Load(), tab.Evictions())
 }
