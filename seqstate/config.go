@@ -56,10 +56,11 @@ type Config struct {
 	// expire or are forgotten. Hashing producer ids over shards keeps this
 	// rare unless a few producers hold most entries.
 	//
-	// A shard's slab and index keep the size of the most entries it has
-	// held: if a large producer's entries move from shard to shard over
-	// time (it restarts with a new producer id), memory can exceed what
-	// MaxEntries entries take, up to Shards times in the worst case.
+	// A shard's slab and index grow with its entries, and a shard left with
+	// fewer than half the entries its slab has handed out compacts, so
+	// whichever shards the entries are in (a large producer's move when it
+	// restarts with a new producer id), the slabs hold at most about twice
+	// the table's entries, plus a partly used page per shard.
 	MaxEntries int
 	// Shards is the number of independently locked shards, a power of two.
 	// Zero means 4*GOMAXPROCS rounded up to a power of two: pebble's rule of

@@ -15,8 +15,9 @@
 //   - No allocation for a known key: Check, Decide, Commit and Release of a
 //     producer-partition the table holds allocate nothing, nor do
 //     LookupTopic and LookupTopicID. A new key allocates only when its
-//     shard's slab needs a new page or its index doubles (amortized, never
-//     per key). The one
+//     shard's slab needs a new page or its index doubles, and a removal only
+//     when it leaves the shard's slab less than half used, which compacts
+//     the shard into a smaller index (amortized, never per key). The one
 //     exception is rare: a Commit whose offset or timestamp lies more than
 //     2^31 from the others in its window may insert into the shard's wide
 //     map (see Layout).
@@ -41,7 +42,11 @@
 // MaxEntries + Shards - 1 entries, even under concurrent inserts (the proof
 // is at shard.insert). Eviction never crosses shards: while one shard holds
 // most of the table, producers in the others evict among themselves until
-// its entries expire.
+// its entries expire. Since any shard may grow that large, a shard whose
+// entries drop below half of what its slab has handed out compacts (moves
+// its entries down, drops the unused pages, rebuilds a smaller index), so
+// the memory follows the entries from shard to shard instead of keeping
+// every shard's high-water mark.
 //
 // The issue suggested golang-lru's simplelru under the shard lock, and the
 // first version used it. It was replaced because it missed the issue's

@@ -477,6 +477,12 @@ type driver struct {
 	// their 32-bit deltas often do not fit (see slot).
 	wide    bool
 	maxWide int // most wide values held at once
+	// pids is how many producer ids the driver uses, -1 (not idempotent)
+	// to pids-2; 0 means 5. More make the shards large enough to compact.
+	pids int
+	// compactions counts ops after which a shard's slab had shrunk (see
+	// shard.compact).
+	compactions int
 }
 
 type client struct {
@@ -524,7 +530,12 @@ func (d *driver) compareState() {
 
 func (d *driver) step() {
 	op := d.byte()
-	pid := int64(d.byte()%5) - 1 // -1..3; -1 is not idempotent
+	pids := d.pids
+	if pids == 0 {
+		pids = 5
+	}
+	pid := int64(int(d.byte())%pids) - 1 // -1 is not idempotent
+	used := d.slabUsed()
 	k := Key{ProducerID: pid, Topic: TopicID(d.byte() % 2), Partition: int32(d.byte() % 2)}
 	c := d.sent[k]
 	if c == nil {
@@ -647,6 +658,9 @@ func (d *driver) step() {
 		}
 	}
 	d.ops++
+	if d.slabUsed() < used {
+		d.compactions++
+	}
 	if what != "" {
 		d.decisions[got.Decision]++
 	}
@@ -660,6 +674,15 @@ func (d *driver) step() {
 	if d.ops%512 == 0 {
 		d.compareState()
 	}
+}
+
+// slabUsed is the slab entries the shards have handed out.
+func (d *driver) slabUsed() int {
+	n := 0
+	for i := range d.t.shards {
+		n += int(d.t.shards[i].used)
+	}
+	return n
 }
 
 // wideValue spreads x over ranges more than 2^31 apart, including the int64
@@ -710,6 +733,39 @@ func TestTableVsModelWideValues(t *testing.T) {
 				t.Errorf("wide values not exercised")
 			}
 		})
+	}
+}
+
+// TestTableVsModelCompaction is TestTableVsModel with a thousand keys, so
+// that mass expiry shrinks shards and compacts them (shard.compact): the
+// LRU order, entries and wide values must come through unchanged.
+func TestTableVsModelCompaction(t *testing.T) {
+	configs := []Config{
+		{MaxEntries: 4000, Shards: 2, RetainedBatches: 3, ProducerIDExpiration: time.Hour},
+		{MaxEntries: 300, Shards: 4, RetainedBatches: 5, ProducerIDExpiration: time.Hour, MaxFencedProducers: 8},
+	}
+	const ops = 200_000
+	for i, cfg := range configs {
+		for _, wide := range []bool{false, true} {
+			t.Run(fmt.Sprintf("config=%d/wide=%v", i, wide), func(t *testing.T) {
+				t.Parallel()
+				rng := rand.New(rand.NewPCG(uint64(i), 44))
+				var d *driver
+				d = newDriver(t, cfg, func() (byte, bool) {
+					if d.ops >= ops {
+						return 0, false
+					}
+					return byte(rng.Uint32()), true
+				})
+				d.pids, d.wide = 250, wide
+				d.run()
+				t.Logf("%d ops, decisions %v, evictions %d, expirations %d, compactions %d, wide %d",
+					d.ops, d.decisions, d.m.evictions, d.m.expirations, d.compactions, d.maxWide)
+				if d.compactions == 0 || d.decisions[Duplicate] == 0 || (wide && d.maxWide == 0) {
+					t.Errorf("compaction not exercised")
+				}
+			})
+		}
 	}
 }
 

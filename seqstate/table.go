@@ -619,6 +619,86 @@ func (s *shard) remove(idx int32) {
 	s.free = append(s.free, uint32(idx))
 	s.live--
 	s.total.Add(-1)
+	if s.used >= compactMinUsed && uint32(s.live)*2 < s.used {
+		s.compact()
+	}
+}
+
+// compactMinUsed is the slab size below which a shard is never compacted:
+// too small to be worth it.
+const compactMinUsed = 64
+
+// compact moves the shard's entries to the lowest slab indexes, drops the
+// slab pages no entry then uses, and rebuilds the index at the size the
+// entries need; the LRU order, the entries and their wide values are
+// unchanged. remove calls it when fewer than half the entries the slab has
+// handed out are live, so a shard's slab and index stay within about twice
+// its live entries (plus a page): a shard that once held many entries (any
+// shard may grow to MaxEntries) gives the memory back when they go. Its
+// cost, O(entries), is amortized over the removals that halved the shard.
+func (s *shard) compact() {
+	target := uint32(s.live)
+	// Slab indexes below target are live or free, so there are as many
+	// free ones there as live entries at or above target.
+	holes := s.free[:0]
+	for _, f := range s.free {
+		if f < target {
+			holes = append(holes, f)
+		}
+	}
+	for idx := s.lru; idx != nilIndex; {
+		prev := s.hdr(idx).prev
+		if uint32(idx) >= target {
+			s.move(idx, int32(holes[len(holes)-1]))
+			holes = holes[:len(holes)-1]
+		}
+		idx = prev
+	}
+	size := 8
+	for s.live*4 > size*3 {
+		size *= 2
+	}
+	s.index = make([]uint32, size)
+	mask := uint32(size - 1)
+	for idx := s.lru; idx != nilIndex; idx = s.hdr(idx).prev {
+		hv := s.hash(s.hdr(idx).key)
+		i := hv & mask
+		for s.index[i] != 0 {
+			i = (i + 1) & mask
+		}
+		s.index[i] = hv&^s.idxMask | uint32(idx+1)
+	}
+	s.used = target
+	s.free = nil
+	keep := int((target + 1<<s.pageShift - 1) >> s.pageShift)
+	clear(s.pages[keep:])
+	s.pages = s.pages[:keep]
+	s.setMRU(s.mru) // the view of the new slab index
+}
+
+// move moves entry from to the free slab index to, with its LRU links and
+// wide values; compact fixes the index and the view of mru.
+func (s *shard) move(from, to int32) {
+	src, dst := s.entry(from), s.entry(to)
+	*dst.h = *src.h
+	for j := range s.retained {
+		dst.s[j] = src.s[j]
+		if src.s[j].offDelta == wideDelta {
+			s.wide[&dst.s[j]] = s.wide[&src.s[j]]
+			delete(s.wide, &src.s[j])
+		}
+	}
+	h := dst.h
+	if h.prev != nilIndex {
+		s.hdr(h.prev).next = to
+	} else {
+		s.mru = to
+	}
+	if h.next != nilIndex {
+		s.hdr(h.next).prev = to
+	} else {
+		s.lru = to
+	}
 }
 
 // fenced reports whether epoch is below the producer's InitProducerId floor,

@@ -8,7 +8,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -488,4 +490,79 @@ func TestGlobalCapFlood(t *testing.T) {
 		t.Errorf("Len %d, Evictions %d", tab.Len(), tab.Evictions())
 	}
 	t.Logf("Len %d, peak seen %d, evictions %d", tab.Len(), peak.Load(), tab.Evictions())
+}
+
+// TestCompaction: when most of a shard's entries expire, the shard compacts
+// (shard.compact): the survivors, which sat at the top of the slab, move
+// down, and the slab pages and index shrink. Their LRU order, batches and
+// offsets, wide ones included, are unchanged.
+func TestCompaction(t *testing.T) {
+	t.Parallel()
+	const n, survivors = 5000, 100
+	tab, _ := New(Config{MaxEntries: n, Shards: 1, ProducerIDExpiration: time.Hour})
+	base := time.Unix(1_700_000_000, 0)
+	for i := range n {
+		k := Key{ProducerID: int64(i)}
+		now := base.Add(time.Duration(i) * time.Second)
+		tab.Commit(k, Batch{FirstSeq: 0, Count: 2}, int64(i), 1, now)
+		// 1<<40 apart from the first offset: one of the two goes wide
+		tab.Commit(k, Batch{FirstSeq: 2, Count: 2}, int64(i)+1<<40, 2, now)
+	}
+	entries := regexp.MustCompile(`\{[^}]*\}`)
+	before := entries.FindAllString(tab.dumpAll(t), -1)
+	s := &tab.shards[0].shard
+	pages, index, wide := len(s.pages), len(s.index), len(s.wide)
+	if wide != n {
+		t.Fatalf("%d wide values, want %d", wide, n)
+	}
+	// Everything but the last survivors expires.
+	if got := tab.Expire(base.Add(time.Hour + (n-survivors-1)*time.Second)); got != n-survivors {
+		t.Fatalf("expired %d, want %d", got, n-survivors)
+	}
+	after := entries.FindAllString(tab.dumpAll(t), -1) // checks the bookkeeping
+	if !slices.Equal(after, before[n-survivors:]) {
+		t.Fatalf("entries changed by compaction:\nbefore %v\nafter  %v", before[n-survivors:], after)
+	}
+	if s.used > 2*survivors || len(s.pages) >= pages || len(s.index) >= index || len(s.wide) != survivors {
+		t.Errorf("after compaction: used %d, pages %d (was %d), index %d (was %d), wide %d",
+			s.used, len(s.pages), pages, len(s.index), index, len(s.wide))
+	}
+	now := base.Add(n * time.Second) // the survivors are live
+	for i := n - survivors; i < n; i++ {
+		k := Key{ProducerID: int64(i)}
+		if r := tab.Check(k, Batch{FirstSeq: 0, Count: 2}, now); r.Decision != Duplicate || r.BaseOffset != int64(i) {
+			t.Fatalf("pid %d first batch: %+v", i, r)
+		}
+		if r := tab.Check(k, Batch{FirstSeq: 2, Count: 2}, now); r.Decision != Duplicate || r.BaseOffset != int64(i)+1<<40 {
+			t.Fatalf("pid %d second batch: %+v", i, r)
+		}
+	}
+	tab.dumpAll(t)
+}
+
+// TestCompactionBoundsMemory: a large producer's entries move from shard to
+// shard (it restarts with a new producer id, and the old entries expire);
+// without compaction every shard would keep a slab for all of them.
+func TestCompactionBoundsMemory(t *testing.T) {
+	t.Parallel()
+	const maxEntries, shards, partitions = 4096, 4, 3000
+	tab, _ := New(Config{MaxEntries: maxEntries, Shards: shards, ProducerIDExpiration: time.Hour})
+	now := time.Unix(0, 0)
+	pids := pidsByShard(tab, 1, 1)
+	for round := range 2 * shards {
+		pid := pids[round%shards][0]
+		for p := range partitions {
+			tab.Commit(Key{ProducerID: pid, Partition: int32(p)}, Batch{FirstSeq: int32(round), Count: 1}, 1, 1, now)
+		}
+		now = now.Add(time.Hour)
+		tab.Expire(now)
+	}
+	used := 0
+	for i := range tab.shards {
+		used += int(tab.shards[i].used)
+	}
+	if tab.Len() != 0 || used > 2*tab.Len()+shards*compactMinUsed {
+		t.Errorf("Len %d, slab entries handed out %d", tab.Len(), used)
+	}
+	tab.dumpAll(t)
 }
