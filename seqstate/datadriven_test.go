@@ -217,7 +217,7 @@ func runCommand(t *testing.T, rp **ddRunner, path string, b *ddBlock) string {
 	key := func() Key {
 		return Key{
 			ProducerID: num("pid", ""),
-			Topic:      r.t.Topic(get("topic", "t")),
+			Topic:      r.t.topic(get("topic", "t")),
 			Partition:  int32(num("part", "0")),
 		}
 	}

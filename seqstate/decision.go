@@ -36,8 +36,9 @@ const (
 	// SequenceReuse: same epoch and (first, last) sequence as a retained batch
 	// but a different records fingerprint. Kafka would call it a duplicate and
 	// silently drop new records; kafkajs reuses sequences for different
-	// records after a failed send (reference/clients.md §3), so the proxy
-	// answers OUT_OF_ORDER_SEQUENCE_NUMBER (45) instead.
+	// records after a failed send (kafkajs sendMessages.js rolls back the
+	// sequences of every partition of a failed request, appended or not),
+	// so the proxy answers OUT_OF_ORDER_SEQUENCE_NUMBER (45) instead.
 	SequenceReuse
 	// Invalid: not a valid idempotent batch (FirstSeq < 0 or Count < 1).
 	// Kafka rejects it before any sequence check, in LogValidator.validateBatch,
@@ -81,8 +82,8 @@ type Result struct {
 
 func result(d Decision) Result { return Result{Decision: d, BaseOffset: -1, MaxTimestamp: -1} }
 
-// TopicID is an interned topic name (see Table.Topic). It keeps Key fixed-size
-// and free of pointers.
+// TopicID is an interned topic name (see Table.InternTopics). It keeps Key
+// fixed-size and free of pointers.
 type TopicID uint32
 
 // Key identifies one producer on one partition: Kafka keeps producer state per

@@ -1,8 +1,8 @@
 // Package seqstate decides, for each idempotent Produce batch, what a Kafka
 // partition leader would decide: accept it, answer it as a duplicate with the
 // original offsets, or reject it as out of order or fenced. The rules, and the
-// Kafka source each comes from, are in reference/kafka-idempotence.md
-// (sections 1–4 and 6); comments cite the Kafka function beside each rule.
+// Kafka source each comes from, are in docs/kafka-rules.md (§1–§4 and §6);
+// comments cite the Kafka function beside each rule.
 //
 // # Contract
 //
@@ -13,9 +13,11 @@
 //     or net (TestImports enforces this). Counters are plain getters for the
 //     proxy to wrap in GaugeFunc/CounterFunc.
 //   - No allocation for a known key: Check, Decide, Commit and Release of a
-//     producer-partition the table holds allocate nothing, nor does interning
-//     a known topic. A new key allocates only when its shard's slab needs a
-//     new page or its index doubles (amortized, never per key). The one
+//     producer-partition the table holds allocate nothing, nor do
+//     LookupTopic and LookupTopicID. A new key allocates only when its
+//     shard's slab needs a new page or its index doubles, and a removal only
+//     when it leaves the shard's slab less than half used, which compacts
+//     the shard into a smaller index (amortized, never per key). The one
 //     exception is rare: a Commit whose offset or timestamp lies more than
 //     2^31 from the others in its window may insert into the shard's wide
 //     map (see Layout).
@@ -31,6 +33,20 @@
 // pointer-free slabs, linked by int32 slab indexes, and an open-addressing
 // index of uint32 words maps a Key to its slab index. It bounds the entry
 // count, expires idle entries and counts both.
+//
+// The bound, Config.MaxEntries, is table-wide: any shard may grow until the
+// table holds MaxEntries entries, so one producer, whose partitions all share
+// its shard, can use the whole table. At the cap, an insert evicts the least
+// recently used entry of its own shard (the only lock it holds); an insert
+// into a shard with no entry is allowed, so the table holds at most
+// MaxEntries + Shards - 1 entries, even under concurrent inserts (the proof
+// is at shard.insert). Eviction never crosses shards: while one shard holds
+// most of the table, producers in the others evict among themselves until
+// its entries expire. Since any shard may grow that large, a shard whose
+// entries drop below half of what its slab has handed out compacts (moves
+// its entries down, drops the unused pages, rebuilds a smaller index), so
+// the memory follows the entries from shard to shard instead of keeping
+// every shard's high-water mark.
 //
 // The issue suggested golang-lru's simplelru under the shard lock, and the
 // first version used it. It was replaced because it missed the issue's
@@ -92,6 +108,26 @@
 // taken out ~48 ns, so not even a lock-free Commit (which still needs one
 // atomic operation) would bring it under 50 ns on that machine.
 //
+// # Topics
+//
+// A Key names its topic by a TopicID, a dense uint32. The proxy interns the
+// topics of every Metadata response the broker answered with error 0
+// (Table.InternTopics) and looks up each Produce partition's topic, by name
+// (LookupTopic, Produce v3–v12) or by 16-byte topic ID (LookupTopicID, v13+).
+// Both map to the same TopicID, since a topic's identity is its name: a topic
+// ID interned with a name maps to that name's TopicID, and so does a new ID
+// for the same name after the topic is recreated. A topic never interned is
+// not found, and its batches get no decision (forward them): the hot path
+// never interns, so clients cannot grow the table by naming topics.
+//
+// Lookups take no lock and allocate nothing: names and IDs are in two
+// append-only hash tables whose slots are atomic pointers to immutable
+// entries, each grown by doubling under the writers' mutex, so a new name
+// costs amortized O(1), not a copy of every name interned so far (see
+// BenchmarkInternTopics). At most Config.MaxTopics names and as many IDs are
+// interned, at about 120 bytes per topic plus its name; refusals are counted
+// (Table.TopicsRefused). Nothing is ever removed.
+//
 // # State
 //
 // The state is per (producer id, topic, partition), as in Kafka
@@ -135,8 +171,8 @@
 //
 //   - Expiry uses the proxy's clock at the last state change (now passed to
 //     Check or Commit), not the batch's maxTimestamp, which on CreateTime
-//     topics is client-supplied (§6.1). A caller that wants Kafka's rule can
-//     pass the batch's maxTimestamp as now to Commit.
+//     topics is client-supplied (docs/kafka-rules.md §6.1). A caller that
+//     wants Kafka's rule can pass the batch's maxTimestamp as now to Commit.
 //   - Pending batches occupy window slots, so while k batches are in flight
 //     only the last RetainedBatches-k committed ones are duplicates. Every
 //     batch a client may retry is unacknowledged, and clients keep at most 5
@@ -153,7 +189,12 @@
 //
 //	t, err := seqstate.New(seqstate.Config{}) // defaults: 5 batches, 24h expiry
 //	if err != nil { ... }
-//	k := seqstate.Key{ProducerID: pid, Topic: t.TopicBytes(name), Partition: p}
+//	// on every Metadata response, its topics with error 0:
+//	t.InternTopics([]seqstate.TopicRef{{Name: name, ID: topicID}, ...})
+//	// on every Produce partition:
+//	topic, ok := t.LookupTopic(name) // or t.LookupTopicID(id) for v13+
+//	if !ok { ... } // unknown topic: forward, no decision
+//	k := seqstate.Key{ProducerID: pid, Topic: topic, Partition: p}
 //	b := seqstate.Batch{Epoch: epoch, FirstSeq: baseSeq, Count: lastOffsetDelta + 1, Fingerprint: fp}
 //	switch r := t.Check(k, b, now); r.Decision {
 //	case seqstate.Accept:

@@ -14,7 +14,8 @@ type header struct {
 	// lastSeen is the Unix-nanosecond time of the last state change: a batch
 	// registered by Check or applied by Commit. It drives expiry, like
 	// ProducerStateEntry.lastTimestamp; duplicates and rejections do not
-	// refresh it, as they change no state in Kafka either (§6.1).
+	// refresh it, as they change no state in Kafka either
+	// (docs/kafka-rules.md §6.1).
 	lastSeen int64
 	// offBase and tsBase are what the slots' 32-bit deltas are relative to
 	// (see slot). They move only when a value does not fit.
@@ -270,7 +271,7 @@ func (e entry) decideLast(b Batch, last int32) Result {
 			s := e.at(i)
 			if b.Fingerprint != 0 && s.fingerprint != 0 && b.Fingerprint != s.fingerprint {
 				// Not in Kafka: kafkajs reuses sequences for new records
-				// (reference/clients.md §3, conclusion 2).
+				// after a failed send (sendMessages.js; see SequenceReuse).
 				return result(SequenceReuse)
 			}
 			if s.pending() {

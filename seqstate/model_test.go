@@ -17,7 +17,7 @@ import (
 type model struct {
 	retained   int
 	expiration int64
-	perShard   int
+	maxEntries int // table-wide
 	fencesCap  int
 	shardOf    func(pid int64) int
 
@@ -27,6 +27,7 @@ type model struct {
 	fenceRec [][]int64
 
 	evictions, expirations uint64
+	overshoots             int // inserts that left more than maxEntries entries
 }
 
 type mEntry struct {
@@ -52,7 +53,7 @@ func newModel(cfg Config, t *Table) *model {
 	return &model{
 		retained:   cfg.RetainedBatches,
 		expiration: int64(cfg.ProducerIDExpiration),
-		perShard:   (cfg.MaxEntries + cfg.Shards - 1) / cfg.Shards,
+		maxEntries: cfg.MaxEntries,
 		fencesCap:  (cfg.MaxFencedProducers + cfg.Shards - 1) / cfg.Shards,
 		shardOf:    t.shardIndex,
 		entries:    map[Key]*mEntry{},
@@ -90,9 +91,11 @@ func (m *model) get(k Key, now int64) *mEntry {
 	return e
 }
 
+// add inserts k. At the table-wide cap it evicts the least recently used
+// entry of k's shard, if the shard has one (see shard.insert).
 func (m *model) add(k Key) *mEntry {
 	s := m.shardOf(k.ProducerID)
-	if len(m.recency[s]) >= m.perShard {
+	if len(m.entries) >= m.maxEntries && len(m.recency[s]) > 0 {
 		delete(m.entries, m.recency[s][0])
 		m.recency[s] = m.recency[s][1:]
 		m.evictions++
@@ -100,6 +103,9 @@ func (m *model) add(k Key) *mEntry {
 	e := &mEntry{}
 	m.entries[k] = e
 	m.recency[s] = append(m.recency[s], k)
+	if len(m.entries) > m.maxEntries {
+		m.overshoots++
+	}
 	return e
 }
 
@@ -354,17 +360,17 @@ func (m *model) dump() string {
 	return sb.String()
 }
 
-// dumpAll renders the table like model.dump. It also checks the shard's
-// bookkeeping: counts, the slab free list and the LRU agree.
+// dumpAll renders the table like model.dump. It also checks the shards'
+// bookkeeping: counts, the slab free list and the LRU agree, and the table
+// holds at most MaxEntries+Shards-1 entries. The table must be quiescent.
 func (t *Table) dumpAll(tb testing.TB) string {
 	var sb strings.Builder
+	total := 0
 	for i := range t.shards {
 		s := &t.shards[i].shard
 		s.mu.Lock()
 		keys, idxs := s.walk(tb, i)
-		if got, want := int(s.count.Load()), len(keys); got != want {
-			tb.Fatalf("shard %d: count %d, lru %d", i, got, want)
-		}
+		total += len(keys)
 		if int(s.used) != len(keys)+len(s.free) {
 			tb.Fatalf("shard %d: used %d != live %d + free %d", i, s.used, len(keys), len(s.free))
 		}
@@ -398,6 +404,9 @@ func (t *Table) dumpAll(tb testing.TB) string {
 		}
 		sb.WriteString("\n")
 		s.mu.Unlock()
+	}
+	if total != t.Len() || total > int(t.shards[0].maxEntries)+len(t.shards)-1 {
+		tb.Fatalf("%d entries in the shards, Len %d, MaxEntries %d, %d shards", total, t.Len(), t.shards[0].maxEntries, len(t.shards))
 	}
 	return sb.String()
 }
@@ -468,6 +477,12 @@ type driver struct {
 	// their 32-bit deltas often do not fit (see slot).
 	wide    bool
 	maxWide int // most wide values held at once
+	// pids is how many producer ids the driver uses, -1 (not idempotent)
+	// to pids-2; 0 means 5. More make the shards large enough to compact.
+	pids int
+	// compactions counts ops after which a shard's slab had shrunk (see
+	// shard.compact).
+	compactions int
 }
 
 type client struct {
@@ -515,7 +530,12 @@ func (d *driver) compareState() {
 
 func (d *driver) step() {
 	op := d.byte()
-	pid := int64(d.byte()%5) - 1 // -1..3; -1 is not idempotent
+	pids := d.pids
+	if pids == 0 {
+		pids = 5
+	}
+	pid := int64(int(d.byte())%pids) - 1 // -1 is not idempotent
+	used := d.slabUsed()
 	k := Key{ProducerID: pid, Topic: TopicID(d.byte() % 2), Partition: int32(d.byte() % 2)}
 	c := d.sent[k]
 	if c == nil {
@@ -638,6 +658,9 @@ func (d *driver) step() {
 		}
 	}
 	d.ops++
+	if d.slabUsed() < used {
+		d.compactions++
+	}
 	if what != "" {
 		d.decisions[got.Decision]++
 	}
@@ -651,6 +674,15 @@ func (d *driver) step() {
 	if d.ops%512 == 0 {
 		d.compareState()
 	}
+}
+
+// slabUsed is the slab entries the shards have handed out.
+func (d *driver) slabUsed() int {
+	n := 0
+	for i := range d.t.shards {
+		n += int(d.t.shards[i].used)
+	}
+	return n
 }
 
 // wideValue spreads x over ranges more than 2^31 apart, including the int64
@@ -704,6 +736,39 @@ func TestTableVsModelWideValues(t *testing.T) {
 	}
 }
 
+// TestTableVsModelCompaction is TestTableVsModel with a thousand keys, so
+// that mass expiry shrinks shards and compacts them (shard.compact): the
+// LRU order, entries and wide values must come through unchanged.
+func TestTableVsModelCompaction(t *testing.T) {
+	configs := []Config{
+		{MaxEntries: 4000, Shards: 2, RetainedBatches: 3, ProducerIDExpiration: time.Hour},
+		{MaxEntries: 300, Shards: 4, RetainedBatches: 5, ProducerIDExpiration: time.Hour, MaxFencedProducers: 8},
+	}
+	const ops = 200_000
+	for i, cfg := range configs {
+		for _, wide := range []bool{false, true} {
+			t.Run(fmt.Sprintf("config=%d/wide=%v", i, wide), func(t *testing.T) {
+				t.Parallel()
+				rng := rand.New(rand.NewPCG(uint64(i), 44))
+				var d *driver
+				d = newDriver(t, cfg, func() (byte, bool) {
+					if d.ops >= ops {
+						return 0, false
+					}
+					return byte(rng.Uint32()), true
+				})
+				d.pids, d.wide = 250, wide
+				d.run()
+				t.Logf("%d ops, decisions %v, evictions %d, expirations %d, compactions %d, wide %d",
+					d.ops, d.decisions, d.m.evictions, d.m.expirations, d.compactions, d.maxWide)
+				if d.compactions == 0 || d.decisions[Duplicate] == 0 || (wide && d.maxWide == 0) {
+					t.Errorf("compaction not exercised")
+				}
+			})
+		}
+	}
+}
+
 // TestTableVsModel runs long seeded random operation sequences against the
 // table and the naive model under several configurations: identical
 // decisions, offsets, counters and state throughout.
@@ -713,6 +778,7 @@ func TestTableVsModel(t *testing.T) {
 		{MaxEntries: 64, Shards: 4, RetainedBatches: 1, ProducerIDExpiration: 30 * time.Minute, MaxFencedProducers: 4},
 		{MaxEntries: 3, Shards: 1, RetainedBatches: 16, ProducerIDExpiration: 2 * time.Hour, MaxFencedProducers: 1},
 		{MaxEntries: 1000, Shards: 8, RetainedBatches: 3, ProducerIDExpiration: time.Hour},
+		{MaxEntries: 2, Shards: 2, RetainedBatches: 2, ProducerIDExpiration: time.Hour, MaxFencedProducers: 2},
 	}
 	const ops = 200_000
 	for i, cfg := range configs {
@@ -727,7 +793,7 @@ func TestTableVsModel(t *testing.T) {
 				return byte(rng.Uint32()), true
 			})
 			d.run()
-			t.Logf("%d ops, decisions %v, evictions %d, expirations %d", d.ops, d.decisions, d.m.evictions, d.m.expirations)
+			t.Logf("%d ops, decisions %v, evictions %d, expirations %d, overshoots %d", d.ops, d.decisions, d.m.evictions, d.m.expirations, d.m.overshoots)
 			for dec := Accept; dec <= Invalid; dec++ {
 				if d.decisions[dec] == 0 {
 					t.Errorf("decision %v never exercised", dec)
@@ -735,6 +801,9 @@ func TestTableVsModel(t *testing.T) {
 			}
 			if d.m.evictions == 0 && cfg.MaxEntries < 16 {
 				t.Errorf("no evictions exercised")
+			}
+			if d.m.overshoots == 0 && cfg.MaxEntries < 16 && cfg.Shards > 1 {
+				t.Errorf("no insert into an empty shard at the cap exercised")
 			}
 			if d.m.expirations == 0 {
 				t.Errorf("no expirations exercised")

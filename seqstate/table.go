@@ -14,13 +14,21 @@ import (
 //
 // Entries are sharded by producer id, so all of a producer's partitions and
 // its InitProducerId epoch floor sit behind one shard lock. Each shard is an
-// intrusive LRU over slabs of pointer-free entry memory (see shard).
+// intrusive LRU over slabs of pointer-free entry memory (see shard). The
+// entry cap, Config.MaxEntries, is table-wide (see shard.insert).
 type Table struct {
 	shards     []paddedShard
 	shardShift uint // 64 - log2(len(shards))
 	retained   int
 	expiration int64 // nanoseconds
 	topics     interner
+	// count is the number of entries in all shards. Inserts and removals
+	// update it under their shard's lock, so it is exact at every moment;
+	// the padding keeps its cache line away from the read-mostly fields
+	// above, which every call reads.
+	_     [64]byte
+	count atomic.Int64
+	_     [56]byte
 }
 
 // New returns an empty table. Zero fields of cfg take their defaults.
@@ -35,14 +43,13 @@ func New(cfg Config) (*Table, error) {
 		retained:   cfg.RetainedBatches,
 		expiration: int64(cfg.ProducerIDExpiration),
 	}
-	perShard := (cfg.MaxEntries + cfg.Shards - 1) / cfg.Shards
 	fencesPerShard := (cfg.MaxFencedProducers + cfg.Shards - 1) / cfg.Shards
 	seed0, seed1 := rand.Uint64(), rand.Uint64()
 	for i := range t.shards {
 		s := &t.shards[i].shard
-		s.init(perShard, fencesPerShard, cfg.RetainedBatches, t.expiration, seed0, seed1)
+		s.init(cfg.MaxEntries, cfg.Shards, fencesPerShard, cfg.RetainedBatches, t.expiration, seed0, seed1, &t.count)
 	}
-	t.topics.init()
+	t.topics.init(cfg.MaxTopics)
 	return t, nil
 }
 
@@ -127,10 +134,10 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 // topics. A later retry of b is then a Duplicate answered with these.
 //
 // The caller decides what counts as appended. Kafka updates producer state as
-// soon as the leader has appended (§2), so REQUEST_TIMED_OUT (7) and
-// NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) count as appended, even though their
-// responses carry base_offset -1: commit with -1, and a Duplicate then
-// carries -1 too (see Result.BaseOffset).
+// soon as the leader has appended (docs/kafka-rules.md §2), so
+// REQUEST_TIMED_OUT (7) and NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) count as
+// appended, even though their responses carry base_offset -1: commit with
+// -1, and a Duplicate then carries -1 too (see Result.BaseOffset).
 //
 // Commit of a batch the table does not hold as pending is applied as the
 // broker applied it; see the package documentation ("Commit and Release").
@@ -182,10 +189,11 @@ func (t *Table) Release(k Key, b Batch) {
 // entry for.
 //
 // This is stricter than a partition leader, which only compares with the
-// epoch stored for that partition (§12). It is stricter only where Kafka's
-// outcome is certain: the coordinator answers InitProducerId successfully only
-// after aborting the old epoch's open transaction with markers at the new
-// epoch (TransactionCoordinator.handleInitProducerId,
+// epoch stored for that partition (docs/kafka-rules.md §12). It is stricter
+// only where Kafka's outcome is certain: the coordinator answers
+// InitProducerId successfully only after aborting the old epoch's open
+// transaction with markers at the new epoch
+// (TransactionCoordinator.handleInitProducerId,
 // prepareFenceProducerEpoch), and with transaction.partition.verification.enable
 // (default true since 3.6, KIP-890) the first write of a stale epoch to any
 // other partition fails verification with INVALID_PRODUCER_EPOCH. So call it
@@ -233,16 +241,11 @@ func (t *Table) Expire(now time.Time) int {
 }
 
 // Len returns the number of entries, including any that have expired but were
-// not yet removed.
-func (t *Table) Len() int {
-	var n int64
-	for i := range t.shards {
-		n += t.shards[i].count.Load()
-	}
-	return int(n)
-}
+// not yet removed. It is at most Config.MaxEntries + Config.Shards - 1 (see
+// Config.MaxEntries).
+func (t *Table) Len() int { return int(t.count.Load()) }
 
-// Evictions returns how many entries were evicted because their shard was full.
+// Evictions returns how many entries were evicted because the table was full.
 func (t *Table) Evictions() uint64 {
 	var n uint64
 	for i := range t.shards {
@@ -261,23 +264,47 @@ func (t *Table) Expirations() uint64 {
 	return n
 }
 
-// Topic interns a topic name, or a Produce v13+ topic id as a 16-byte string,
-// into a TopicID. Interning a known name does not allocate or lock. Names are
-// never forgotten, so intern only topics the cluster knows (for example from
-// Metadata responses), not arbitrary client input.
-func (t *Table) Topic(name string) TopicID { return t.topics.intern(name) }
+// InternTopics interns the topics of one Metadata response: call it with the
+// topics the broker answered with error 0. Only interned topics can be
+// looked up, so only they are deduplicated; a Produce to any other topic is
+// forwarded without a decision, which is always safe (an unknown producer is
+// what the broker sees after a restart too).
+//
+// A topic's identity is its name: each name gets one TopicID, and a
+// non-zero ID maps to its name's TopicID, so Produce v13+, which names
+// topics by ID, and earlier versions, which name them by string, share one
+// Key per partition. A name seen again with a new ID (the topic was deleted
+// and recreated) maps the new ID to the name's TopicID too; the old ID keeps
+// its mapping (nothing is ever removed, so lookups need no lock). An ID keeps
+// the name it was first interned with. A ref with an empty name is ignored.
+//
+// At most Config.MaxTopics names and Config.MaxTopics IDs are interned.
+// Beyond that nothing new is interned and TopicsRefused counts the refs
+// refused. It returns how many refs added a name or an ID.
+//
+// It copies the names it keeps, so they may alias a reused buffer. Each new
+// name costs amortized O(1); known names cost a lookup.
+func (t *Table) InternTopics(topics []TopicRef) (added int) { return t.topics.intern(topics) }
 
-// TopicBytes is Topic for a name still in a request buffer; a known name does
-// not allocate.
-func (t *Table) TopicBytes(name []byte) TopicID {
-	if id, ok := t.topics.lookupBytes(name); ok {
-		return id
-	}
-	return t.topics.intern(string(name))
-}
+// LookupTopic returns the TopicID of a name interned by InternTopics, for a
+// Produce request's topic name still in the request buffer. It takes no lock
+// and does not allocate; a name never interned is not found.
+func (t *Table) LookupTopic(name []byte) (TopicID, bool) { return t.topics.lookupName(name) }
+
+// LookupTopicID is LookupTopic for a Produce v13+ topic ID. The all-zero ID
+// is never found.
+func (t *Table) LookupTopicID(id [16]byte) (TopicID, bool) { return t.topics.lookupID(id) }
 
 // TopicName returns the name interned as id.
 func (t *Table) TopicName(id TopicID) (string, bool) { return t.topics.name(id) }
+
+// Topics returns the number of topic names interned.
+func (t *Table) Topics() int { return t.topics.count() }
+
+// TopicsRefused returns how many refs InternTopics refused because
+// Config.MaxTopics names or IDs were already interned. A topic refused in
+// several Metadata responses counts once per response.
+func (t *Table) TopicsRefused() uint64 { return t.topics.refused.Load() }
 
 // expireBatch bounds how many entries Expire removes per lock hold, so a large
 // sweep does not stall the hot path on that shard.
@@ -311,20 +338,21 @@ type shard struct {
 	idxMask     uint32   // low bits of an index word: slab index + 1
 	seed0       uint64
 	seed1       uint64
-	mru, lru    int32 // most and least recently used entries, or nilIndex
-	mruEntry    entry // the view of mru, kept so that lookup's common case skips the slab arithmetic
-	live        int   // entries in the LRU (count mirrors it for Len)
+	mru, lru    int32         // most and least recently used entries, or nilIndex
+	mruEntry    entry         // the view of mru, kept so that lookup's common case skips the slab arithmetic
+	live        int           // entries in the LRU
+	total       *atomic.Int64 // Table.count: entries in all shards
+	maxEntries  int64         // Config.MaxEntries, the table-wide cap
 	fences      *simplelru.LRU[int64, fence]
 	anyFences   bool    // fences.Len() > 0, without the pointer chase
 	wide        wideMap // exact values of slots whose deltas do not fit (see slot)
-	capacity    int
+	capacity    int     // most entries the shard can hold: maxEntries + shards - 1
 	retained    int
 	expiration  int64
 	pageShift   uint
 	pages       []page   // page p holds entries p<<pageShift ...
 	used        uint32   // entries ever handed out (the slab's high-water mark)
 	free        []uint32 // indexes handed back by removals
-	count       atomic.Int64
 	evictions   atomic.Uint64
 	expirations atomic.Uint64
 }
@@ -342,8 +370,11 @@ type fence struct {
 	epoch int16
 }
 
-func (s *shard) init(capacity, fences, retained int, expiration int64, seed0, seed1 uint64) {
+func (s *shard) init(maxEntries, shards, fences, retained int, expiration int64, seed0, seed1 uint64, total *atomic.Int64) {
 	s.fences, _ = simplelru.NewLRU[int64, fence](fences, nil)
+	// One shard may hold the whole table, and then some (see insert).
+	capacity := maxEntries + shards - 1
+	s.total, s.maxEntries = total, int64(maxEntries)
 	s.capacity = capacity
 	s.retained = retained
 	s.expiration = expiration
@@ -481,10 +512,27 @@ func (s *shard) setMRU(idx int32) {
 	}
 }
 
-// insert adds an empty entry for k, which must be absent, evicting the least
-// recently used entry if the shard is full. The caller fills it in.
+// insert adds an empty entry for k, which must be absent. The caller fills it
+// in.
+//
+// Config.MaxEntries caps the whole table, not the shard: a shard grows until
+// the table holds MaxEntries entries, so one producer, whose partitions all
+// share a shard, can use all of it. At the cap, an insert evicts its own
+// shard's least recently used entry, since only its own lock is held; a
+// shard with no entry inserts anyway.
+//
+// The overshoot that allows is bounded: Table.count never exceeds
+// MaxEntries + Shards - 1, even with concurrent inserts. Take any moment T
+// and the last moment T0 before it when count was below MaxEntries (count
+// changes by one at a time, so it is at least MaxEntries throughout (T0, T]).
+// An insert that read count after T0 read at least MaxEntries, so it evicted
+// first, unless its shard was empty. An insert that read count at or before
+// T0 held its shard's lock at T0, so there is at most one per shard. So at T
+// no shard holds more than one entry above what it held at T0, and count is
+// at most (MaxEntries-1) + Shards. Sequentially the bound is reached when one
+// shard holds MaxEntries entries and each other shard then inserts one.
 func (s *shard) insert(k Key) entry {
-	if s.live >= s.capacity {
+	if s.live > 0 && s.total.Load() >= s.maxEntries {
 		s.remove(s.lru)
 		s.evictions.Add(1)
 	}
@@ -513,7 +561,7 @@ func (s *shard) insert(k Key) entry {
 	}
 	s.index[i] = hv&^s.idxMask | uint32(idx+1)
 	s.live++
-	s.count.Add(1)
+	s.total.Add(1)
 	e := s.entry(idx)
 	*e.h = header{key: k}
 	s.pushFront(idx, e.h)
@@ -570,7 +618,87 @@ func (s *shard) remove(idx int32) {
 	s.unlink(h)
 	s.free = append(s.free, uint32(idx))
 	s.live--
-	s.count.Add(-1)
+	s.total.Add(-1)
+	if s.used >= compactMinUsed && uint32(s.live)*2 < s.used {
+		s.compact()
+	}
+}
+
+// compactMinUsed is the slab size below which a shard is never compacted:
+// too small to be worth it.
+const compactMinUsed = 64
+
+// compact moves the shard's entries to the lowest slab indexes, drops the
+// slab pages no entry then uses, and rebuilds the index at the size the
+// entries need; the LRU order, the entries and their wide values are
+// unchanged. remove calls it when fewer than half the entries the slab has
+// handed out are live, so a shard's slab and index stay within about twice
+// its live entries (plus a page): a shard that once held many entries (any
+// shard may grow to MaxEntries) gives the memory back when they go. Its
+// cost, O(entries), is amortized over the removals that halved the shard.
+func (s *shard) compact() {
+	target := uint32(s.live)
+	// Slab indexes below target are live or free, so there are as many
+	// free ones there as live entries at or above target.
+	holes := s.free[:0]
+	for _, f := range s.free {
+		if f < target {
+			holes = append(holes, f)
+		}
+	}
+	for idx := s.lru; idx != nilIndex; {
+		prev := s.hdr(idx).prev
+		if uint32(idx) >= target {
+			s.move(idx, int32(holes[len(holes)-1]))
+			holes = holes[:len(holes)-1]
+		}
+		idx = prev
+	}
+	size := 8
+	for s.live*4 > size*3 {
+		size *= 2
+	}
+	s.index = make([]uint32, size)
+	mask := uint32(size - 1)
+	for idx := s.lru; idx != nilIndex; idx = s.hdr(idx).prev {
+		hv := s.hash(s.hdr(idx).key)
+		i := hv & mask
+		for s.index[i] != 0 {
+			i = (i + 1) & mask
+		}
+		s.index[i] = hv&^s.idxMask | uint32(idx+1)
+	}
+	s.used = target
+	s.free = nil
+	keep := int((target + 1<<s.pageShift - 1) >> s.pageShift)
+	clear(s.pages[keep:])
+	s.pages = s.pages[:keep]
+	s.setMRU(s.mru) // the view of the new slab index
+}
+
+// move moves entry from to the free slab index to, with its LRU links and
+// wide values; compact fixes the index and the view of mru.
+func (s *shard) move(from, to int32) {
+	src, dst := s.entry(from), s.entry(to)
+	*dst.h = *src.h
+	for j := range s.retained {
+		dst.s[j] = src.s[j]
+		if src.s[j].offDelta == wideDelta {
+			s.wide[&dst.s[j]] = s.wide[&src.s[j]]
+			delete(s.wide, &src.s[j])
+		}
+	}
+	h := dst.h
+	if h.prev != nilIndex {
+		s.hdr(h.prev).next = to
+	} else {
+		s.mru = to
+	}
+	if h.next != nilIndex {
+		s.hdr(h.next).prev = to
+	} else {
+		s.lru = to
+	}
 }
 
 // fenced reports whether epoch is below the producer's InitProducerId floor,

@@ -8,10 +8,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -77,6 +80,8 @@ func TestConfig(t *testing.T) {
 		{RetainedBatches: -1},
 		{ProducerIDExpiration: -time.Second},
 		{MaxFencedProducers: -1},
+		{MaxTopics: -1},
+		{MaxEntries: math.MaxInt32, Shards: 2},
 	}
 	for _, b := range bad {
 		if _, err := New(b); !errors.Is(err, ErrInvalidConfig) {
@@ -89,22 +94,15 @@ func TestConfig(t *testing.T) {
 	}
 }
 
-func TestTopicInterning(t *testing.T) {
-	t.Parallel()
-	tab, _ := New(Config{})
-	a, b := tab.Topic("orders"), tab.Topic("payments")
-	if a == b || tab.Topic("orders") != a || tab.TopicBytes([]byte("payments")) != b {
-		t.Fatal("interning is not stable")
+// topic interns name and returns its TopicID, as the proxy would after a
+// Metadata response naming it. It panics if the name is refused.
+func (t *Table) topic(name string) TopicID {
+	t.InternTopics([]TopicRef{{Name: name}})
+	id, ok := t.LookupTopic([]byte(name))
+	if !ok {
+		panic("topic " + name + " refused")
 	}
-	if c := tab.TopicBytes([]byte("new")); c == a || c == b || tab.Topic("new") != c {
-		t.Fatal("TopicBytes of a new name")
-	}
-	if name, ok := tab.TopicName(b); !ok || name != "payments" {
-		t.Errorf("TopicName(%d) = %q, %v", b, name, ok)
-	}
-	if _, ok := tab.TopicName(99); ok {
-		t.Error("TopicName of an unknown id")
-	}
+	return id
 }
 
 // TestConcurrentProducers runs many goroutines on one table under -race. Each
@@ -126,7 +124,7 @@ func TestConcurrentProducers(t *testing.T) {
 	for p := range producers {
 		wg.Go(func() {
 			pid := int64(p)
-			topic := tab.Topic("t" + strconv.Itoa(p%3))
+			topic := tab.topic("t" + strconv.Itoa(p%3))
 			var epoch int16
 			seq := [4]int32{}
 			for r := range rounds {
@@ -170,7 +168,13 @@ func TestConcurrentProducers(t *testing.T) {
 				tab.Commit(k, b, 1, 1, now)
 				tab.Release(k, b)
 				tab.ObserveInitProducerID(2000+int64(r%5), int16(r%4), now)
-				tab.Topic("shared" + strconv.Itoa(r%9))
+				name := "shared" + strconv.Itoa(r%9)
+				tab.InternTopics([]TopicRef{{Name: name, ID: [16]byte{byte(r % 9), 1}}})
+				if id, ok := tab.LookupTopic([]byte(name)); !ok {
+					t.Errorf("topic %s not found after interning", name)
+				} else if id2, ok := tab.LookupTopicID([16]byte{byte(r % 9), 1}); !ok || id2 != id {
+					t.Errorf("topic %s: id %d, by topic ID %d, %v", name, id, id2, ok)
+				}
 				if r%50 == 0 {
 					tab.Expire(now)
 				}
@@ -211,12 +215,16 @@ var (
 
 // TestNoAllocs pins zero allocations on the hot paths for a known key:
 // check-then-commit, duplicate detection, in-flight detection, release and
-// interning a known topic (netip's TestNoAllocs style: each call is checked to
-// have done what it should, so an early return cannot fake a pass).
+// looking up a topic by name or ID, known or not (netip's TestNoAllocs
+// style: each call is checked to have done what it should, so an early
+// return cannot fake a pass).
 func TestNoAllocs(t *testing.T) {
 	tab, _ := New(Config{Shards: 4})
 	now := time.Unix(1_700_000_000, 0)
-	k := Key{ProducerID: 42, Topic: tab.Topic("orders"), Partition: 3}
+	uuid := [16]byte{0: 0xab, 15: 0xcd}
+	tab.InternTopics([]TopicRef{{Name: "orders", ID: uuid}})
+	topic, _ := tab.LookupTopic([]byte("orders"))
+	k := Key{ProducerID: 42, Topic: topic, Partition: 3}
 	name := []byte("orders")
 	tab.Commit(k, Batch{FirstSeq: 0, Count: 1}, 0, 0, now) // create the entry outside the measurement
 	seq := int32(1)
@@ -259,9 +267,18 @@ func TestNoAllocs(t *testing.T) {
 			}
 		}},
 		{"topic", func() {
-			sinkTopic = tab.Topic("orders") + tab.TopicBytes(name)
-			if sinkTopic != 2*k.Topic {
+			a, ok1 := tab.LookupTopic(name)
+			b, ok2 := tab.LookupTopicID(uuid)
+			sinkTopic = a + b
+			if !ok1 || !ok2 || sinkTopic != 2*k.Topic {
 				t.Fatal("topic")
+			}
+		}},
+		{"unknown-topic", func() {
+			_, ok1 := tab.LookupTopic([]byte("unknown"))
+			_, ok2 := tab.LookupTopicID([16]byte{1})
+			if ok1 || ok2 {
+				t.Fatal("unknown topic found")
 			}
 		}},
 	}
@@ -348,4 +365,204 @@ func TestIndexChurn(t *testing.T) {
 	if tab.Evictions() == 0 || tab.Expirations() == 0 || tab.Len() == 0 {
 		t.Errorf("evictions %d, expirations %d, len %d", tab.Evictions(), tab.Expirations(), tab.Len())
 	}
+}
+
+// TestOneProducerManyPartitions: MaxEntries caps the table, not a shard, so
+// a producer on more partitions than MaxEntries/Shards, all in its one
+// shard, keeps every entry and its retries are duplicates. (With a
+// per-shard cap of 1024/8 = 128 it evicted its own entries, and a retry was
+// accepted and forwarded again.)
+func TestOneProducerManyPartitions(t *testing.T) {
+	t.Parallel()
+	tab, _ := New(Config{MaxEntries: 1024, Shards: 8})
+	now := time.Unix(1_700_000_000, 0)
+	topic := tab.topic("orders")
+	const partitions = 200
+	for p := range partitions {
+		k := Key{ProducerID: 7, Topic: topic, Partition: int32(p)}
+		b := Batch{FirstSeq: 0, Count: 3, Fingerprint: 11}
+		expect(t, tab.Check(k, b, now), Accept)
+		tab.Commit(k, b, int64(100+p), 5, now)
+	}
+	for p := range partitions {
+		k := Key{ProducerID: 7, Topic: topic, Partition: int32(p)}
+		r := tab.Check(k, Batch{FirstSeq: 0, Count: 3, Fingerprint: 11}, now)
+		if r.Decision != Duplicate || r.BaseOffset != int64(100+p) {
+			t.Fatalf("partition %d: retry = %+v, want duplicate at %d", p, r, 100+p)
+		}
+	}
+	if tab.Len() != partitions || tab.Evictions() != 0 {
+		t.Errorf("Len %d, Evictions %d; want %d, 0", tab.Len(), tab.Evictions(), partitions)
+	}
+	tab.dumpAll(t)
+}
+
+// pidsByShard returns, for each shard, the first n producer ids at or after
+// from that it holds.
+func pidsByShard(tab *Table, from int64, n int) [][]int64 {
+	out := make([][]int64, len(tab.shards))
+	for pid, full := from, 0; full < len(out); pid++ {
+		s := tab.shardIndex(pid)
+		if len(out[s]) < n {
+			if out[s] = append(out[s], pid); len(out[s]) == n {
+				full++
+			}
+		}
+	}
+	return out
+}
+
+// TestGlobalCapOvershoot walks the documented worst case: one shard holds
+// all MaxEntries entries, then each other (empty) shard inserts one, which
+// the cap allows because an insert only evicts from its own shard. That is
+// MaxEntries+Shards-1, and no insert goes beyond it: every shard now holds
+// an entry and evicts its own least recently used one.
+func TestGlobalCapOvershoot(t *testing.T) {
+	t.Parallel()
+	const maxEntries, shards = 64, 4
+	tab, _ := New(Config{MaxEntries: maxEntries, Shards: shards})
+	now := time.Unix(0, 0)
+	pids := pidsByShard(tab, 0, 3)
+	b := Batch{FirstSeq: 0, Count: 1}
+	for p := range maxEntries {
+		tab.Check(Key{ProducerID: pids[0][0], Partition: int32(p)}, b, now)
+	}
+	if tab.Len() != maxEntries || tab.Evictions() != 0 {
+		t.Fatalf("Len %d, Evictions %d", tab.Len(), tab.Evictions())
+	}
+	for s := 1; s < shards; s++ {
+		tab.Check(Key{ProducerID: pids[s][0]}, b, now)
+	}
+	if tab.Len() != maxEntries+shards-1 || tab.Evictions() != 0 {
+		t.Fatalf("Len %d, Evictions %d; want %d, 0", tab.Len(), tab.Evictions(), maxEntries+shards-1)
+	}
+	for s := range shards {
+		for _, pid := range pids[s][1:] {
+			tab.Check(Key{ProducerID: pid, Partition: 1000}, b, now)
+			if tab.Len() != maxEntries+shards-1 {
+				t.Fatalf("Len %d after an insert into shard %d", tab.Len(), s)
+			}
+		}
+	}
+	if tab.Evictions() != 2*shards {
+		t.Errorf("Evictions %d, want %d", tab.Evictions(), 2*shards)
+	}
+	// Each shard evicted its own least recently used entries: shard 0 its
+	// first two partitions, the others their first producer.
+	for p, want := range []bool{false, false, true} {
+		if got := tab.Decide(Key{ProducerID: pids[0][0], Partition: int32(p)}, Batch{FirstSeq: 5, Count: 1}, now).Decision == OutOfOrder; got != want {
+			t.Errorf("shard 0 partition %d held: %v, want %v", p, got, want)
+		}
+	}
+	tab.dumpAll(t)
+}
+
+// TestGlobalCapFlood: goroutines insert distinct producer ids, each a new
+// entry, into a small table; the table never holds more than
+// MaxEntries+Shards-1 entries (Len is exact at every moment), and at the
+// end it is full and consistent.
+func TestGlobalCapFlood(t *testing.T) {
+	t.Parallel()
+	const maxEntries, shards, workers, perWorker = 256, 8, 4, 20_000
+	tab, _ := New(Config{MaxEntries: maxEntries, Shards: shards})
+	now := time.Unix(0, 0)
+	var wg sync.WaitGroup
+	var peak atomic.Int64
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				k := Key{ProducerID: int64(w*perWorker + i), Partition: int32(i % 3)}
+				tab.Check(k, Batch{FirstSeq: int32(i % 5), Count: 1}, now)
+				n := int64(tab.Len())
+				if n > maxEntries+shards-1 {
+					t.Errorf("Len %d > MaxEntries+Shards-1 = %d", n, maxEntries+shards-1)
+					return
+				}
+				if n > peak.Load() {
+					peak.Store(n) // racy maximum; only logged
+				}
+			}
+		})
+	}
+	wg.Wait()
+	tab.dumpAll(t) // total ≤ MaxEntries+Shards-1, per-shard bookkeeping
+	if tab.Len() < maxEntries || tab.Evictions() < workers*perWorker-maxEntries-shards {
+		t.Errorf("Len %d, Evictions %d", tab.Len(), tab.Evictions())
+	}
+	t.Logf("Len %d, peak seen %d, evictions %d", tab.Len(), peak.Load(), tab.Evictions())
+}
+
+// TestCompaction: when most of a shard's entries expire, the shard compacts
+// (shard.compact): the survivors, which sat at the top of the slab, move
+// down, and the slab pages and index shrink. Their LRU order, batches and
+// offsets, wide ones included, are unchanged.
+func TestCompaction(t *testing.T) {
+	t.Parallel()
+	const n, survivors = 5000, 100
+	tab, _ := New(Config{MaxEntries: n, Shards: 1, ProducerIDExpiration: time.Hour})
+	base := time.Unix(1_700_000_000, 0)
+	for i := range n {
+		k := Key{ProducerID: int64(i)}
+		now := base.Add(time.Duration(i) * time.Second)
+		tab.Commit(k, Batch{FirstSeq: 0, Count: 2}, int64(i), 1, now)
+		// 1<<40 apart from the first offset: one of the two goes wide
+		tab.Commit(k, Batch{FirstSeq: 2, Count: 2}, int64(i)+1<<40, 2, now)
+	}
+	entries := regexp.MustCompile(`\{[^}]*\}`)
+	before := entries.FindAllString(tab.dumpAll(t), -1)
+	s := &tab.shards[0].shard
+	pages, index, wide := len(s.pages), len(s.index), len(s.wide)
+	if wide != n {
+		t.Fatalf("%d wide values, want %d", wide, n)
+	}
+	// Everything but the last survivors expires.
+	if got := tab.Expire(base.Add(time.Hour + (n-survivors-1)*time.Second)); got != n-survivors {
+		t.Fatalf("expired %d, want %d", got, n-survivors)
+	}
+	after := entries.FindAllString(tab.dumpAll(t), -1) // checks the bookkeeping
+	if !slices.Equal(after, before[n-survivors:]) {
+		t.Fatalf("entries changed by compaction:\nbefore %v\nafter  %v", before[n-survivors:], after)
+	}
+	if s.used > 2*survivors || len(s.pages) >= pages || len(s.index) >= index || len(s.wide) != survivors {
+		t.Errorf("after compaction: used %d, pages %d (was %d), index %d (was %d), wide %d",
+			s.used, len(s.pages), pages, len(s.index), index, len(s.wide))
+	}
+	now := base.Add(n * time.Second) // the survivors are live
+	for i := n - survivors; i < n; i++ {
+		k := Key{ProducerID: int64(i)}
+		if r := tab.Check(k, Batch{FirstSeq: 0, Count: 2}, now); r.Decision != Duplicate || r.BaseOffset != int64(i) {
+			t.Fatalf("pid %d first batch: %+v", i, r)
+		}
+		if r := tab.Check(k, Batch{FirstSeq: 2, Count: 2}, now); r.Decision != Duplicate || r.BaseOffset != int64(i)+1<<40 {
+			t.Fatalf("pid %d second batch: %+v", i, r)
+		}
+	}
+	tab.dumpAll(t)
+}
+
+// TestCompactionBoundsMemory: a large producer's entries move from shard to
+// shard (it restarts with a new producer id, and the old entries expire);
+// without compaction every shard would keep a slab for all of them.
+func TestCompactionBoundsMemory(t *testing.T) {
+	t.Parallel()
+	const maxEntries, shards, partitions = 4096, 4, 3000
+	tab, _ := New(Config{MaxEntries: maxEntries, Shards: shards, ProducerIDExpiration: time.Hour})
+	now := time.Unix(0, 0)
+	pids := pidsByShard(tab, 1, 1)
+	for round := range 2 * shards {
+		pid := pids[round%shards][0]
+		for p := range partitions {
+			tab.Commit(Key{ProducerID: pid, Partition: int32(p)}, Batch{FirstSeq: int32(round), Count: 1}, 1, 1, now)
+		}
+		now = now.Add(time.Hour)
+		tab.Expire(now)
+	}
+	used := 0
+	for i := range tab.shards {
+		used += int(tab.shards[i].used)
+	}
+	if tab.Len() != 0 || used > 2*tab.Len()+shards*compactMinUsed {
+		t.Errorf("Len %d, slab entries handed out %d", tab.Len(), used)
+	}
+	tab.dumpAll(t)
 }
