@@ -50,6 +50,10 @@ type planner struct {
 	nWaiting atomic.Int64 // entries in all waiters lists: resolve skips the lock at 0
 
 	logStart logStartOffsets
+
+	// unknownTopics counts batches relayed for topics not yet interned;
+	// the server refreshes its topics when it moves.
+	unknownTopics atomic.Uint64
 }
 
 func newPlanner(cfg *DedupConfig, table *seqstate.Table, legacy *seqstate.LegacyTable, m *Metrics) *planner {
@@ -246,6 +250,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		}
 		if !known {
 			pn.metrics.passthrough[passUnknownTopic].Inc()
+			pn.unknownTopics.Add(1)
 			continue
 		}
 		match := MatchRecords

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"io"
 	"runtime"
@@ -388,5 +389,68 @@ func itoa(i int) string {
 		if i /= 10; i == 0 {
 			return string(b[n:])
 		}
+	}
+}
+
+// TestTopicsLearnedAtStart: after a restart, clients produce with the
+// metadata they cached, without asking the proxy for Metadata. The proxy
+// learns the cluster's topics (names and IDs) itself at start, so their
+// batches are decided at once, by name (v9) and by topic ID (v13).
+func TestTopicsLearnedAtStart(t *testing.T) {
+	t.Parallel()
+	const topic = "cached"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	pc := countProduce(c)
+	id := metadataTopicID(t, dialRaw(t, c.ListenAddrs()[0]).learnTopics(topic), topic)
+	p := startProxy(t, c, nil)
+	for i, v := range []int16{9, 13} {
+		raw := dialRaw(t, p.addr()) // no Metadata through the proxy
+		b := recordBatch(t, 70+int64(i), 0, 0, 1, "x")
+		req := produceV(v, topic, id, -1, 5000, part{0, b})
+		for j := 0; j < 2; j++ {
+			if r := onlyPartition(t, raw.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != int64(i) {
+				t.Fatalf("v%d send %d: %+v", v, j, r)
+			}
+		}
+	}
+	if pc.requests.Load() != 2 {
+		t.Fatalf("broker saw %d requests, want 2 (each retry answered by the proxy)", pc.requests.Load())
+	}
+}
+
+// TestShutdownWithStuckWaiter: a retry waits on an original the broker
+// holds; Shutdown with a short context returns within it, the waiter is
+// abandoned and nothing stays pending.
+func TestShutdownWithStuckWaiter(t *testing.T) {
+	t.Parallel()
+	const topic = "stuck"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	entered, release, _ := holdFirstProduce(c)
+	defer close(release)
+	p := startProxy(t, c, nil)
+	b := recordBatch(t, 88, 0, 0, 1, "x")
+	req := produceParts(topic, -1, part{0, b})
+	orig, retry := dialRaw(t, p.addr()), dialRaw(t, p.addr())
+	orig.learnTopics(topic)
+	orig.send(req)
+	<-entered
+	retry.send(req)
+	waitFor(t, 10*time.Second, "the retry to wait on its original", func() bool {
+		return testutil.ToFloat64(p.Metrics.batches[seqstate.InFlight]) == 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := p.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown: %v, want the context's deadline", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("shutdown took %v with a 300ms context", el)
+	}
+	waitFor(t, 10*time.Second, "every connection to finish", func() bool {
+		return testutil.ToFloat64(p.Metrics.ClientConnections) == 0
+	})
+	if n := p.planner.nWaiting.Load(); n != 0 {
+		t.Fatalf("%d waiters left registered", n)
 	}
 }

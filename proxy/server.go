@@ -152,12 +152,16 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.Logger.Info("listening", "listener", "bootstrap", "addr", ln.Addr().String(), "upstream", s.Config.Upstream)
 
-	// Learning the brokers up front makes node listeners exist before any
-	// client asks, which matters after a restart: clients reconnect to node
-	// addresses they cached. An unreachable upstream is not fatal; /readyz
-	// says so and nodes are learned from the first Metadata that passes.
-	if err := s.Probe(ctx); err != nil {
+	// Learning the brokers and topics up front makes node listeners exist
+	// before any client asks, and batches decidable, which matters after a
+	// restart: clients reconnect to node addresses and produce to topics
+	// they cached. An unreachable upstream is not fatal; /readyz says so and
+	// nodes and topics are learned from the first Metadata that passes.
+	if err := s.learnTopics(ctx); err != nil {
 		s.Logger.Warn("upstream not reachable yet", "err", err)
+	}
+	if s.planner.table != nil {
+		s.spawn(s.topicRefreshLoop)
 	}
 	// A node listener on the admin port is a configuration mistake that
 	// would leave that broker unreachable for good: refuse to start.
@@ -490,6 +494,38 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // hostPort joins a host and a port.
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// topicRefreshInterval is how often the proxy checks whether batches for
+// topics it does not know were seen, and if so asks the cluster for its
+// topics.
+const topicRefreshInterval = 5 * time.Second
+
+// topicRefreshLoop learns the cluster's topics again when batches for
+// unknown topics were relayed undecided since the last look: a topic
+// created since, or clients producing with metadata they cached before the
+// proxy started.
+func (s *Server) topicRefreshLoop() {
+	t := time.NewTicker(topicRefreshInterval)
+	defer t.Stop()
+	var seen uint64
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			n := s.planner.unknownTopics.Load()
+			if n == seen {
+				continue
+			}
+			seen = n
+			ctx, cancel := context.WithTimeout(s.dialCtx, s.Config.DialTimeout)
+			if err := s.learnTopics(ctx); err != nil {
+				s.Logger.Debug("topic refresh failed", "err", err)
+			}
+			cancel()
+		}
+	}
+}
 
 // expireLoop forgets idle producers, like Kafka's periodic
 // removeExpiredProducers (producer.id.expiration.check.interval.ms, 10
