@@ -86,7 +86,7 @@ func franzClient() legacyClient {
 			if err := cl.Flush(ctx); err != nil {
 				return produceResult{}, fmt.Errorf("flush: %w", err)
 			}
-			return acks.result(moduleVersion("github.com/twmb/franz-go")), nil
+			return acks.result("franz-go " + moduleVersion("github.com/twmb/franz-go")), nil
 		},
 	}
 }
@@ -154,7 +154,7 @@ func saramaClient() legacyClient {
 			if err != nil {
 				return produceResult{}, err
 			}
-			return acks.result(moduleVersion("github.com/IBM/sarama")), nil
+			return acks.result("sarama " + moduleVersion("github.com/IBM/sarama")), nil
 		},
 	}
 }
@@ -209,7 +209,7 @@ func kafkaGoClient() legacyClient {
 			default:
 				return produceResult{}, err
 			}
-			return acks.result(moduleVersion("github.com/segmentio/kafka-go")), nil
+			return acks.result("kafka-go " + moduleVersion("github.com/segmentio/kafka-go")), nil
 		},
 	}
 }

@@ -107,9 +107,9 @@ func (r tally) String() string {
 	if !r.ackedExact {
 		lost = "≥" + lost
 	}
-	s := fmt.Sprintf("%s %s: sent %d, acknowledged %d (failed %d, of which stored anyway %d), stored %d, duplicated %d, lost %s; "+
+	s := fmt.Sprintf("%s (%s) %s: sent %d, acknowledged %d (failed %d, of which stored anyway %d), stored %d, duplicated %d, lost %s; "+
 		"shim: %d Produce requests, %d batches (%d legacy), %d records, response to #%d dropped (%d), %d records forwarded by then; %v",
-		r.client, r.mode, r.sent, r.acked, r.failed, r.unackedStored, r.stored, r.duplicated, lost,
+		r.client, r.version, r.mode, r.sent, r.acked, r.failed, r.unackedStored, r.stored, r.duplicated, lost,
 		r.shim.Produces, r.shim.Batches, r.shim.LegacyBatches, r.shim.Records, r.dropAt, r.shim.Dropped, r.shim.RecordsAtDrop,
 		r.elapsed.Round(time.Millisecond))
 	if r.mode == modeProxy {
