@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// debianPython is Debian's interpreter: the python3-* packages live in its
+// dist-packages, which a python3 earlier on PATH (pyenv, a venv) does not
+// see (docs/clients.md §2).
+const debianPython = "/usr/bin/python3"
+
+// childReport is the JSON line the Python and Node producers print.
+type childReport struct {
+	Version     string   `json:"version"`
+	Acked       []int    `json:"acked"`
+	Failed      []int    `json:"failed"`
+	Undelivered int      `json:"undelivered"`
+	Errors      []string `json:"errors"`
+}
+
+// runReporting runs a producer program that prints a childReport last.
+func runReporting(ctx context.Context, t *testing.T, name string, args ...string) (produceResult, error) {
+	stdout, stderr, err := runChild(ctx, t, nil, name, args...)
+	if strings.TrimSpace(stderr) != "" {
+		t.Logf("%s stderr:\n%s", filepath.Base(args[0]), firstLines(stderr, 20))
+	}
+	if err != nil {
+		return produceResult{}, fmt.Errorf("%s %s: %w", name, args[0], err)
+	}
+	lines := bytes.Split(bytes.TrimSpace(stdout), []byte("\n"))
+	var rep childReport
+	if err := json.Unmarshal(lines[len(lines)-1], &rep); err != nil {
+		return produceResult{}, fmt.Errorf("%s: report: %w (stdout %q)", args[0], err, firstLines(string(stdout), 5))
+	}
+	if rep.Undelivered > 0 {
+		rep.Errors = append(rep.Errors, fmt.Sprintf("%d messages still undelivered at exit", rep.Undelivered))
+	}
+	return produceResult{
+		version: rep.Version, acked: rep.Acked, perValue: true, ackedCount: len(rep.Acked),
+		failed: len(rep.Failed) + rep.Undelivered, errors: rep.Errors,
+	}, nil
+}
+
+// pythonModule checks that Debian's python can import module.
+func pythonModule(module string) func() error {
+	return func() error {
+		if _, err := os.Stat(debianPython); err != nil {
+			return err
+		}
+		out, err := exec.Command(debianPython, "-c", "import "+module).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s -c 'import %s': %v: %s", debianPython, module, err, bytes.TrimSpace(out))
+		}
+		return nil
+	}
+}
+
+// kcatClient: kcat (librdkafka) reading values from stdin, idempotence off,
+// acks=all. kcat reports deliveries only as counts: a failed delivery is a
+// "Delivery failed" line on stderr, so the acknowledged values are known one
+// by one only when none failed. It exits 0 even when deliveries failed
+// (docs/clients.md §2). -E keeps it running when "all brokers are down":
+// with one broker, the shim closing the connection is exactly that, and kcat
+// would otherwise exit with records still queued.
+func kcatClient() legacyClient {
+	return legacyClient{
+		name: "kcat", retries: true, dropAt: 10,
+		available: func() error { _, err := exec.LookPath("kcat"); return err },
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
+			var in bytes.Buffer
+			for i := 0; i < n; i++ {
+				in.WriteString(value(i))
+				in.WriteByte('\n')
+			}
+			_, stderr, err := runChild(ctx, t, in.Bytes(), "kcat", "-P", "-E", "-b", bootstrap, "-t", topic,
+				"-X", "client.id=e2e-kcat",
+				"-X", "enable.idempotence=false",
+				"-X", "acks=all",
+				"-X", "linger.ms=5",
+				"-X", "batch.num.messages=100", // many Produce requests: the lost acknowledgement is mid-stream
+				"-X", "retry.backoff.ms=50",
+				"-X", "reconnect.backoff.ms=50",
+				"-X", "socket.timeout.ms=5000",
+				"-X", "request.timeout.ms=5000",
+				"-X", "message.timeout.ms=25000",
+			)
+			if err != nil {
+				return produceResult{}, fmt.Errorf("kcat: %w; stderr:\n%s", err, firstLines(stderr, 20))
+			}
+			failed := strings.Count(stderr, "Delivery failed")
+			var errs []string
+			for _, l := range strings.Split(stderr, "\n") {
+				if strings.Contains(l, "Delivery failed") || strings.Contains(l, "FATAL") || strings.Contains(l, "ERROR") {
+					if len(errs) < 5 {
+						errs = append(errs, strings.TrimSpace(l))
+					}
+				}
+			}
+			return produceResult{version: kcatVersion(), ackedCount: n - failed, failed: failed, errors: errs}, nil
+		},
+	}
+}
+
+var kcatVersionRE = regexp.MustCompile(`Version (\S+) .*librdkafka (\S+)`)
+
+// kcatVersion reads "Version 1.7.1 (..., librdkafka 2.0.2 ...)" from kcat -V.
+func kcatVersion() string {
+	out, err := exec.Command("kcat", "-V").CombinedOutput()
+	if err != nil {
+		return "unknown"
+	}
+	m := kcatVersionRE.FindSubmatch(out)
+	if m == nil {
+		return "unknown"
+	}
+	return fmt.Sprintf("kcat %s (librdkafka %s)", m[1], m[2])
+}
+
+// confluentPythonClient: confluent-kafka-python (Debian's, on librdkafka),
+// idempotence off, acks=all.
+func confluentPythonClient() legacyClient {
+	return legacyClient{
+		name: "confluent-kafka-python", retries: true, dropAt: 10,
+		available: pythonModule("confluent_kafka"),
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
+			return runReporting(ctx, t, debianPython, filepath.Join("testdata", "confluent_producer.py"), bootstrap, topic, fmt.Sprint(n))
+		},
+	}
+}
+
+// kafkaPythonClient: kafka-python (Debian's 2.0.2), which has no idempotent
+// producer. With retries > 0 it resends a batch whose acknowledgement was
+// lost, and duplicates like the others. Its default is retries=0: it never
+// retries, and reports the lost acknowledgement's records as failed although
+// the broker appended them (docs/clients.md §3); the "retries=0" variant
+// shows that, and there is nothing for a proxy to deduplicate.
+func kafkaPythonClient(retries int) legacyClient {
+	name := "kafka-python"
+	if retries == 0 {
+		name += " retries=0"
+	}
+	return legacyClient{
+		// Its requests carry several batches, about 300 records each, so
+		// the third one is mid-stream.
+		name: name, retries: retries > 0, dropAt: 3,
+		available: pythonModule("kafka"),
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
+			return runReporting(ctx, t, debianPython, filepath.Join("testdata", "kafka_python_producer.py"),
+				bootstrap, topic, fmt.Sprint(n), fmt.Sprint(retries))
+		},
+	}
+}
+
+// kafkajsClient: kafkajs from e2e/node_modules (npm ci in e2e/), idempotent
+// false, acks=-1.
+func kafkajsClient() legacyClient {
+	return legacyClient{
+		name: "kafkajs", retries: true, dropAt: 10,
+		available: func() error {
+			if _, err := exec.LookPath("node"); err != nil {
+				return err
+			}
+			if _, err := os.Stat(filepath.Join("node_modules", "kafkajs", "package.json")); err != nil {
+				return errors.Join(errors.New("kafkajs is not installed: run npm ci in e2e/"), err)
+			}
+			return nil
+		},
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
+			return runReporting(ctx, t, "node", filepath.Join("testdata", "kafkajs_producer.js"), bootstrap, topic, fmt.Sprint(n))
+		},
+	}
+}

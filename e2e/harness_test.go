@@ -1,0 +1,263 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupproxy/dedupproxy/proxy"
+)
+
+// newCluster starts a one-broker kfake cluster on a random loopback port with
+// topic seeded at 3 partitions.
+func newCluster(t testing.TB, topic string) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// testProxy is an in-process dedupproxy in front of a kfake cluster.
+type testProxy struct {
+	srv *proxy.Server
+	reg *prometheus.Registry
+}
+
+// startProxy runs the proxy on 127.0.0.1:0 in front of c. On cleanup it shuts
+// down, fails the test if a connection goroutine panicked, and prints the
+// proxy's log if the test failed.
+func startProxy(t testing.TB, c *kfake.Cluster) *testProxy {
+	t.Helper()
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	srv := &proxy.Server{
+		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Admin: "off"},
+		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Metrics: proxy.NewMetrics(reg),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := &testProxy{srv: srv, reg: reg}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("proxy shutdown: %v", err)
+		}
+		if n := p.metric("dedupproxy_panics_total", ""); n > 0 {
+			t.Errorf("proxy recovered %v panics", n)
+		}
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", logs.String())
+		}
+	})
+	return p
+}
+
+// addr is the proxy's bootstrap listener.
+func (p *testProxy) addr() string { return p.srv.Addr().String() }
+
+// metric sums the samples of the named counter or gauge whose labels include
+// label (as name=value), or all of them when label is empty.
+func (p *testProxy) metric(name, label string) float64 {
+	mfs, err := p.reg.Gather()
+	if err != nil {
+		return -1
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if label != "" && !hasLabel(m, label) {
+				continue
+			}
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+func hasLabel(m *dto.Metric, label string) bool {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName()+"="+lp.GetValue() == label {
+			return true
+		}
+	}
+	return false
+}
+
+// storedValues reads every record of topic straight from kfake (never
+// through the proxy or the shim) and returns how many copies of each value
+// the log holds, and the total.
+func storedValues(t testing.TB, c *kfake.Cluster, topic string) (map[string]int, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	adm, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends, err := kadm.NewClient(adm).ListEndOffsets(ctx, topic)
+	adm.Close()
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		t.Fatalf("list end offsets: %v", err)
+	}
+	want := map[int32]int64{}
+	offsets := map[int32]kgo.Offset{}
+	total := 0
+	ends.Each(func(o kadm.ListedOffset) {
+		want[o.Partition] = o.Offset
+		offsets[o.Partition] = kgo.NewOffset().AtStart()
+		total += int(o.Offset)
+	})
+
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(c.ListenAddrs()...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+
+	copies := make(map[string]int, total)
+	next := map[int32]int64{} // next offset expected per partition
+	got := 0
+	done := func() bool {
+		for p, end := range want {
+			if next[p] < end {
+				return false
+			}
+		}
+		return true
+	}
+	// Each poll returns at least one record or waits FetchMaxWait, so the
+	// bound is generous; the context is the real deadline.
+	for i := 0; i < 10000 && !done(); i++ {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("consumed %d of %d records of %s before the deadline", got, total, topic)
+		}
+		fs.EachError(func(_ string, p int32, err error) { t.Fatalf("fetch partition %d: %v", p, err) })
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset < want[r.Partition] && r.Offset >= next[r.Partition] {
+				copies[string(r.Value)]++
+				next[r.Partition] = r.Offset + 1
+				got++
+			}
+		})
+	}
+	if !done() {
+		t.Fatalf("consumed %d of %d records of %s", got, total, topic)
+	}
+	return copies, got
+}
+
+// inCI reports whether the test runs under CI (CI=true), where a missing
+// client is a failure instead of a skip.
+func inCI() bool { return os.Getenv("CI") == "true" }
+
+// requireClient skips the test when a client is not installed, or fails it in
+// CI, where .ci/run must have installed it.
+func requireClient(t testing.TB, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if inCI() {
+		t.Fatalf("client not installed (CI=true, .ci/run should have installed it): %v", err)
+	}
+	t.Skipf("client not installed (bash .ci/run installs it): %v", err)
+}
+
+// moduleVersion is the version of a Go module the tests are built with, as
+// go.mod requires it. (debug.ReadBuildInfo lists no dependencies in a test
+// binary.)
+func moduleVersion(path string) string {
+	mod, err := os.ReadFile(filepath.Join("..", "go.mod"))
+	if err != nil {
+		return "unknown"
+	}
+	for _, line := range strings.Split(string(mod), "\n") {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(f) >= 2 && f[0] == path {
+			return f[1]
+		}
+	}
+	return "unknown"
+}
+
+// runChild runs a client program to completion, killed if ctx ends first
+// (exec.CommandContext kills it; WaitDelay bounds the wait for its pipes).
+// It returns stdout; stderr is logged.
+func runChild(ctx context.Context, t testing.TB, stdin []byte, name string, args ...string) ([]byte, string, error) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 2 * time.Second
+	cmd.Env = append(os.Environ(), "KAFKAJS_NO_PARTITIONER_WARNING=1", "PYTHONUNBUFFERED=1")
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		err = errors.Join(err, fmt.Errorf("%s killed: %w", name, ctx.Err()))
+	}
+	return stdout.Bytes(), stderr.String(), err
+}
+
+// firstLines returns at most n lines of s, for logs.
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	if len(lines) > n {
+		lines = append(lines[:n], "…")
+	}
+	return strings.Join(lines, "\n")
+}

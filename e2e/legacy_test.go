@@ -1,0 +1,356 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// legacyDedupReady turns on the assertion that dedupproxy writes a retried
+// legacy batch (producer id -1) once: no duplicated record through the
+// proxy. Legacy deduplication is not implemented yet (README, "Not yet"), so
+// today the proxy runs only log their figures. Flip this when the feature
+// lands; E2E_LEGACY_DEDUP=1 turns the assertion on without editing, to try a
+// branch.
+const legacyDedupReady = false
+
+var update = flag.Bool("update", false, "write results/legacy-clients.md from this run")
+
+func legacyDedupAsserted() bool { return legacyDedupReady || os.Getenv("E2E_LEGACY_DEDUP") == "1" }
+
+func writeResults() bool { return *update || os.Getenv("E2E_WRITE_RESULTS") == "1" }
+
+// produceResult is what a client reported about its own run.
+type produceResult struct {
+	version string
+	// acked lists the indices of the values the client reported delivered,
+	// when it reports per record (perValue). kcat only reports failures
+	// counted, so for it ackedCount is sent minus failed.
+	acked      []int
+	perValue   bool
+	ackedCount int
+	failed     int
+	errors     []string // the first few delivery errors, for the log
+}
+
+// legacyClient drives one real client as a legacy (non-idempotent) producer.
+type legacyClient struct {
+	name string
+	// retries: docs/clients.md §3 measured that this client retries a batch
+	// whose acknowledgement was lost, so the control run must show
+	// duplicates and the client must report every record delivered.
+	retries bool
+	// dropAt is which Produce request (acks != 0, counted from 1 across
+	// connections) loses its response: late enough that the client is in
+	// its stride (librdkafka's first requests carry a handful of records
+	// while kcat reads stdin), early enough that records are still to be
+	// sent.
+	dropAt int64
+	// available returns nil when the client can run here.
+	available func() error
+	// produce writes values value(0..n-1) to topic via bootstrap with
+	// acks=all and idempotence off, and returns what the client reported.
+	produce func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error)
+}
+
+// recordsPerRun is how many records each client writes: enough for a few
+// dozen Produce requests, so the lost acknowledgement is mid-stream, and
+// small enough that the slowest client (kafka-python) stays within seconds.
+const recordsPerRun = 3000
+
+// value is the unique record value with index i.
+func value(i int) string { return fmt.Sprintf("r-%06d", i) }
+
+// legacyClients are the clients under test, in the order of the results
+// table.
+func legacyClients() []legacyClient {
+	return []legacyClient{
+		franzClient(),
+		saramaClient(),
+		kafkaGoClient(),
+		kcatClient(),
+		confluentPythonClient(),
+		kafkaPythonClient(5),
+		kafkaPythonClient(0),
+		kafkajsClient(),
+	}
+}
+
+const (
+	modeControl = "control" // client → shim → kfake
+	modeProxy   = "proxy"   // client → shim → dedupproxy → kfake
+)
+
+// tally is one run's figures.
+type tally struct {
+	client, version, mode string
+	sent, acked, failed   int
+	ackedExact            bool // acknowledged values known one by one
+	stored, duplicated    int
+	lost                  int // acknowledged values not in the log; a lower bound if !ackedExact
+	unackedStored         int // values reported failed (or never reported) that are in the log anyway
+	foreign               int // stored values the client never sent
+	shim                  shimStats
+	dropAt                int64
+	legacyPassthrough     float64 // proxy: batches it relayed as legacy
+	elapsed               time.Duration
+}
+
+func (r tally) String() string {
+	lost := fmt.Sprint(r.lost)
+	if !r.ackedExact {
+		lost = "≥" + lost
+	}
+	s := fmt.Sprintf("%s (%s) %s: sent %d, acknowledged %d (failed %d, of which stored anyway %d), stored %d, duplicated %d, lost %s; "+
+		"shim: %d Produce requests, %d batches (%d legacy), %d records, response to #%d dropped (%d), %d records forwarded by then; %v",
+		r.client, r.version, r.mode, r.sent, r.acked, r.failed, r.unackedStored, r.stored, r.duplicated, lost,
+		r.shim.Produces, r.shim.Batches, r.shim.LegacyBatches, r.shim.Records, r.dropAt, r.shim.Dropped, r.shim.RecordsAtDrop,
+		r.elapsed.Round(time.Millisecond))
+	if r.mode == modeProxy {
+		s += fmt.Sprintf("; proxy relayed %v legacy batches", r.legacyPassthrough)
+	}
+	return s
+}
+
+// results collects every run's figures for results/legacy-clients.md.
+var results struct {
+	mu   sync.Mutex
+	runs map[string]map[string]tally // client -> mode -> figures
+}
+
+func record(r tally) {
+	results.mu.Lock()
+	defer results.mu.Unlock()
+	if results.runs == nil {
+		results.runs = map[string]map[string]tally{}
+	}
+	if results.runs[r.client] == nil {
+		results.runs[r.client] = map[string]tally{}
+	}
+	results.runs[r.client][r.mode] = r
+}
+
+// TestLegacyLostAck is the issue "Legacy producers: a retried batch is never
+// written twice". Each real client writes recordsPerRun unique values with
+// acks=all and idempotence off; the shim drops the acknowledgement of one
+// Produce request after the broker appended it and closes the connection
+// (docs/clients.md §3, "close"). Kafka cannot deduplicate a producer id -1
+// batch (docs/kafka-rules.md), so a client that retries writes it twice:
+//
+//   - control (client → shim → kfake) must show duplicates for every client
+//     that retries, or the test is not testing anything;
+//   - proxy (client → shim → dedupproxy → kfake) must show none once legacy
+//     deduplication lands (legacyDedupReady); until then it logs the figures.
+//
+// In both modes nothing acknowledged may be missing from the log.
+func TestLegacyLostAck(t *testing.T) {
+	clients := legacyClients()
+	for _, c := range clients {
+		t.Run(c.name, func(t *testing.T) {
+			requireClient(t, c.available())
+			for _, mode := range []string{modeControl, modeProxy} {
+				t.Run(mode, func(t *testing.T) { runLostAck(t, c, mode) })
+			}
+		})
+	}
+	if !writeResults() {
+		return
+	}
+	if t.Failed() {
+		t.Log("not writing results/legacy-clients.md: the run failed")
+		return
+	}
+	var missing []string
+	results.mu.Lock()
+	for _, c := range clients {
+		for _, mode := range []string{modeControl, modeProxy} {
+			if _, ok := results.runs[c.name][mode]; !ok {
+				missing = append(missing, c.name+"/"+mode)
+			}
+		}
+	}
+	results.mu.Unlock()
+	if len(missing) > 0 {
+		t.Errorf("not writing results/legacy-clients.md: no figures for %s (skipped, or filtered out with -run)", strings.Join(missing, ", "))
+		return
+	}
+	path := filepath.Join("results", "legacy-clients.md")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(resultsMarkdown(clients, time.Now().UTC())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s", path)
+}
+
+func runLostAck(t *testing.T, c legacyClient, mode string) {
+	topic := "legacy-" + strings.NewReplacer(" ", "-", "=", "-").Replace(c.name)
+	cluster := newCluster(t, topic)
+	target := cluster.ListenAddrs()[0]
+	var px *testProxy
+	if mode == modeProxy {
+		px = startProxy(t, cluster)
+		target = px.addr()
+	}
+	shim := newAckShim(t, target, c.dropAt)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err := c.produce(ctx, t, shim.Addr(), topic, recordsPerRun)
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	copies, stored := storedValues(t, cluster, topic)
+
+	r := tally{
+		client: c.name, version: res.version, mode: mode,
+		sent: recordsPerRun, failed: res.failed, stored: stored,
+		shim: shim.Stats(), dropAt: c.dropAt, elapsed: elapsed,
+	}
+	sent := make(map[string]bool, recordsPerRun)
+	for i := 0; i < recordsPerRun; i++ {
+		sent[value(i)] = true
+	}
+	for v, n := range copies {
+		if !sent[v] {
+			r.foreign += n
+			continue
+		}
+		r.duplicated += n - 1
+	}
+	switch {
+	case res.perValue:
+		r.acked, r.ackedExact = len(res.acked), true
+		acked := make(map[string]bool, len(res.acked))
+		for _, i := range res.acked {
+			acked[value(i)] = true
+			if copies[value(i)] == 0 {
+				r.lost++
+			}
+		}
+		for v := range sent {
+			if !acked[v] && copies[v] > 0 {
+				r.unackedStored++
+			}
+		}
+	default:
+		// Only counts: exact when nothing failed (every value was
+		// acknowledged), else a lower bound.
+		r.acked, r.ackedExact = res.ackedCount, res.failed == 0
+		distinct := 0
+		for v := range sent {
+			if copies[v] > 0 {
+				distinct++
+			}
+		}
+		r.lost = max(0, r.acked-distinct)
+	}
+	if px != nil {
+		r.legacyPassthrough = px.metric("dedupproxy_batches_passthrough_total", "reason=legacy")
+	}
+	record(r)
+	t.Log(r)
+	if len(res.errors) > 0 {
+		t.Logf("%s reported errors, the first ones: %s", c.name, strings.Join(res.errors, "; "))
+	}
+
+	// The harness itself: the fault fired mid-stream on legacy batches.
+	if r.shim.Dropped != 1 {
+		t.Fatalf("the shim dropped %d responses, want 1: the client sent %d Produce requests, dropAt is %d",
+			r.shim.Dropped, r.shim.Produces, c.dropAt)
+	}
+	if r.shim.RecordsAtDrop <= 0 || r.shim.RecordsAtDrop >= int64(r.sent) {
+		t.Errorf("the acknowledgement was not lost mid-stream: %d of %d records forwarded when it was dropped",
+			r.shim.RecordsAtDrop, r.sent)
+	}
+	if r.shim.LegacyBatches != r.shim.Batches {
+		t.Errorf("%d of %d batches had a producer id: the client is not producing as a legacy producer",
+			r.shim.Batches-r.shim.LegacyBatches, r.shim.Batches)
+	}
+	if r.foreign > 0 {
+		t.Errorf("%d stored records carry values the client never sent", r.foreign)
+	}
+
+	// Nothing acknowledged is lost, with or without the proxy.
+	if r.lost > 0 {
+		t.Errorf("%d acknowledged records are not in the log", r.lost)
+	}
+	if c.retries && r.acked != r.sent {
+		t.Errorf("%s retries a lost acknowledgement (docs/clients.md §3), yet acknowledged %d of %d records", c.name, r.acked, r.sent)
+	}
+
+	switch mode {
+	case modeControl:
+		if c.retries && r.duplicated == 0 {
+			t.Errorf("control run without duplicates: %s retries a lost acknowledgement (docs/clients.md §3), "+
+				"so the shim did not reproduce the problem this test is for", c.name)
+		}
+	case modeProxy:
+		if legacyDedupAsserted() {
+			if r.duplicated > 0 {
+				t.Errorf("through the proxy, %d records were written twice", r.duplicated)
+			}
+		} else if r.duplicated > 0 {
+			t.Logf("through the proxy, %d records were written twice (expected until legacy deduplication lands: legacyDedupReady = false)", r.duplicated)
+		}
+	}
+}
+
+// resultsMarkdown renders results/legacy-clients.md.
+func resultsMarkdown(clients []legacyClient, now time.Time) string {
+	results.mu.Lock()
+	defer results.mu.Unlock()
+	date := now.Format("2006-01-02")
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Legacy producers and a lost acknowledgement\n\n")
+	fmt.Fprintf(&b, "Generated by `go test ./e2e -run TestLegacyLostAck -update` (or `E2E_WRITE_RESULTS=1`); do not edit by hand.\n\n")
+	fmt.Fprintf(&b, "Each client writes %d records with unique values, acks=all and idempotence off (producer id -1),\n", recordsPerRun)
+	fmt.Fprintf(&b, "to a 3-partition topic of an in-process kfake broker. A TCP shim in front drops the response to one\n")
+	fmt.Fprintf(&b, "Produce request after the broker appended it and closes the client's connection (docs/clients.md §3,\n")
+	fmt.Fprintf(&b, "\"close\"). *control*: client → shim → kfake. *through the proxy*: client → shim → dedupproxy → kfake.\n")
+	fmt.Fprintf(&b, "The log is then read straight from kfake. *duplicated*: stored copies beyond the first of each value;\n")
+	fmt.Fprintf(&b, "*lost*: values the client reported delivered that are not in the log (≥: the client reports only a count).\n\n")
+	fmt.Fprintf(&b, "The figures vary from run to run: how many requests were in flight when the connection closed, and\n")
+	fmt.Fprintf(&b, "librdkafka re-batching the retried records, decide how many are written again. *kafka-python retries=0*\n")
+	fmt.Fprintf(&b, "is kafka-python's default: it never retries, so it duplicates nothing, but it reports as failed records\n")
+	fmt.Fprintf(&b, "that the broker stored (*not acknowledged, stored* below).\n\n")
+	fmt.Fprintf(&b, "Proxy legacy deduplication asserted in this run: %v (`legacyDedupReady` in e2e/legacy_test.go).\n\n", legacyDedupAsserted())
+	fmt.Fprintf(&b, "| client | client version | control: duplicated / lost | through the proxy: duplicated / lost | date |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|\n")
+	for _, c := range clients {
+		ctl, prx := results.runs[c.name][modeControl], results.runs[c.name][modeProxy]
+		fmt.Fprintf(&b, "| %s | %s | %d / %s | %d / %s | %s |\n", c.name, ctl.version,
+			ctl.duplicated, lostCell(ctl), prx.duplicated, lostCell(prx), date)
+	}
+	fmt.Fprintf(&b, "\n## Every figure\n\n")
+	fmt.Fprintf(&b, "*not acknowledged, stored*: values the client reported failed (or never reported) that are in the log anyway.\n")
+	fmt.Fprintf(&b, "*Produce requests*: as counted by the shim, retries included; *records forwarded by then*: records in the\n")
+	fmt.Fprintf(&b, "Produce requests up to the one whose response was dropped.\n\n")
+	fmt.Fprintf(&b, "| client | run | sent | acknowledged | not acknowledged, stored | stored | duplicated | lost | Produce requests | response dropped | records forwarded by then | time |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, c := range clients {
+		for _, mode := range []string{modeControl, modeProxy} {
+			r := results.runs[c.name][mode]
+			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %d | #%d | %d | %.1f s |\n",
+				c.name, mode, r.sent, r.acked, r.unackedStored, r.stored, r.duplicated, lostCell(r),
+				r.shim.Produces, c.dropAt, r.shim.RecordsAtDrop, r.elapsed.Seconds())
+		}
+	}
+	return b.String()
+}
+
+func lostCell(r tally) string {
+	if r.ackedExact {
+		return fmt.Sprint(r.lost)
+	}
+	return fmt.Sprintf("≥%d", r.lost)
+}

@@ -1,0 +1,58 @@
+"""Legacy producer for e2e/legacy_test.go: confluent-kafka-python (librdkafka).
+
+usage: confluent_producer.py BOOTSTRAP TOPIC N
+
+Writes values r-000000 .. r-{N-1} with acks=all and idempotence off, then
+prints one JSON line: {"version", "acked": [indices], "failed": [indices],
+"errors": [first few]}. Run with Debian's /usr/bin/python3 (python3-confluent-kafka).
+"""
+import json
+import sys
+
+import confluent_kafka
+
+
+def main():
+    bootstrap, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    acked, failed, errors = [], [], []
+
+    def on_delivery(err, msg):
+        i = int(msg.value().decode()[2:])
+        if err is None:
+            acked.append(i)
+            return
+        failed.append(i)
+        if len(errors) < 5:
+            errors.append(str(err))
+
+    p = confluent_kafka.Producer({
+        "bootstrap.servers": bootstrap,
+        "client.id": "e2e-confluent-python",
+        "enable.idempotence": False,
+        "acks": "all",
+        "linger.ms": 5,
+        # Small batches: the stream is many Produce requests long, so the
+        # dropped acknowledgement is mid-stream.
+        "batch.num.messages": 100,
+        "retry.backoff.ms": 50,
+        "reconnect.backoff.ms": 50,
+        "socket.timeout.ms": 5000,
+        "request.timeout.ms": 5000,
+        "message.timeout.ms": 25000,
+    })
+    for i in range(n):
+        v = "r-%06d" % i
+        for _ in range(1000):  # bounded: wait for room in the local queue
+            try:
+                p.produce(topic, value=v.encode(), on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    left = p.flush(28)
+    version = "confluent-kafka %s (librdkafka %s)" % (confluent_kafka.version()[0], confluent_kafka.libversion()[0])
+    print(json.dumps({"version": version, "acked": acked, "failed": failed, "undelivered": left, "errors": errors}))
+
+
+if __name__ == "__main__":
+    main()
