@@ -12,17 +12,7 @@ import (
 	"time"
 )
 
-// legacyDedupReady turns on the assertion that dedupproxy writes a retried
-// legacy batch (producer id -1) once: no duplicated record through the
-// proxy. Legacy deduplication is not implemented yet (README, "Not yet"), so
-// today the proxy runs only log their figures. Flip this when the feature
-// lands; E2E_LEGACY_DEDUP=1 turns the assertion on without editing, to try a
-// branch.
-const legacyDedupReady = false
-
 var update = flag.Bool("update", false, "write results/legacy-clients.md from this run")
-
-func legacyDedupAsserted() bool { return legacyDedupReady || os.Getenv("E2E_LEGACY_DEDUP") == "1" }
 
 func writeResults() bool { return *update || os.Getenv("E2E_WRITE_RESULTS") == "1" }
 
@@ -145,8 +135,8 @@ func record(r tally) {
 //
 //   - control (client → shim → kfake) must show duplicates for every client
 //     that retries, or the test is not testing anything;
-//   - proxy (client → shim → dedupproxy → kfake) must show none once legacy
-//     deduplication lands (legacyDedupReady); until then it logs the figures.
+//   - proxy (client → shim → dedupproxy → kfake) must show none
+//     (docs/legacy.md).
 //
 // In both modes nothing acknowledged may be missing from the log.
 func TestLegacyLostAck(t *testing.T) {
@@ -295,12 +285,8 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 				"so the shim did not reproduce the problem this test is for", c.name)
 		}
 	case modeProxy:
-		if legacyDedupAsserted() {
-			if r.duplicated > 0 {
-				t.Errorf("through the proxy, %d records were written twice", r.duplicated)
-			}
-		} else if r.duplicated > 0 {
-			t.Logf("through the proxy, %d records were written twice (expected until legacy deduplication lands: legacyDedupReady = false)", r.duplicated)
+		if r.duplicated > 0 {
+			t.Errorf("through the proxy, %d records were written twice", r.duplicated)
 		}
 	}
 }
@@ -323,7 +309,7 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	fmt.Fprintf(&b, "librdkafka re-batching the retried records, decide how many are written again. *kafka-python retries=0*\n")
 	fmt.Fprintf(&b, "is kafka-python's default: it never retries, so it duplicates nothing, but it reports as failed records\n")
 	fmt.Fprintf(&b, "that the broker stored (*not acknowledged, stored* below).\n\n")
-	fmt.Fprintf(&b, "Proxy legacy deduplication asserted in this run: %v (`legacyDedupReady` in e2e/legacy_test.go).\n\n", legacyDedupAsserted())
+	fmt.Fprintf(&b, "The test fails if any record is duplicated through the proxy, or any acknowledged record is lost in either run.\n\n")
 	fmt.Fprintf(&b, "| client | client version | control: duplicated / lost | through the proxy: duplicated / lost | date |\n")
 	fmt.Fprintf(&b, "|---|---|---|---|---|\n")
 	for _, c := range clients {

@@ -40,11 +40,13 @@ func RecordsIdentity(records []byte, h *BatchHeader, exact bool) uint64 {
 	return x
 }
 
-// MixIdentity combines a records identity with the partition it was sent
-// to (an interned topic and a partition number), so that the same records
-// sent to two partitions are two identities. Never 0.
-func MixIdentity(recordsID uint64, topic uint32, partition int32) uint64 {
-	x := mix64(recordsID ^ mix64(uint64(topic)<<32|uint64(uint32(partition))))
+// MixIdentity combines a records identity with the topic it was sent to
+// (an interned topic id), so that the same records sent to two topics are
+// two identities. The partition is left out: a retry may carry a batch to
+// another partition (kafkajs partitions keyless records round-robin on
+// every attempt), so it is kept beside the identity instead. Never 0.
+func MixIdentity(recordsID uint64, topic uint32) uint64 {
+	x := mix64(recordsID ^ mix64(uint64(topic)))
 	if x == 0 {
 		return 1
 	}

@@ -124,7 +124,42 @@ func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Ti
 		}
 		return nil, err
 	}
+	if pl != nil {
+		for i := range pl.decisions {
+			if d := &pl.decisions[i]; d.legacy && (d.pending || d.lresult.Decision == seqstate.LegacyDuplicate) {
+				c.legacyIDs.add(d.ident)
+			}
+		}
+	}
 	return pl, nil
+}
+
+// legacyRing keeps the identities of the last legacy batches whose
+// acknowledgement goes to this connection; when it closes, they are
+// orphaned (seqstate.LegacyTable.Orphan), so a retry of one that moved to
+// another partition is recognised.
+type legacyRing struct {
+	buf  [legacyRingSize]uint64
+	next int
+	n    int
+}
+
+// legacyRingSize covers a client's in-flight requests (5) times the
+// partitions each carries, for the producers that move retries between
+// partitions (kafkajs writes to every partition of a topic in one request).
+const legacyRingSize = 64
+
+func (r *legacyRing) add(id uint64) {
+	r.buf[r.next] = id
+	r.next = (r.next + 1) % legacyRingSize
+	r.n = min(r.n+1, legacyRingSize)
+}
+
+func (r *legacyRing) ids() []uint64 {
+	if r.n < legacyRingSize {
+		return r.buf[:r.n]
+	}
+	return r.buf[:]
 }
 
 // sendPlanned queues and forwards a Produce request the planner decided. It

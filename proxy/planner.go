@@ -345,9 +345,9 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	d := &pl.decisions[i]
 	d.legacy = true
 	d.key = seqstate.Key{ProducerID: -1, Topic: topic, Partition: part.Partition}
-	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic), part.Partition)
+	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic))
 	enforce := pn.mode == DedupEnforce
-	d.lresult = pn.legacy.Check(d.ident, pl.conn, now)
+	d.lresult = pn.legacy.Check(d.ident, part.Partition, pl.conn, now)
 	if enforce && d.lresult.Decision == seqstate.LegacyInFlight {
 		testHook("inflight")
 		pn.wait(pl, i, now)
@@ -355,7 +355,7 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	pn.metrics.countLegacy(d.lresult.Decision)
 	switch r := d.lresult; r.Decision {
 	case seqstate.LegacyNew:
-		d.pending, d.commit = true, true
+		d.pending, d.commit = r.Tracked, r.Tracked
 	case seqstate.LegacyInFlight:
 		if d.waiting {
 			d.act = actWait
@@ -386,7 +386,7 @@ func (pn *planner) wait(pl *producePlan, i int, now time.Time) {
 	pn.nWaiting.Add(1)
 	var inFlight bool
 	if d.legacy {
-		d.lresult = pn.legacy.Check(d.ident, pl.conn, now)
+		d.lresult = pn.legacy.Check(d.ident, d.key.Partition, pl.conn, now)
 		inFlight = d.lresult.Decision == seqstate.LegacyInFlight
 	} else {
 		d.result = pn.table.Check(d.key, d.batch, now)

@@ -56,6 +56,7 @@ type session struct {
 	scan      protocol.ProduceScanner         // readLoop's, reused
 	reduceBuf []byte                          // readLoop's, for reduced Produce requests
 	unqueued  *producePlan                    // readLoop's: decided, not yet queued
+	legacyIDs legacyRing                      // readLoop's: legacy batches whose acknowledgement goes here
 	respScan  protocol.ProduceResponseScanner // responseLoop's, reused
 	current   *pending                        // responseLoop's: taken from the queue, not yet released
 }
@@ -95,6 +96,9 @@ func (c *session) run() {
 	c.readLoop()
 	<-done
 	c.closeAll()
+	if lt := c.s.planner.legacy; lt != nil && c.legacyIDs.n > 0 {
+		lt.Orphan(c.id, c.legacyIDs.ids())
+	}
 }
 
 // stopReading makes readLoop end at its next read; what was already

@@ -12,18 +12,25 @@ import (
 // Legacy producers (producer id -1) carry no sequence numbers: Kafka appends
 // every batch they send, retries included (docs/kafka-rules.md §3.1). The
 // LegacyTable remembers recent legacy batches by identity — a hash of the
-// partition, the record count, the records section's length and a 64-bit
-// fingerprint of its bytes, computed by the caller — so that a retry can be
-// told from new data (docs/legacy.md):
+// topic, the record count, the records section's length and a 64-bit
+// fingerprint of its bytes, computed by the caller — and the partition they
+// went to, so that a retry can be told from new data (docs/legacy.md):
 //
-//   - an identical batch still in flight upstream, sent on another
-//     connection, is a retry: it waits for the original's outcome;
+//   - an identical batch still in flight upstream to the same partition,
+//     sent on another connection, is a retry: it waits for the original's
+//     outcome;
 //   - an identical batch acknowledged within the window is a retry unless
 //     that acknowledgement went to the very connection the new batch arrives
 //     on: a client that has the acknowledgement (responses leave a
 //     connection in request order, so one that is still sending gets it)
 //     and sends the same content again is sending new data — a heartbeat,
 //     or the same record pipelined right behind itself;
+//   - an identical batch acknowledged within the window to another
+//     partition is a retry if the connection its acknowledgement went to
+//     has closed since (Orphan): kafkajs assigns keyless records to
+//     partitions round-robin on every attempt, so its retry moves whole
+//     batches to other partitions. Its answer has offset -1: the records
+//     are at the original's offset, in the original's partition;
 //   - anything else is new.
 //
 // Like Table it is deterministic, reads no clock (time is an argument) and
@@ -66,9 +73,13 @@ type LegacyResult struct {
 	// BaseOffset and LogAppendTime are the original's, for a duplicate.
 	// BaseOffset is -1 when the original was appended without an offset
 	// in its response (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND:
-	// Kafka has appended it, the response does not say where).
+	// Kafka has appended it, the response does not say where), or went to
+	// another partition.
 	BaseOffset    int64
 	LogAppendTime int64
+	// Tracked is true when a LegacyNew batch was registered as in flight:
+	// Commit or Release it.
+	Tracked bool
 }
 
 // LegacyConfig configures a LegacyTable. The zero value means all defaults.
@@ -106,13 +117,14 @@ type LegacyTable struct {
 
 // legacyEntry is one remembered batch: 48 bytes, no pointers.
 type legacyEntry struct {
-	id       uint64 // the identity; 0 marks a free ring slot
-	offset   int64  // base offset once appended, -1 if unknown
-	ts       int64  // log_append_time to answer a duplicate with
-	conn     uint64 // the connection that sent it, or was last answered it: its acknowledgement goes there
-	seen     int64  // when it was last registered, committed or answered (ns)
-	inflight uint16 // copies in flight upstream from conn
-	state    uint8
+	id        uint64 // the identity; 0 marks a free ring slot
+	offset    int64  // base offset once appended, -1 if unknown
+	ts        int64  // log_append_time to answer a duplicate with
+	conn      uint64 // the connection that sent it, or was last answered it: its acknowledgement goes there; 0 once that closed
+	seen      int64  // when it was last registered, committed or answered (ns)
+	partition int32
+	inflight  uint16 // copies in flight upstream from conn
+	state     uint8
 }
 
 const (
@@ -275,36 +287,58 @@ func (t *LegacyTable) insert(s *legacyShard, e legacyEntry) {
 	}
 }
 
-// Check decides a legacy batch with identity id (never 0) arriving on
-// connection conn (a caller-chosen id, never 0) at now, and registers it as
-// in flight when it is new.
-func (t *LegacyTable) Check(id, conn uint64, now time.Time) LegacyResult {
+// Check decides a legacy batch with identity id (never 0) for partition
+// arriving on connection conn (a caller-chosen id, never 0) at now, and
+// registers it as in flight when it is new and can be tracked. Decision
+// LegacyNew with Tracked false means forward it without Commit or Release:
+// an identical batch to another partition is in flight, and one entry per
+// identity is kept.
+func (t *LegacyTable) Check(id uint64, partition int32, conn uint64, now time.Time) LegacyResult {
 	ns := now.UnixNano()
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.lookup(id, ns, t.window)
-	newResult := LegacyResult{Decision: LegacyNew, BaseOffset: -1, LogAppendTime: -1}
+	fresh := legacyEntry{id: id, offset: -1, ts: -1, conn: conn, seen: ns, partition: partition, inflight: 1, state: legacyPending}
+	newResult := LegacyResult{Decision: LegacyNew, BaseOffset: -1, LogAppendTime: -1, Tracked: true}
 	switch {
 	case e == nil:
-		t.insert(s, legacyEntry{id: id, offset: -1, ts: -1, conn: conn, seen: ns, inflight: 1, state: legacyPending})
+		t.insert(s, fresh)
 		return newResult
-	case e.conn == conn:
+	case e.conn == conn && e.partition == partition:
 		// Sent again on the connection its acknowledgement goes to: new
 		// data. A client retries only on a new connection (every client
-		// measured in docs/clients.md §3 does).
-		// Until this copy's outcome is known, a retry of it must not be
-		// answered with an earlier copy's offset.
+		// measured in docs/clients.md §3 does). Until this copy's
+		// outcome is known, a retry of it must not be answered with an
+		// earlier copy's offset.
 		e.inflight++
 		e.seen, e.state, e.offset, e.ts = ns, legacyPending, -1, -1
 		return newResult
-	case e.inflight > 0:
+	case e.inflight > 0 && e.partition == partition:
 		return LegacyResult{Decision: LegacyInFlight, BaseOffset: -1, LogAppendTime: -1}
+	case e.inflight > 0 || e.conn == conn:
+		// The same records to another partition while they are in
+		// flight, or from the connection that has their
+		// acknowledgement: new, and the entry stays with the original.
+		newResult.Tracked = false
+		return newResult
+	case e.partition == partition:
+		// Appended, acknowledged elsewhere: a retry. This connection now
+		// gets the acknowledgement, so the same content sent here again
+		// is new.
+		e.conn, e.seen = conn, ns
+		return LegacyResult{Decision: LegacyDuplicate, BaseOffset: e.offset, LogAppendTime: e.ts}
+	case e.conn == 0:
+		// Appended to another partition, and the connection its
+		// acknowledgement went to has closed: a retry that moved.
+		e.conn, e.seen = conn, ns
+		return LegacyResult{Decision: LegacyDuplicate, BaseOffset: -1, LogAppendTime: e.ts}
 	}
-	// Appended, acknowledged elsewhere: a retry. This connection now gets
-	// the acknowledgement, so the same content sent here again is new.
-	e.conn, e.seen = conn, ns
-	return LegacyResult{Decision: LegacyDuplicate, BaseOffset: e.offset, LogAppendTime: e.ts}
+	// The same records to another partition from a live producer
+	// elsewhere (a record broadcast to every partition): new. The entry
+	// follows the newest.
+	*e = fresh
+	return newResult
 }
 
 // Commit records that the broker appended a batch Check registered from
@@ -324,6 +358,23 @@ func (t *LegacyTable) Commit(id, conn uint64, baseOffset, logAppendTime int64, n
 	}
 	e.inflight--
 	e.offset, e.ts, e.seen, e.state = baseOffset, logAppendTime, now.UnixNano(), legacyAppended
+}
+
+// Orphan records that connection conn has closed: batches whose
+// acknowledgement went there may now be retried to another partition (see
+// Check). ids are the identities conn registered recently; an entry that has
+// moved on to another connection is left alone.
+func (t *LegacyTable) Orphan(conn uint64, ids []uint64) {
+	for _, id := range ids {
+		s := t.shard(id)
+		s.mu.Lock()
+		if slot, ok := s.get(id); ok {
+			if e := &s.ring[slot]; e.conn == conn {
+				e.conn = 0
+			}
+		}
+		s.mu.Unlock()
+	}
 }
 
 // Release records that a batch Check registered from conn was not appended,

@@ -25,7 +25,7 @@ func TestLegacyRetryRule(t *testing.T) {
 	const id, x, y, z = 0xabc, 1, 2, 3
 	step := func(what string, conn uint64, want LegacyDecision, wantOff int64) {
 		t.Helper()
-		r := lt.Check(id, conn, now)
+		r := lt.Check(id, 0, conn, now)
 		if r.Decision != want || (want == LegacyDuplicate && r.BaseOffset != wantOff) {
 			t.Fatalf("%s: %v offset %d, want %v offset %d", what, r.Decision, r.BaseOffset, want, wantOff)
 		}
@@ -53,9 +53,9 @@ func TestLegacyRetryRule(t *testing.T) {
 func TestLegacyTimedOutAppendAnsweredWithoutOffset(t *testing.T) {
 	lt := newLegacy(t, LegacyConfig{Shards: 1})
 	now := time.Unix(1700000000, 0)
-	lt.Check(7, 1, now)
+	lt.Check(7, 0, 1, now)
 	lt.Commit(7, 1, -1, -1, now)
-	if r := lt.Check(7, 2, now); r.Decision != LegacyDuplicate || r.BaseOffset != -1 {
+	if r := lt.Check(7, 0, 2, now); r.Decision != LegacyDuplicate || r.BaseOffset != -1 {
 		t.Fatalf("retry of a timed-out append: %+v", r)
 	}
 }
@@ -67,7 +67,7 @@ func TestLegacyBounded(t *testing.T) {
 	lt := newLegacy(t, LegacyConfig{MaxIdentities: 64, Shards: 4})
 	now := time.Unix(1700000000, 0)
 	for id := uint64(1); id <= 1000; id++ {
-		lt.Check(id, 1, now)
+		lt.Check(id, 0, 1, now)
 		lt.Commit(id, 1, int64(id), 0, now)
 	}
 	if n := lt.Len(); n > 64 {
@@ -78,7 +78,7 @@ func TestLegacyBounded(t *testing.T) {
 	}
 	lt.Commit(1, 1, 5, 0, now)
 	lt.Release(2, 1)
-	if r := lt.Check(1000, 2, now); r.Decision != LegacyDuplicate || r.BaseOffset != 1000 {
+	if r := lt.Check(1000, 0, 2, now); r.Decision != LegacyDuplicate || r.BaseOffset != 1000 {
 		t.Fatalf("newest identity: %+v", r)
 	}
 }
@@ -93,9 +93,9 @@ func TestLegacyNoAllocs(t *testing.T) {
 	id := uint64(1)
 	allocs := testing.AllocsPerRun(10000, func() {
 		id++
-		sinkLegacy = lt.Check(id, 1, now)
+		sinkLegacy = lt.Check(id, 0, 1, now)
 		lt.Commit(id, 1, int64(id), 0, now)
-		sinkLegacy = lt.Check(id, 2, now)
+		sinkLegacy = lt.Check(id, 0, 2, now)
 	})
 	if sinkLegacy.Decision != LegacyDuplicate {
 		t.Fatalf("last check: %+v", sinkLegacy)
@@ -114,7 +114,7 @@ func BenchmarkLegacyCheckCommit(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		id++
-		lt.Check(id*0x9e3779b97f4a7c15, 1, now)
+		lt.Check(id*0x9e3779b97f4a7c15, 0, 1, now)
 		lt.Commit(id*0x9e3779b97f4a7c15, 1, int64(id), 0, now)
 	}
 }
@@ -130,11 +130,41 @@ func BenchmarkLegacyMemory(b *testing.B) {
 		lt := newLegacy(b, LegacyConfig{MaxIdentities: n})
 		now := time.Unix(1700000000, 0)
 		for id := uint64(1); id <= n; id++ {
-			lt.Check(id*0x9e3779b97f4a7c15, 1, now)
+			lt.Check(id*0x9e3779b97f4a7c15, 0, 1, now)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/n, "B/identity")
 		runtime.KeepAlive(lt)
+	}
+}
+
+// TestLegacyRetryToAnotherPartition: kafkajs assigns keyless records to
+// partitions round-robin on every attempt, so a retry can carry the same
+// records to another partition. Once the original's connection has closed
+// that is a retry, answered with offset -1 (the records are in the
+// original's partition); while it is open it is new data (a record
+// broadcast to every partition).
+func TestLegacyRetryToAnotherPartition(t *testing.T) {
+	lt := newLegacy(t, LegacyConfig{Shards: 1})
+	now := time.Unix(1700000000, 0)
+	const id = 0xfeed
+	if r := lt.Check(id, 0, 1, now); r.Decision != LegacyNew || !r.Tracked {
+		t.Fatalf("first: %+v", r)
+	}
+	if r := lt.Check(id, 1, 2, now); r.Decision != LegacyNew || r.Tracked {
+		t.Fatalf("same records to another partition while in flight: %+v", r)
+	}
+	lt.Commit(id, 1, 40, 9, now)
+	if r := lt.Check(id, 2, 3, now); r.Decision != LegacyNew || !r.Tracked {
+		t.Fatalf("broadcast to another partition from a live producer: %+v", r)
+	}
+	lt.Commit(id, 3, 50, 9, now)
+	lt.Orphan(3, []uint64{id})
+	if r := lt.Check(id, 0, 4, now); r.Decision != LegacyDuplicate || r.BaseOffset != -1 || r.LogAppendTime != 9 {
+		t.Fatalf("moved retry after the connection closed: %+v", r)
+	}
+	if r := lt.Check(id, 2, 5, now); r.Decision != LegacyDuplicate || r.BaseOffset != 50 {
+		t.Fatalf("retry to the original partition: %+v", r)
 	}
 }
