@@ -1,6 +1,14 @@
 package protocol
 
-import "github.com/cespare/xxhash/v2"
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 // RecordsIdentity returns the 64-bit identity of a legacy (producer id -1)
 // batch's contents, for deduplicating retries that Kafka cannot recognise
@@ -19,17 +27,7 @@ import "github.com/cespare/xxhash/v2"
 // from the log. It is never 0. h must hold the header ReadBatch read from
 // records; bytes past the batch Length are ignored.
 func RecordsIdentity(records []byte, h *BatchHeader, exact bool) uint64 {
-	end := batchLogOverhead + int(h.Length)
-	if end > len(records) || end < batchHeaderSize {
-		end = len(records)
-	}
-	var recs []byte
-	if end > batchHeaderSize {
-		recs = records[batchHeaderSize:end]
-	}
-	x := xxhash.Sum64(recs)
-	x ^= mix64(uint64(len(recs))<<32 | uint64(uint32(h.NumRecords)))
-	x = mix64(x ^ uint64(h.Attributes&attrCompressionMask))
+	x := recordsIdentity(recordsSection(records, h), h.NumRecords, h.Attributes)
 	if exact {
 		x = mix64(x ^ uint64(h.FirstTimestamp))
 		x = mix64(x ^ uint64(h.MaxTimestamp))
@@ -38,6 +36,126 @@ func RecordsIdentity(records []byte, h *BatchHeader, exact bool) uint64 {
 		return 1
 	}
 	return x
+}
+
+// recordsSection returns the bytes after the batch header, up to the batch
+// Length.
+func recordsSection(records []byte, h *BatchHeader) []byte {
+	end := batchLogOverhead + int(h.Length)
+	if end > len(records) || end < batchHeaderSize {
+		end = len(records)
+	}
+	if end > batchHeaderSize {
+		return records[batchHeaderSize:end]
+	}
+	return nil
+}
+
+func recordsIdentity(recs []byte, count int32, attributes int16) uint64 {
+	x := xxhash.Sum64(recs)
+	x ^= mix64(uint64(len(recs))<<32 | uint64(uint32(count)))
+	return mix64(x ^ uint64(attributes&attrCompressionMask))
+}
+
+// ErrCompressed is returned by [DropLeadingRecords] for a compressed batch:
+// its records cannot be cut without decompressing them.
+var ErrCompressed = errors.New("protocol: compressed batch")
+
+// PrefixIdentity returns the RecordsIdentity (records mode) that a batch
+// holding only the first k records of this uncompressed batch would have,
+// and the byte length of those k records. ok is false when the batch is
+// compressed, has no more than k records, or does not parse.
+func PrefixIdentity(records []byte, h *BatchHeader, k int) (id uint64, prefixLen int, ok bool) {
+	if h.Attributes&attrCompressionMask != 0 || k < 1 || int(h.NumRecords) <= k {
+		return 0, 0, false
+	}
+	recs := recordsSection(records, h)
+	n, ok := recordsLen(recs, k)
+	if !ok {
+		return 0, 0, false
+	}
+	x := recordsIdentity(recs[:n], int32(k), h.Attributes)
+	if x == 0 {
+		x = 1
+	}
+	return x, n, true
+}
+
+// recordsLen returns the byte length of the first k records of a records
+// section.
+func recordsLen(recs []byte, k int) (int, bool) {
+	off := 0
+	for i := 0; i < k; i++ {
+		l, n := binary.Varint(recs[off:])
+		if n <= 0 || l < 0 || int64(len(recs)-off-n) < l {
+			return 0, false
+		}
+		off += n + int(l)
+	}
+	return off, true
+}
+
+// DropLeadingRecords appends to dst a copy of the uncompressed v2 batch in
+// records (its header in h) without its first skip records: the records
+// left have their offset deltas renumbered from 0, and the header its
+// record count, last offset delta, max timestamp, length and CRC
+// recomputed. Producer fields, first timestamp and attributes stay, so the
+// kept records' timestamps are unchanged. It is how the proxy forwards only
+// the new records of a re-batched retry (docs/legacy.md).
+func DropLeadingRecords(dst, records []byte, h *BatchHeader, skip int) ([]byte, error) {
+	if h.Attributes&attrCompressionMask != 0 {
+		return dst, ErrCompressed
+	}
+	if skip < 1 || int(h.NumRecords) <= skip {
+		return dst, fmt.Errorf("%w: cannot drop %d of %d records", ErrMalformedBatch, skip, h.NumRecords)
+	}
+	recs := recordsSection(records, h)
+	off, ok := recordsLen(recs, skip)
+	if !ok {
+		return dst, fmt.Errorf("%w: records do not parse", ErrMalformedBatch)
+	}
+	start := len(dst)
+	dst = append(dst, records[:batchHeaderSize]...)
+	maxDelta := int64(math.MinInt64)
+	kept := 0
+	for off < len(recs) {
+		l, n := binary.Varint(recs[off:])
+		if n <= 0 || l < 0 || int64(len(recs)-off-n) < l {
+			return dst[:start], fmt.Errorf("%w: record %d does not parse", ErrMalformedBatch, skip+kept)
+		}
+		body := recs[off+n : off+n+int(l)]
+		// attributes int8, timestampDelta varint, offsetDelta varint, rest.
+		if len(body) < 1 {
+			return dst[:start], fmt.Errorf("%w: empty record", ErrMalformedBatch)
+		}
+		tsd, m1 := binary.Varint(body[1:])
+		_, m2 := binary.Varint(body[1+max(m1, 0):])
+		if m1 <= 0 || m2 <= 0 {
+			return dst[:start], fmt.Errorf("%w: record %d header does not parse", ErrMalformedBatch, skip+kept)
+		}
+		rest := body[1+m1+m2:]
+		var head [1 + 2*binary.MaxVarintLen64]byte
+		h2 := append(head[:0], body[0])
+		h2 = binary.AppendVarint(h2, tsd)
+		h2 = binary.AppendVarint(h2, int64(kept))
+		dst = binary.AppendVarint(dst, int64(len(h2)+len(rest)))
+		dst = append(dst, h2...)
+		dst = append(dst, rest...)
+		maxDelta = max(maxDelta, tsd)
+		kept++
+		off += n + int(l)
+	}
+	if kept != int(h.NumRecords)-skip {
+		return dst[:start], fmt.Errorf("%w: %d records after %d, header says %d", ErrMalformedBatch, kept, skip, h.NumRecords)
+	}
+	b := dst[start:]
+	binary.BigEndian.PutUint64(b[0:], 0) // base offset: the broker assigns it
+	binary.BigEndian.PutUint32(b[8:], uint32(len(b)-batchLogOverhead))
+	binary.BigEndian.PutUint32(b[23:], uint32(kept-1)) // last offset delta
+	binary.BigEndian.PutUint64(b[35:], uint64(h.FirstTimestamp+maxDelta))
+	binary.BigEndian.PutUint32(b[57:], uint32(kept))
+	binary.BigEndian.PutUint32(b[17:], crc32.Checksum(b[batchAttributesOffset:], castagnoli))
+	return dst, nil
 }
 
 // MixIdentity combines a records identity with the topic it was sent to

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"testing"
@@ -14,8 +15,15 @@ func legacyBatch(tb testing.TB, n int, value string, ts int64) ([]byte, BatchHea
 	b := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(n),
 		LastOffsetDelta: int32(n - 1), FirstTimestamp: ts, MaxTimestamp: ts}
 	for i := 0; i < n; i++ {
-		r := kmsg.Record{OffsetDelta: int32(i), Value: []byte(fmt.Sprintf("%s-%d", value, i))}
-		b.Records = r.AppendTo(b.Records)
+		v := fmt.Sprintf("%s-%d", value, i)
+		rec := []byte{0}                  // attributes
+		rec = binary.AppendVarint(rec, 0) // timestamp delta
+		rec = binary.AppendVarint(rec, int64(i))
+		rec = binary.AppendVarint(rec, -1) // null key
+		rec = binary.AppendVarint(rec, int64(len(v)))
+		rec = append(rec, v...)
+		rec = binary.AppendVarint(rec, 0) // no headers
+		b.Records = append(binary.AppendVarint(b.Records, int64(len(rec))), rec...)
 	}
 	raw := b.AppendTo(nil)
 	binary.BigEndian.PutUint32(raw[8:], uint32(len(raw)-12))
@@ -65,4 +73,85 @@ func BenchmarkRecordsIdentity(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestDropLeadingRecords: a librdkafka re-batched retry holds the lost
+// batch's records first; the rebuilt batch keeps only the rest, renumbered,
+// valid (CRC, count, last offset delta), and the prefix has the identity
+// the lost batch had.
+func TestDropLeadingRecords(t *testing.T) {
+	full, h := legacyBatch(t, 5, "v", 1000)
+	lost, hl := legacyBatch(t, 2, "v", 1000)
+	id, n, ok := PrefixIdentity(full, &h, 2)
+	if !ok || id != RecordsIdentity(lost, &hl, false) || n != len(lost)-batchHeaderSize {
+		t.Fatalf("prefix identity: ok=%v n=%d (want %d) match=%v", ok, n, len(lost)-batchHeaderSize, id == RecordsIdentity(lost, &hl, false))
+	}
+	if _, _, ok := PrefixIdentity(full, &h, 5); ok {
+		t.Fatal("a prefix as long as the batch")
+	}
+	out, err := DropLeadingRecords(nil, full, &h, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hb BatchHeader
+	if _, err := ReadBatch(out, &hb); err != nil {
+		t.Fatal(err)
+	}
+	if code := BatchValid(out, &hb); code != 0 {
+		t.Fatalf("rebuilt batch invalid: error %d", code)
+	}
+	rb := kmsg.RecordBatch{}
+	if err := rb.ReadFrom(out); err != nil {
+		t.Fatal(err)
+	}
+	if rb.NumRecords != 3 || rb.LastOffsetDelta != 2 || rb.FirstTimestamp != 1000 || rb.MaxTimestamp != 1000 {
+		t.Fatalf("header: %+v", rb)
+	}
+	recs := rb.Records
+	for i := 0; i < 3; i++ {
+		var r kmsg.Record
+		l, m := binary.Varint(recs)
+		if err := r.ReadFrom(recs[:m+int(l)]); err != nil {
+			t.Fatal(err)
+		}
+		if r.OffsetDelta != int32(i) || string(r.Value) != fmt.Sprintf("v-%d", i+2) {
+			t.Fatalf("record %d: delta %d value %q", i, r.OffsetDelta, r.Value)
+		}
+		recs = recs[m+int(l):]
+	}
+	if _, err := DropLeadingRecords(nil, full, &h, 5); err == nil {
+		t.Fatal("dropped every record")
+	}
+	h.Attributes |= 1 // gzip
+	if _, err := DropLeadingRecords(nil, full, &h, 1); !errors.Is(err, ErrCompressed) {
+		t.Fatalf("compressed: %v", err)
+	}
+}
+
+// FuzzDropLeadingRecords: never panics; what it returns is a valid batch of
+// the records after skip.
+func FuzzDropLeadingRecords(f *testing.F) {
+	full, _ := legacyBatch(f, 4, "seed", 1000)
+	f.Add(full, 1)
+	f.Add(full, 3)
+	f.Add(full[:len(full)-2], 1)
+	f.Add([]byte{}, 1)
+	f.Fuzz(func(t *testing.T, records []byte, skip int) {
+		var h BatchHeader
+		if _, err := ReadBatch(records, &h); err != nil {
+			return
+		}
+		PrefixIdentity(records, &h, skip)
+		out, err := DropLeadingRecords(nil, records, &h, skip)
+		if err != nil {
+			return
+		}
+		var hb BatchHeader
+		if _, err := ReadBatch(out, &hb); err != nil {
+			t.Fatalf("rebuilt batch does not read: %v", err)
+		}
+		if int(hb.NumRecords) != int(h.NumRecords)-skip || hb.LastOffsetDelta != hb.NumRecords-1 {
+			t.Fatalf("rebuilt: %d records, last delta %d; from %d minus %d", hb.NumRecords, hb.LastOffsetDelta, h.NumRecords, skip)
+		}
+	})
 }

@@ -25,6 +25,14 @@ var ErrProduceResponse = errors.New("protocol: produce response does not match r
 // itself. With enough capacity in dst it does not allocate. On error dst is
 // returned unchanged and the error wraps [ErrMalformedProduce].
 func ReduceProduce(dst, body []byte, version int16, keep func(topicIndex, partitionIndex int) bool) ([]byte, int, error) {
+	return RewriteProduce(dst, body, version, func(ti, pi int) (bool, []byte) { return keep(ti, pi), nil })
+}
+
+// RewriteProduce is ReduceProduce where decide may also replace a kept
+// partition's records: a non-nil records is written instead of the
+// partition's own (the proxy's rebuilt batch of a re-batched retry, see
+// DropLeadingRecords), its other fields and tags copied as they came.
+func RewriteProduce(dst, body []byte, version int16, decide func(topicIndex, partitionIndex int) (keep bool, records []byte)) ([]byte, int, error) {
 	var s ProduceScanner
 	if err := s.Reset(body, version); err != nil {
 		return dst, 0, err
@@ -50,7 +58,8 @@ func ReduceProduce(dst, body []byte, version int16, keep func(topicIndex, partit
 			curTopic, open = p.TopicIndex, false
 		}
 		lastEnd = p.end
-		if !keep(p.TopicIndex, p.PartitionIndex) {
+		keep, records := decide(p.TopicIndex, p.PartitionIndex)
+		if !keep {
 			continue
 		}
 		if !open {
@@ -60,7 +69,18 @@ func ReduceProduce(dst, body []byte, version int16, keep func(topicIndex, partit
 			open, nParts = true, 0
 			nTopics++
 		}
-		dst = append(dst, body[p.start:p.end]...)
+		if records == nil {
+			dst = append(dst, body[p.start:p.end]...)
+		} else {
+			dst = append(dst, body[p.start:p.start+4]...) // partition index
+			if s.flexible {
+				dst = kbin.AppendUvarint(dst, uint32(len(records)+1))
+			} else {
+				dst = binary.BigEndian.AppendUint32(dst, uint32(len(records)))
+			}
+			dst = append(dst, records...)
+			dst = append(dst, body[p.recordsEnd:p.end]...) // tags
+		}
 		nParts++
 		kept++
 	}

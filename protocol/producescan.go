@@ -93,8 +93,9 @@ type ProducePartition struct {
 
 	// Byte offsets in the body: topicStart is where this partition's topic
 	// entry starts, partsOff where its partitions array length starts; start
-	// and end bound this partition entry, tags included.
-	topicStart, partsOff, start, end int
+	// and end bound this partition entry, tags included; recordsEnd is where
+	// its records field ends (its tags start).
+	topicStart, partsOff, start, end, recordsEnd int
 }
 
 // Reset starts scanning body, the bytes after the request header of a Produce
@@ -225,6 +226,7 @@ func (s *ProduceScanner) Next() bool {
 		return false
 	}
 	p.Records = recs
+	p.recordsEnd = off
 	if s.flexible {
 		end, err := skipTags(b, off)
 		if err != nil {
