@@ -127,39 +127,11 @@ func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Ti
 	if pl != nil {
 		for i := range pl.decisions {
 			if d := &pl.decisions[i]; d.legacy && (d.pending || d.lresult.Decision == seqstate.LegacyDuplicate) {
-				c.legacyIDs.add(d.ident)
+				c.legacyIDs.add(legacyRef{id: d.ident, topic: d.key.Topic, partition: d.key.Partition, count: d.batch.Count, size: d.size})
 			}
 		}
 	}
 	return pl, nil
-}
-
-// legacyRing keeps the identities of the last legacy batches whose
-// acknowledgement goes to this connection; when it closes, they are
-// orphaned (seqstate.LegacyTable.Orphan), so a retry of one that moved to
-// another partition is recognised.
-type legacyRing struct {
-	buf  [legacyRingSize]uint64
-	next int
-	n    int
-}
-
-// legacyRingSize covers a client's in-flight requests (5) times the
-// partitions each carries, for the producers that move retries between
-// partitions (kafkajs writes to every partition of a topic in one request).
-const legacyRingSize = 64
-
-func (r *legacyRing) add(id uint64) {
-	r.buf[r.next] = id
-	r.next = (r.next + 1) % legacyRingSize
-	r.n = min(r.n+1, legacyRingSize)
-}
-
-func (r *legacyRing) ids() []uint64 {
-	if r.n < legacyRingSize {
-		return r.buf[:r.n]
-	}
-	return r.buf[:]
 }
 
 // sendPlanned queues and forwards a Produce request the planner decided. It
@@ -233,7 +205,7 @@ func (c *session) reduce(pl *producePlan, h protocol.RequestHeader, body []byte)
 	buf := append(c.reduceBuf[:0], 0, 0, 0, 0)
 	buf = append(buf, body[:h.BodyOffset]...)
 	cursor := 0
-	out, _, err := protocol.ReduceProduce(buf, body[h.BodyOffset:], h.APIVersion, func(ti, pi int) bool {
+	out, _, err := protocol.RewriteProduce(buf, body[h.BodyOffset:], h.APIVersion, func(ti, pi int) (bool, []byte) {
 		return pl.keepUpstream(&cursor, ti, pi)
 	})
 	if err != nil {

@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -74,5 +77,53 @@ func TestLegacyHeartbeatsAllLand(t *testing.T) {
 		if r := onlyPartition(t, raw.recv(req, corr)); r.ErrorCode != 0 || r.BaseOffset != int64(10+i) {
 			t.Fatalf("pipelined heartbeat %d: %+v", i, r)
 		}
+	}
+}
+
+// TestLegacyRebatchedRetryOverSockets: a legacy batch is stored and its
+// connection breaks; the client resends its records followed by newer ones
+// in one batch on a new connection (librdkafka does). Only the new records
+// reach the broker, the client is told the original's offset, and the log
+// holds every record once.
+func TestLegacyRebatchedRetryOverSockets(t *testing.T) {
+	t.Parallel()
+	const topic = "rebatch"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	var brokerRecords atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			for _, pp := range tp.Partitions {
+				var rb kmsg.RecordBatch
+				if rb.ReadFrom(pp.Records) == nil {
+					brokerRecords.Add(int64(rb.NumRecords))
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	first := dialRaw(t, p.addr())
+	first.learnTopics(topic)
+	if r := onlyPartition(t, first.roundTrip(produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 4, "order")}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("original: %+v", r)
+	}
+	first.conn.Close()
+	waitFor(t, 10*time.Second, "the broken connection to be cleaned up", func() bool {
+		return testutil.ToFloat64(p.Metrics.ClientConnections) == 0
+	})
+	retry := dialRaw(t, p.addr())
+	r := onlyPartition(t, retry.roundTrip(produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 7, "order")})))
+	if r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("re-batched retry: %+v, want the original's offset 0", r)
+	}
+	if n := brokerRecords.Load(); n != 7 {
+		t.Fatalf("the broker received %d records, want 4 + 3 new", n)
+	}
+	if r := onlyPartition(t, retry.roundTrip(produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 1, "next")}))); r.BaseOffset != 7 {
+		t.Fatalf("next batch at %d, want 7: the log holds each record once", r.BaseOffset)
+	}
+	if n := testutil.ToFloat64(p.Metrics.legacyRebatched); n != 1 {
+		t.Fatalf("legacy_rebatched %v", n)
 	}
 }

@@ -29,10 +29,11 @@ type Metrics struct {
 
 	// NOTE: batches is indexed by seqstate.Decision; add new decisions to
 	// decisionOutcome.
-	batches      [8]prometheus.Counter
-	legacy       [4]prometheus.Counter // by seqstate.LegacyDecision
-	passthrough  [numPassReasons]prometheus.Counter
-	waitTimeouts prometheus.Counter
+	batches         [8]prometheus.Counter
+	legacy          [4]prometheus.Counter // by seqstate.LegacyDecision
+	legacyRebatched prometheus.Counter
+	passthrough     [numPassReasons]prometheus.Counter
+	waitTimeouts    prometheus.Counter
 
 	requests        *prometheus.CounterVec
 	requestDuration *prometheus.HistogramVec
@@ -102,7 +103,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.reg = reg
 	batches := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_total",
-		Help: "Produce batches by the proxy's decision: idempotent (accepted, duplicate, in_flight_wait, out_of_order, fenced, sequence_reuse) and legacy, producer id -1 (legacy_accepted, legacy_duplicate, legacy_in_flight_wait)."}, []string{"outcome"})
+		Help: "Produce batches by the proxy's decision: idempotent (accepted, duplicate, in_flight_wait, out_of_order, fenced, sequence_reuse) and legacy, producer id -1 (legacy_accepted, legacy_duplicate, legacy_in_flight_wait, legacy_rebatched: a retry whose first records were appended before, only the rest forwarded)."}, []string{"outcome"})
 	for d, outcome := range decisionOutcome {
 		if outcome != "" {
 			m.batches[d] = batches.WithLabelValues(outcome)
@@ -113,6 +114,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.legacy[d] = batches.WithLabelValues(outcome)
 		}
 	}
+	m.legacyRebatched = batches.WithLabelValues("legacy_rebatched")
 	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
 		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (before SASL succeeded). Nothing is counted in dedup mode off."}, []string{"reason"})
 	for r, name := range passthroughReasons {

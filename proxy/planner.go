@@ -40,8 +40,10 @@ type planner struct {
 	legacy  *seqstate.LegacyTable // nil when legacy dedup is off everywhere
 	metrics *Metrics
 
-	legacyMatch string            // dedup.legacy.match
-	topicMatch  map[string]string // dedup.topics[name].legacy_match, where set
+	legacyMatch  string            // dedup.legacy.match
+	legacyWindow time.Duration     // dedup.legacy.window
+	orphans      orphanStore       // candidates for re-batched retries (rebatch.go)
+	topicMatch   map[string]string // dedup.topics[name].legacy_match, where set
 
 	// waitMu guards waiters, and the wait fields of every plan registered
 	// in it (produceDecision.waiting, producePlan.nWaits).
@@ -58,7 +60,7 @@ type planner struct {
 
 func newPlanner(cfg *DedupConfig, table *seqstate.Table, legacy *seqstate.LegacyTable, m *Metrics) *planner {
 	pn := &planner{mode: cfg.Mode, table: table, legacy: legacy, metrics: m, waiters: map[waitKey][]waiter{},
-		legacyMatch: cfg.Legacy.Match, topicMatch: map[string]string{}}
+		legacyMatch: cfg.Legacy.Match, legacyWindow: cfg.Legacy.Window, topicMatch: map[string]string{}}
 	for name, tc := range cfg.Topics {
 		if tc.LegacyMatch != "" {
 			pn.topicMatch[name] = tc.LegacyMatch
@@ -87,6 +89,7 @@ const (
 	actForward action = iota // sent upstream; the broker answers
 	actAnswer                // answered by the proxy with produceDecision.local
 	actWait                  // waits for the in-flight original, then answered with its outcome
+	actRebatch               // legacy re-batched retry: the records after a known prefix go upstream, rebuilt; answered by the proxy from the broker's answer
 )
 
 // produceDecision is the planner's decision for one partition of a Produce
@@ -102,10 +105,17 @@ type produceDecision struct {
 	key     seqstate.Key
 	batch   seqstate.Batch
 	ident   uint64 // legacy: the batch's identity (protocol.MixIdentity)
+	size    int32  // legacy: bytes of the records section
 	maxTS   int64  // the batch's maxTimestamp, kept as the original's log_append_time
 	result  seqstate.Result
 	lresult seqstate.LegacyResult
 	local   protocol.LocalPartitionResult // the answer when not forwarded
+
+	// actRebatch: the orphaned batch the records begin with, its outcome,
+	// and where the rebuilt batch of the rest lies in producePlan.rebuilt.
+	prefix                legacyRef
+	prefixResult          seqstate.LegacyResult
+	rebuiltAt, rebuiltEnd int
 }
 
 // producePlan is what a Produce request carries from its decision to its
@@ -128,6 +138,7 @@ type producePlan struct {
 	body     []byte        // copy of the request body, when anyLocal
 	upstream *[]byte       // upstream response frame, when anyUp and anyLocal
 	upOff    int           // its body offset after the size prefix
+	rebuilt  []byte        // rebuilt batches of actRebatch decisions
 }
 
 // waitMargin is added to a Produce request's timeout_ms to bound how long a
@@ -147,6 +158,7 @@ func getPlan() *producePlan {
 	pl.anyLocal, pl.anyUp, pl.reuse = false, false, false
 	pl.nWaits = 0
 	pl.body = pl.body[:0]
+	pl.rebuilt = pl.rebuilt[:0]
 	pl.upstream = nil
 	select { // a stale token from an earlier use
 	case <-pl.ready:
@@ -160,6 +172,9 @@ func putPlan(pl *producePlan) {
 	pl.upstream = nil
 	if cap(pl.body) > maxPooledFrame {
 		pl.body = nil
+	}
+	if cap(pl.rebuilt) > maxPooledFrame {
+		pl.rebuilt = nil
 	}
 	planPool.Put(pl)
 }
@@ -329,9 +344,12 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 
 // account records where decision d goes.
 func (pl *producePlan) account(d *produceDecision) {
-	if d.act == actForward {
+	switch d.act {
+	case actForward:
 		pl.anyUp = true
-	} else {
+	case actRebatch:
+		pl.anyUp, pl.anyLocal = true, true
+	default:
 		pl.anyLocal = true
 	}
 }
@@ -345,6 +363,7 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	d := &pl.decisions[i]
 	d.legacy = true
 	d.key = seqstate.Key{ProducerID: -1, Topic: topic, Partition: part.Partition}
+	d.batch.Count, d.size = bh.NumRecords, bh.Length-(61-12) // records section: Length less the header after it
 	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic))
 	enforce := pn.mode == DedupEnforce
 	d.lresult = pn.legacy.Check(d.ident, part.Partition, pl.conn, now)
@@ -352,7 +371,15 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 		testHook("inflight")
 		pn.wait(pl, i, now)
 	}
-	pn.metrics.countLegacy(d.lresult.Decision)
+	if enforce && !exact && d.lresult.Decision == seqstate.LegacyNew && d.lresult.Tracked && bh.NumRecords > 1 &&
+		protocol.BatchValid(part.Records, bh) == 0 {
+		pn.matchRebatch(pl, i, part, bh, now)
+	}
+	if d.act == actRebatch {
+		pn.metrics.legacyRebatched.Inc()
+	} else {
+		pn.metrics.countLegacy(d.lresult.Decision)
+	}
 	switch r := d.lresult; r.Decision {
 	case seqstate.LegacyNew:
 		d.pending, d.commit = r.Tracked, r.Tracked
@@ -533,6 +560,8 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 			switch {
 			case !d.legacy:
 				pn.table.Commit(d.key, d.batch, off, ts, now)
+			case d.act == actRebatch:
+				pn.completeRebatch(pl, d, pr, off, ts, now)
 			case pl.acks == -1:
 				pn.legacy.Commit(d.ident, pl.conn, off, ts, now)
 			default:
@@ -550,9 +579,15 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 			case d.pending:
 				pn.table.Release(d.key, d.batch)
 			}
+			if d.act == actRebatch {
+				d.local = outcome // the broker's error, for the whole retry
+			}
 		}
 		wasPending := d.pending
 		d.pending, d.commit = false, false
+		if d.act == actRebatch {
+			outcome = d.local
+		}
 		if wasPending {
 			pn.resolve(d, outcome)
 		}
@@ -562,6 +597,27 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 	return err
 }
 
+// completeRebatch settles a re-batched retry whose new records the broker
+// appended at off (-1 if its response carried none) and sets its answer:
+// error 0, and the prefix's base offset when the new records follow it
+// directly (then one base offset is true for the whole batch), -1
+// otherwise. The client is never told a wrong offset.
+func (pn *planner) completeRebatch(pl *producePlan, d *produceDecision, pr *protocol.ProduceResponsePartition, off, ts int64, now time.Time) {
+	answer := int64(-1)
+	if p := d.prefixResult.BaseOffset; p >= 0 && off >= 0 && off == p+int64(d.prefix.count) {
+		answer = p
+	}
+	if pl.acks == -1 {
+		pn.legacy.Commit(d.ident, pl.conn, answer, ts, now)
+	} else {
+		pn.legacy.Release(d.ident, pl.conn)
+	}
+	pn.legacy.Adopt(d.prefix.id, pl.conn, now)
+	// REQUEST_TIMED_OUT and NOT_ENOUGH_REPLICAS_AFTER_APPEND mean
+	// appended: answered as success, as for a legacy duplicate.
+	d.local = protocol.LocalPartitionResult{BaseOffset: answer, LogAppendTime: ts, LogStartOffset: pr.LogStartOffset}
+}
+
 // find returns the forwarded, not yet completed decision for
 // topic/partition, searching from *cursor and leaving it after the match.
 func (pl *producePlan) find(topic seqstate.TopicID, partition int32, cursor *int) *produceDecision {
@@ -569,7 +625,7 @@ func (pl *producePlan) find(topic seqstate.TopicID, partition int32, cursor *int
 	for i := 0; i < n; i++ {
 		j := (*cursor + i) % n
 		d := &pl.decisions[j]
-		if d.act == actForward && (d.pending || d.commit) && d.key.Topic == topic && d.key.Partition == partition {
+		if (d.act == actForward || d.act == actRebatch) && (d.pending || d.commit) && d.key.Topic == topic && d.key.Partition == partition {
 			*cursor = j + 1
 			return d
 		}
@@ -609,18 +665,22 @@ func (pn *planner) answer(dst []byte, pl *producePlan, upBody []byte) ([]byte, e
 }
 
 // keepUpstream reports, for a reduced request, whether partition (ti, pi)
-// goes upstream. Partitions the planner did not decide always do.
-func (pl *producePlan) keepUpstream(cursor *int, ti, pi int) bool {
+// goes upstream, and the records to send instead of its own (a re-batched
+// retry's rebuilt batch). Partitions the planner did not decide always go.
+func (pl *producePlan) keepUpstream(cursor *int, ti, pi int) (bool, []byte) {
 	for ; *cursor < len(pl.decisions); *cursor++ {
 		d := &pl.decisions[*cursor]
 		if d.ti > ti || (d.ti == ti && d.pi > pi) {
 			break
 		}
 		if d.ti == ti && d.pi == pi {
-			return d.act == actForward
+			if d.act == actRebatch {
+				return true, pl.rebuilt[d.rebuiltAt:d.rebuiltEnd]
+			}
+			return d.act == actForward, nil
 		}
 	}
-	return true
+	return true, nil
 }
 
 // logStartOffsets keeps the last log start offset seen per partition, for

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -160,5 +161,64 @@ func TestPlanLegacyMatchModes(t *testing.T) {
 	h.pn.topicMatch[planTopic] = MatchOff
 	if pl := h.plan(produce(7, -1, 1000, legacyBatch(t, 1, "x")), true); pl != nil {
 		t.Fatal("legacy batch planned on a topic with legacy_match off")
+	}
+}
+
+// TestPlanLegacyRebatchedRetry: librdkafka resends a lost batch's records
+// followed by newer ones in one bigger batch. Once the original's
+// connection closed, the prefix is recognised: only the new records go
+// upstream, rebuilt, and the answer's base offset is the prefix's when the
+// new records follow it directly, -1 otherwise.
+func TestPlanLegacyRebatchedRetry(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		upOffset int64
+		want     int64
+	}{
+		{"contiguous", 13, 10},
+		{"other writes in between", 20, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newPlanHarness(t, DedupEnforce)
+			lost := legacyBatch(t, 3, "a")
+			pl := h.plan(produce(7, -1, 1000, lost), true)
+			d := pl.decisions[0]
+			h.complete(pl, map[int32]brokerResult{0: {offset: 10}})
+			h.pn.orphanBatches(1, []legacyRef{{id: d.ident, topic: d.key.Topic, partition: 0, count: d.batch.Count, size: d.size}}, h.now)
+			h.conn = 2
+			superset := legacyBatch(t, 5, "a")
+			pl = h.plan(produce(7, -1, 1000, superset), true)
+			if d := pl.decisions[0]; d.act != actRebatch || !pl.anyUp || !pl.anyLocal {
+				t.Fatalf("superset: act %v", d.act)
+			}
+			var bh protocol.BatchHeader
+			rebuilt := pl.rebuilt[pl.decisions[0].rebuiltAt:pl.decisions[0].rebuiltEnd]
+			if _, err := protocol.ReadBatch(rebuilt, &bh); err != nil || bh.NumRecords != 2 || protocol.BatchValid(rebuilt, &bh) != 0 {
+				t.Fatalf("rebuilt batch: %v %+v", err, bh)
+			}
+			up := h.complete(pl, map[int32]brokerResult{0: {offset: tc.upOffset}})
+			if r := h.answer(pl, up)[0]; r.ErrorCode != 0 || r.BaseOffset != tc.want {
+				t.Fatalf("answer %+v, want offset %d", r, tc.want)
+			}
+			if n := testutil.ToFloat64(h.pn.metrics.legacyRebatched); n != 1 {
+				t.Fatalf("legacy_rebatched %v", n)
+			}
+			// The superset itself is now remembered: its own retry is a
+			// duplicate.
+			h.conn = 3
+			pl = h.plan(produce(7, -1, 1000, superset), true)
+			if d := pl.decisions[0]; d.act != actAnswer || d.local.BaseOffset != tc.want {
+				t.Fatalf("retry of the superset: act %v %+v", d.act, d.local)
+			}
+		})
+	}
+	// While the original's connection is open, a longer batch starting with
+	// the same records is new data.
+	h := newPlanHarness(t, DedupEnforce)
+	pl := h.plan(produce(7, -1, 1000, legacyBatch(t, 3, "a")), true)
+	h.complete(pl, map[int32]brokerResult{0: {offset: 10}})
+	h.conn = 2
+	if pl = h.plan(produce(7, -1, 1000, legacyBatch(t, 5, "a")), true); pl.decisions[0].act != actForward {
+		t.Fatalf("superset while the original's connection is open: act %v", pl.decisions[0].act)
 	}
 }

@@ -94,7 +94,7 @@ func (h *planHarness) response(pl *producePlan, results map[int32]brokerResult) 
 	rt.Topic, rt.TopicID = planTopic, planTopicID
 	for i := range pl.decisions {
 		d := &pl.decisions[i]
-		if d.act != actForward {
+		if d.act != actForward && d.act != actRebatch {
 			continue
 		}
 		r := results[d.key.Partition]

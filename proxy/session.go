@@ -96,9 +96,7 @@ func (c *session) run() {
 	c.readLoop()
 	<-done
 	c.closeAll()
-	if lt := c.s.planner.legacy; lt != nil && c.legacyIDs.n > 0 {
-		lt.Orphan(c.id, c.legacyIDs.ids())
-	}
+	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(), time.Now())
 }
 
 // stopReading makes readLoop end at its next read; what was already

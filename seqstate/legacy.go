@@ -360,6 +360,31 @@ func (t *LegacyTable) Commit(id, conn uint64, baseOffset, logAppendTime int64, n
 	e.offset, e.ts, e.seen, e.state = baseOffset, logAppendTime, now.UnixNano(), legacyAppended
 }
 
+// MatchRetry reports whether a batch on connection conn that begins with
+// the records of batch id, in partition, is a retry of it: id was appended
+// there within the window and its acknowledgement did not go to conn. It
+// registers and changes nothing; call Adopt once the retry is answered.
+func (t *LegacyTable) MatchRetry(id uint64, partition int32, conn uint64, now time.Time) (LegacyResult, bool) {
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.lookup(id, now.UnixNano(), t.window)
+	if e == nil || e.state != legacyAppended || e.inflight > 0 || e.partition != partition || e.conn == conn {
+		return LegacyResult{}, false
+	}
+	return LegacyResult{Decision: LegacyDuplicate, BaseOffset: e.offset, LogAppendTime: e.ts}, true
+}
+
+// Adopt records that batch id's acknowledgement went to connection conn.
+func (t *LegacyTable) Adopt(id, conn uint64, now time.Time) {
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.lookup(id, now.UnixNano(), t.window); e != nil && e.inflight == 0 {
+		e.conn, e.seen = conn, now.UnixNano()
+	}
+}
+
 // Orphan records that connection conn has closed: batches whose
 // acknowledgement went there may now be retried to another partition (see
 // Check). ids are the identities conn registered recently; an entry that has

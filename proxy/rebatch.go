@@ -1,0 +1,176 @@
+package proxy
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// Re-batched legacy retries (docs/legacy.md). librdkafka puts the records
+// of a failed request back in its partition queue and may send them again
+// together with newer ones: the retry is a superset whose first records are
+// exactly the lost batch's. The proxy recognises the prefix, answers it, and
+// sends only the new records upstream, in a rebuilt batch.
+//
+// Such a retry follows a broken connection, so the candidates are the legacy
+// batches of connections that closed: each session keeps the refs of its
+// recent legacy batches (legacyRing) and hands them to the planner when it
+// ends (orphanBatches).
+
+// legacyRef is what a session remembers of a legacy batch whose
+// acknowledgement goes to it.
+type legacyRef struct {
+	id        uint64
+	topic     seqstate.TopicID
+	partition int32
+	count     int32 // records
+	size      int32 // bytes of the records section
+}
+
+// legacyRing keeps a session's last legacyRingSize legacy refs.
+type legacyRing struct {
+	buf  [legacyRingSize]legacyRef
+	next int
+	n    int
+}
+
+// legacyRingSize covers a client's in-flight requests (5) times the
+// partitions each carries to one broker, for the producers that retry
+// across partitions (kafkajs writes to every partition of a topic in one
+// request): 24 bytes each, per connection.
+const legacyRingSize = 32
+
+func (r *legacyRing) add(ref legacyRef) {
+	r.buf[r.next] = ref
+	r.next = (r.next + 1) % legacyRingSize
+	r.n = min(r.n+1, legacyRingSize)
+}
+
+func (r *legacyRing) refs() []legacyRef { return r.buf[:r.n] }
+
+// orphanStore holds, per partition, the refs of legacy batches whose
+// connection closed within the legacy window: the candidates for the prefix
+// of a re-batched retry. Bounded, and consulted only while not empty.
+type orphanStore struct {
+	mu    sync.Mutex
+	parts map[seqstate.Key]*orphanList // ProducerID -1
+	n     atomic.Int64                 // len(parts), read without the lock
+}
+
+type orphanList struct {
+	refs  [orphansPerPartition]legacyRef
+	until [orphansPerPartition]int64 // expiry (ns); 0 marks a free slot
+	next  int
+}
+
+const (
+	orphansPerPartition = 8
+	maxOrphanPartitions = 4096
+)
+
+// add records refs as orphaned until expiry.
+func (o *orphanStore) add(refs []legacyRef, until int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.parts == nil {
+		o.parts = map[seqstate.Key]*orphanList{}
+	}
+	for _, r := range refs {
+		k := seqstate.Key{ProducerID: -1, Topic: r.topic, Partition: r.partition}
+		l := o.parts[k]
+		if l == nil {
+			if len(o.parts) >= maxOrphanPartitions {
+				for victim := range o.parts { // any one: a lost candidate only costs a possible dedup
+					delete(o.parts, victim)
+					break
+				}
+			}
+			l = &orphanList{}
+			o.parts[k] = l
+		}
+		l.refs[l.next], l.until[l.next] = r, until
+		l.next = (l.next + 1) % orphansPerPartition
+	}
+	o.n.Store(int64(len(o.parts)))
+}
+
+// candidates copies into dst the live orphans of partition k holding fewer
+// than n records, dropping expired ones.
+func (o *orphanStore) candidates(dst []legacyRef, k seqstate.Key, n int32, now int64) []legacyRef {
+	if o.n.Load() == 0 {
+		return dst
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l := o.parts[k]
+	if l == nil {
+		return dst
+	}
+	live := 0
+	for i := range l.refs {
+		switch {
+		case l.until[i] == 0:
+		case l.until[i] <= now:
+			l.until[i] = 0
+		default:
+			live++
+			if l.refs[i].count < n {
+				dst = append(dst, l.refs[i])
+			}
+		}
+	}
+	if live == 0 {
+		delete(o.parts, k)
+		o.n.Store(int64(len(o.parts)))
+	}
+	return dst
+}
+
+// orphanBatches is called when session conn ends: its legacy batches may
+// now be retried elsewhere, to another partition (LegacyTable.Orphan) or
+// re-batched with newer records (the orphan store).
+func (pn *planner) orphanBatches(conn uint64, refs []legacyRef, now time.Time) {
+	if pn.legacy == nil || len(refs) == 0 {
+		return
+	}
+	var ids [legacyRingSize]uint64
+	for i, r := range refs {
+		ids[i] = r.id
+	}
+	pn.legacy.Orphan(conn, ids[:len(refs)])
+	pn.orphans.add(refs, now.Add(pn.legacyWindow).UnixNano())
+}
+
+// matchRebatch looks for a re-batched retry: a prefix of decision i's batch
+// that is an orphaned batch appended in the same partition. On a match the
+// decision becomes actRebatch, forwarding only the records after the
+// prefix, rebuilt into pl.rebuilt.
+func (pn *planner) matchRebatch(pl *producePlan, i int, part *protocol.ProducePartition, bh *protocol.BatchHeader, now time.Time) {
+	d := &pl.decisions[i]
+	var buf [orphansPerPartition]legacyRef
+	cands := pn.orphans.candidates(buf[:0], d.key, bh.NumRecords, now.UnixNano())
+	for _, c := range cands {
+		id, size, ok := protocol.PrefixIdentity(part.Records, bh, int(c.count))
+		if !ok || int32(size) != c.size || protocol.MixIdentity(id, uint32(d.key.Topic)) != c.id {
+			continue
+		}
+		r, ok := pn.legacy.MatchRetry(c.id, d.key.Partition, pl.conn, now)
+		if !ok {
+			continue
+		}
+		start := len(pl.rebuilt)
+		out, err := protocol.DropLeadingRecords(pl.rebuilt, part.Records, bh, int(c.count))
+		if err != nil {
+			continue
+		}
+		pl.rebuilt = out
+		d.act = actRebatch
+		d.prefix = c
+		d.prefixResult = r
+		d.rebuiltAt, d.rebuiltEnd = start, len(out)
+		return
+	}
+}
