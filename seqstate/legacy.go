@@ -115,9 +115,9 @@ type LegacyTable struct {
 	evictions  atomic.Uint64
 }
 
-// legacyEntry is one remembered batch: 48 bytes, no pointers.
+// legacyEntry is one remembered batch: 40 bytes, no pointers; its
+// identity is kept beside it (ringIndex).
 type legacyEntry struct {
-	id        uint64 // the identity; 0 marks a free ring slot
 	offset    int64  // base offset once appended, -1 if unknown
 	ts        int64  // log_append_time to answer a duplicate with
 	conn      uint64 // the connection that sent it, or was last answered it: its acknowledgement goes there; 0 once that closed
@@ -132,84 +132,12 @@ const (
 	legacyAppended              // appended; offset may be -1
 )
 
-// legacyShard keeps its entries in a ring in registration order, which is
-// also expiry order (an entry lives Window after it was last touched, and a
-// touched entry is not moved: it is overwritten a little early at worst,
-// which only forgets a retry its client has most likely given up on), and
-// indexes them with an open-addressing table of ring slots: uint32 words,
-// slot+1 or 0 for empty, at most half full, linear probing, backward-shift
-// deletion. Ring and index are sized once, so the steady state allocates
-// nothing: 48 + 8 bytes per identity.
+// legacyShard is one lock's worth of the table: a ring of entries in
+// expiry order with an index (ring.go).
 type legacyShard struct {
-	mu    sync.Mutex
-	index []uint32
-	mask  uint32
-	ring  []legacyEntry
-	n     int    // identities indexed
-	head  uint32 // next ring slot to write
-	_     [16]byte
-}
-
-// home is where id's probe starts. Identities are hashes already; the
-// xor-shift and multiply only keep structured ids (tests) from clustering.
-func (s *legacyShard) home(id uint64) uint32 {
-	id ^= id >> 31
-	return uint32((id * 0xbf58476d1ce4e5b9) >> 32)
-}
-
-// find returns the index position holding id, or -1.
-func (s *legacyShard) find(id uint64) int {
-	for i := s.home(id) & s.mask; ; i = (i + 1) & s.mask {
-		w := s.index[i]
-		if w == 0 {
-			return -1
-		}
-		if s.ring[w-1].id == id {
-			return int(i)
-		}
-	}
-}
-
-func (s *legacyShard) get(id uint64) (uint32, bool) {
-	if p := s.find(id); p >= 0 {
-		return s.index[p] - 1, true
-	}
-	return 0, false
-}
-
-func (s *legacyShard) put(id uint64, slot uint32) {
-	i := s.home(id) & s.mask
-	for s.index[i] != 0 {
-		i = (i + 1) & s.mask
-	}
-	s.index[i] = slot + 1
-	s.n++
-}
-
-// del removes the index word at position i, shifting back the words of
-// its probe run that would no longer be found.
-func (s *legacyShard) del(i uint32) {
-	for j := (i + 1) & s.mask; ; j = (j + 1) & s.mask {
-		w := s.index[j]
-		if w == 0 {
-			break
-		}
-		home := s.home(s.ring[w-1].id) & s.mask
-		if (j-home)&s.mask >= (j-i)&s.mask {
-			s.index[i] = w
-			i = j
-		}
-	}
-	s.index[i] = 0
-	s.n--
-}
-
-func (s *legacyShard) forget(id uint64) {
-	if p := s.find(id); p >= 0 {
-		slot := s.index[p] - 1
-		s.del(uint32(p))
-		s.ring[slot] = legacyEntry{}
-	}
+	mu sync.Mutex
+	ringIndex[legacyEntry]
+	_ [16]byte
 }
 
 // NewLegacyTable returns an empty table.
@@ -239,11 +167,8 @@ func NewLegacyTable(cfg LegacyConfig) (*LegacyTable, error) {
 		window:     int64(cfg.Window),
 	}
 	per := (cfg.MaxIdentities + cfg.Shards - 1) / cfg.Shards
-	size := 1 << bits.Len(uint(2*per-1)) // at most half full
 	for i := range t.shards {
-		t.shards[i].index = make([]uint32, size)
-		t.shards[i].mask = uint32(size - 1)
-		t.shards[i].ring = make([]legacyEntry, per)
+		t.shards[i].init(per)
 	}
 	return t, nil
 }
@@ -269,21 +194,12 @@ func (s *legacyShard) lookup(id uint64, now, window int64) *legacyEntry {
 	return e
 }
 
-// insert writes a new entry at the ring's head, forgetting the oldest one
-// there. An entry still in flight is forgotten too: its Commit or Release
-// then finds nothing, which only loses a possible dedup.
-func (t *LegacyTable) insert(s *legacyShard, e legacyEntry) {
-	old := &s.ring[s.head]
-	if old.id != 0 {
-		if e.seen-old.seen < t.window {
-			t.evictions.Add(1)
-		}
-		s.forget(old.id)
-	}
-	*old = e
-	s.put(e.id, s.head)
-	if s.head++; int(s.head) == len(s.ring) {
-		s.head = 0
+// insert writes a new entry, forgetting the oldest one in its place (see
+// ringIndex.push). An entry still in flight can be forgotten too: its
+// Commit or Release then finds nothing, which only loses a possible dedup.
+func (t *LegacyTable) insert(s *legacyShard, id uint64, e legacyEntry) {
+	if old, ok := s.push(id, e); ok && e.seen-old.seen < t.window {
+		t.evictions.Add(1)
 	}
 }
 
@@ -299,11 +215,11 @@ func (t *LegacyTable) Check(id uint64, partition int32, conn uint64, now time.Ti
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.lookup(id, ns, t.window)
-	fresh := legacyEntry{id: id, offset: -1, ts: -1, conn: conn, seen: ns, partition: partition, inflight: 1, state: legacyPending}
+	fresh := legacyEntry{offset: -1, ts: -1, conn: conn, seen: ns, partition: partition, inflight: 1, state: legacyPending}
 	newResult := LegacyResult{Decision: LegacyNew, BaseOffset: -1, LogAppendTime: -1, Tracked: true}
 	switch {
 	case e == nil:
-		t.insert(s, fresh)
+		t.insert(s, id, fresh)
 		return newResult
 	case e.conn == conn && e.partition == partition:
 		// Sent again on the connection its acknowledgement goes to: new

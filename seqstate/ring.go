@@ -1,0 +1,109 @@
+package seqstate
+
+import "math/bits"
+
+// ringIndex is the storage of the tables that remember recent batches or
+// keys for a while (LegacyTable, KeyTable): entries live in a ring in
+// insertion order, which is also expiry order (an entry lives a fixed time
+// after it was last touched, and a touched entry is not moved: it is
+// overwritten a little early at worst, which only forgets a retry its
+// client has most likely given up on), indexed by an open-addressing table
+// of ring slots: uint32 words, slot+1 or 0 for empty, at most half full,
+// linear probing, backward-shift deletion. Each slot's id (never 0; 0 marks
+// a free slot) is kept beside the ring rather than in the entry, so probing
+// reads a dense array and needs nothing of E. Ring and index are sized once,
+// so the steady state allocates nothing: the entry plus 16 bytes each.
+//
+// It is not safe for concurrent use; each table shards it under mutexes.
+type ringIndex[E any] struct {
+	index []uint32
+	mask  uint32
+	ids   []uint64 // ids[slot] is ring[slot]'s id, 0 when free
+	ring  []E
+	n     int    // entries indexed
+	head  uint32 // next ring slot to write
+}
+
+func (r *ringIndex[E]) init(capacity int) {
+	size := 1 << bits.Len(uint(2*capacity-1)) // at most half full
+	r.index = make([]uint32, size)
+	r.mask = uint32(size - 1)
+	r.ids = make([]uint64, capacity)
+	r.ring = make([]E, capacity)
+}
+
+// home is where id's probe starts. Ids are hashes already; the xor-shift
+// and multiply only keep structured ids (tests) from clustering.
+func (r *ringIndex[E]) home(id uint64) uint32 {
+	id ^= id >> 31
+	return uint32((id*0xbf58476d1ce4e5b9)>>32) & r.mask
+}
+
+// find returns the index position holding id, or -1.
+func (r *ringIndex[E]) find(id uint64) int {
+	for i := r.home(id); ; i = (i + 1) & r.mask {
+		w := r.index[i]
+		if w == 0 {
+			return -1
+		}
+		if r.ids[w-1] == id {
+			return int(i)
+		}
+	}
+}
+
+// get returns the ring slot of id.
+func (r *ringIndex[E]) get(id uint64) (uint32, bool) {
+	if p := r.find(id); p >= 0 {
+		return r.index[p] - 1, true
+	}
+	return 0, false
+}
+
+// del removes the index word at position i, shifting back the words of
+// its probe run that would no longer be found.
+func (r *ringIndex[E]) del(i uint32) {
+	for j := (i + 1) & r.mask; ; j = (j + 1) & r.mask {
+		w := r.index[j]
+		if w == 0 {
+			break
+		}
+		if (j-r.home(r.ids[w-1]))&r.mask >= (j-i)&r.mask {
+			r.index[i] = w
+			i = j
+		}
+	}
+	r.index[i] = 0
+	r.n--
+}
+
+// forget removes id.
+func (r *ringIndex[E]) forget(id uint64) {
+	if p := r.find(id); p >= 0 {
+		slot := r.index[p] - 1
+		r.del(uint32(p))
+		var zero E
+		r.ring[slot], r.ids[slot] = zero, 0
+	}
+}
+
+// push writes e with id, which must be absent, at the ring's head,
+// forgetting the entry that was there; it returns that entry and whether
+// there was one.
+func (r *ringIndex[E]) push(id uint64, e E) (old E, evicted bool) {
+	if prev := r.ids[r.head]; prev != 0 {
+		old, evicted = r.ring[r.head], true
+		r.forget(prev)
+	}
+	r.ring[r.head], r.ids[r.head] = e, id
+	i := r.home(id)
+	for r.index[i] != 0 {
+		i = (i + 1) & r.mask
+	}
+	r.index[i] = r.head + 1
+	r.n++
+	if r.head++; int(r.head) == len(r.ring) {
+		r.head = 0
+	}
+	return old, evicted
+}
