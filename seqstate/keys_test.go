@@ -1,0 +1,45 @@
+package seqstate
+
+import (
+	"testing"
+	"time"
+)
+
+// TestKeyTable: a written key is found within its TTL with its first
+// offset, a different hi half is another key, the table is bounded.
+func TestKeyTable(t *testing.T) {
+	kt, err := NewKeyTable(KeyConfig{MaxKeys: 64, TTL: time.Hour, Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1700000000, 0)
+	if _, ok := kt.Lookup(1, 2, now); ok {
+		t.Fatal("empty table found a key")
+	}
+	kt.Commit(1, 2, 10, now)
+	kt.Commit(1, 2, 11, now) // a repeat keeps the first offset
+	if off, ok := kt.Lookup(1, 2, now); !ok || off != 10 {
+		t.Fatalf("lookup: %d %v", off, ok)
+	}
+	if _, ok := kt.Lookup(1, 3, now); ok {
+		t.Fatal("another key with the same low half matched")
+	}
+	if _, ok := kt.Lookup(1, 2, now.Add(time.Hour)); ok {
+		t.Fatal("found after its TTL")
+	}
+	for i := uint64(100); i < 1100; i++ {
+		kt.Commit(i*0x9e3779b97f4a7c15, i, int64(i), now)
+	}
+	if n := kt.Len(); n > 64 {
+		t.Fatalf("%d keys kept, cap 64", n)
+	}
+	if kt.Evictions() == 0 {
+		t.Fatal("no evictions counted")
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		kt.Commit(77, 1, 1, now)
+		kt.Lookup(77, 1, now)
+	}); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}
