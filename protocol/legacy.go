@@ -103,27 +103,51 @@ func recordsLen(recs []byte, k int) (int, bool) {
 // kept records' timestamps are unchanged. It is how the proxy forwards only
 // the new records of a re-batched retry (docs/legacy.md).
 func DropLeadingRecords(dst, records []byte, h *BatchHeader, skip int) ([]byte, error) {
-	if h.Attributes&attrCompressionMask != 0 {
-		return dst, ErrCompressed
-	}
 	if skip < 1 || int(h.NumRecords) <= skip {
 		return dst, fmt.Errorf("%w: cannot drop %d of %d records", ErrMalformedBatch, skip, h.NumRecords)
 	}
-	recs := recordsSection(records, h)
-	off, ok := recordsLen(recs, skip)
-	if !ok {
-		return dst, fmt.Errorf("%w: records do not parse", ErrMalformedBatch)
+	return rebuild(dst, records, h, skip, nil)
+}
+
+// DropRecords is DropLeadingRecords for any records: record i is dropped
+// when drop[i]. At least one record must stay.
+func DropRecords(dst, records []byte, h *BatchHeader, drop []bool) ([]byte, error) {
+	if len(drop) != int(h.NumRecords) {
+		return dst, fmt.Errorf("%w: %d drop flags for %d records", ErrMalformedBatch, len(drop), h.NumRecords)
 	}
+	kept := 0
+	for _, d := range drop {
+		if !d {
+			kept++
+		}
+	}
+	if kept == 0 {
+		return dst, fmt.Errorf("%w: every record dropped", ErrMalformedBatch)
+	}
+	return rebuild(dst, records, h, 0, drop)
+}
+
+// rebuild copies the batch without its first skip records and those drop
+// marks.
+func rebuild(dst, records []byte, h *BatchHeader, skip int, drop []bool) ([]byte, error) {
+	if h.Attributes&attrCompressionMask != 0 {
+		return dst, ErrCompressed
+	}
+	recs := recordsSection(records, h)
 	start := len(dst)
 	dst = append(dst, records[:batchHeaderSize]...)
 	maxDelta := int64(math.MinInt64)
-	kept := 0
-	for off < len(recs) {
+	kept, i := 0, 0
+	for off := 0; off < len(recs); i++ {
 		l, n := binary.Varint(recs[off:])
 		if n <= 0 || l < 0 || int64(len(recs)-off-n) < l {
-			return dst[:start], fmt.Errorf("%w: record %d does not parse", ErrMalformedBatch, skip+kept)
+			return dst[:start], fmt.Errorf("%w: record %d does not parse", ErrMalformedBatch, i)
 		}
 		body := recs[off+n : off+n+int(l)]
+		off += n + int(l)
+		if i < skip || (drop != nil && i < len(drop) && drop[i]) {
+			continue
+		}
 		// attributes int8, timestampDelta varint, offsetDelta varint, rest.
 		if len(body) < 1 {
 			return dst[:start], fmt.Errorf("%w: empty record", ErrMalformedBatch)
@@ -131,7 +155,7 @@ func DropLeadingRecords(dst, records []byte, h *BatchHeader, skip int) ([]byte, 
 		tsd, m1 := binary.Varint(body[1:])
 		_, m2 := binary.Varint(body[1+max(m1, 0):])
 		if m1 <= 0 || m2 <= 0 {
-			return dst[:start], fmt.Errorf("%w: record %d header does not parse", ErrMalformedBatch, skip+kept)
+			return dst[:start], fmt.Errorf("%w: record %d header does not parse", ErrMalformedBatch, i)
 		}
 		rest := body[1+m1+m2:]
 		var head [1 + 2*binary.MaxVarintLen64]byte
@@ -143,10 +167,9 @@ func DropLeadingRecords(dst, records []byte, h *BatchHeader, skip int) ([]byte, 
 		dst = append(dst, rest...)
 		maxDelta = max(maxDelta, tsd)
 		kept++
-		off += n + int(l)
 	}
-	if kept != int(h.NumRecords)-skip {
-		return dst[:start], fmt.Errorf("%w: %d records after %d, header says %d", ErrMalformedBatch, kept, skip, h.NumRecords)
+	if i != int(h.NumRecords) || kept == 0 {
+		return dst[:start], fmt.Errorf("%w: %d records, header says %d", ErrMalformedBatch, i, h.NumRecords)
 	}
 	b := dst[start:]
 	binary.BigEndian.PutUint64(b[0:], 0) // base offset: the broker assigns it
@@ -156,6 +179,92 @@ func DropLeadingRecords(dst, records []byte, h *BatchHeader, skip int) ([]byte, 
 	binary.BigEndian.PutUint32(b[57:], uint32(kept))
 	binary.BigEndian.PutUint32(b[17:], crc32.Checksum(b[batchAttributesOffset:], castagnoli))
 	return dst, nil
+}
+
+// RecordKey is one record's idempotency key (see RecordKeys): a 128-bit
+// hash of its value, or Present false when the record has no such header.
+type RecordKey struct {
+	Lo, Hi  uint64
+	Present bool
+}
+
+// RecordKeys appends to dst, for each record of the uncompressed v2 batch
+// in records, the hash of the value of its first header named name (an
+// idempotency key naming the logical operation: docs/legacy.md). A
+// compressed batch gives ErrCompressed: its records cannot be read without
+// decompressing them.
+func RecordKeys(dst []RecordKey, records []byte, h *BatchHeader, name string) ([]RecordKey, error) {
+	if h.Attributes&attrCompressionMask != 0 {
+		return dst, ErrCompressed
+	}
+	recs := recordsSection(records, h)
+	start := len(dst)
+	bad := func(i int) ([]RecordKey, error) {
+		return dst[:start], fmt.Errorf("%w: record %d does not parse", ErrMalformedBatch, i)
+	}
+	for off, i := 0, 0; off < len(recs); i++ {
+		l, n := binary.Varint(recs[off:])
+		if n <= 0 || l < 0 || int64(len(recs)-off-n) < l {
+			return bad(i)
+		}
+		r := recs[off+n : off+n+int(l)]
+		off += n + int(l)
+		if len(r) < 1 {
+			return bad(i)
+		}
+		p := 1
+		for f := 0; f < 2; f++ { // timestampDelta, offsetDelta
+			_, m := binary.Varint(r[p:])
+			if m <= 0 {
+				return bad(i)
+			}
+			p += m
+		}
+		for f := 0; f < 2; f++ { // key, value
+			bl, m := binary.Varint(r[p:])
+			if m <= 0 || bl < -1 || int64(len(r)-p-m) < max(bl, 0) {
+				return bad(i)
+			}
+			p += m + int(max(bl, 0))
+		}
+		nh, m := binary.Varint(r[p:])
+		if m <= 0 || nh < 0 {
+			return bad(i)
+		}
+		p += m
+		var k RecordKey
+		for j := int64(0); j < nh; j++ {
+			kl, m := binary.Varint(r[p:])
+			if m <= 0 || kl < 0 || int64(len(r)-p-m) < kl {
+				return bad(i)
+			}
+			hk := r[p+m : p+m+int(kl)]
+			p += m + int(kl)
+			vl, m2 := binary.Varint(r[p:])
+			if m2 <= 0 || vl < -1 || int64(len(r)-p-m2) < max(vl, 0) {
+				return bad(i)
+			}
+			v := r[p+m2 : p+m2+int(max(vl, 0))]
+			p += m2 + int(max(vl, 0))
+			if !k.Present && vl >= 0 && string(hk) == name {
+				k = RecordKey{Lo: xxhash.Sum64(v), Hi: keyHi(v), Present: true}
+			}
+		}
+		dst = append(dst, k)
+	}
+	if len(dst)-start != int(h.NumRecords) {
+		return dst[:start], fmt.Errorf("%w: %d records, header says %d", ErrMalformedBatch, len(dst)-start, h.NumRecords)
+	}
+	return dst, nil
+}
+
+// keyHi is a second, independent 64-bit hash of a key value: xxHash64 with
+// another seed, so that the pair is a 128-bit hash.
+func keyHi(v []byte) uint64 {
+	var d xxhash.Digest
+	d.ResetWithSeed(0x6b43a9b5f1c8d20e)
+	d.Write(v)
+	return d.Sum64()
 }
 
 // MixIdentity combines a records identity with the topic it was sent to

@@ -155,3 +155,93 @@ func FuzzDropLeadingRecords(f *testing.F) {
 		}
 	})
 }
+
+// keyedBatch builds an uncompressed legacy batch whose record i carries
+// header "idempotency-key" = keys[i] (none when keys[i] is "").
+func keyedBatch(tb testing.TB, keys []string) ([]byte, BatchHeader) {
+	tb.Helper()
+	b := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(len(keys)),
+		LastOffsetDelta: int32(len(keys) - 1), FirstTimestamp: 1000, MaxTimestamp: 1000}
+	for i, k := range keys {
+		v := fmt.Sprintf("value-%d", i)
+		rec := []byte{0}
+		rec = binary.AppendVarint(rec, 0)
+		rec = binary.AppendVarint(rec, int64(i))
+		rec = binary.AppendVarint(rec, -1)
+		rec = binary.AppendVarint(rec, int64(len(v)))
+		rec = append(rec, v...)
+		if k == "" {
+			rec = binary.AppendVarint(rec, 1)
+			rec = binary.AppendVarint(rec, 5)
+			rec = append(rec, "other"...)
+			rec = binary.AppendVarint(rec, 1)
+			rec = append(rec, 'x')
+		} else {
+			rec = binary.AppendVarint(rec, 2)
+			rec = binary.AppendVarint(rec, 5)
+			rec = append(rec, "trace"...)
+			rec = binary.AppendVarint(rec, -1)
+			rec = binary.AppendVarint(rec, 15)
+			rec = append(rec, "idempotency-key"...)
+			rec = binary.AppendVarint(rec, int64(len(k)))
+			rec = append(rec, k...)
+		}
+		b.Records = append(binary.AppendVarint(b.Records, int64(len(rec))), rec...)
+	}
+	raw := b.AppendTo(nil)
+	binary.BigEndian.PutUint32(raw[8:], uint32(len(raw)-12))
+	binary.BigEndian.PutUint32(raw[17:], crc32.Checksum(raw[21:], castagnoli))
+	var h BatchHeader
+	if _, err := ReadBatch(raw, &h); err != nil {
+		tb.Fatal(err)
+	}
+	return raw, h
+}
+
+// TestRecordKeys: each record's idempotency key is found among its
+// headers; equal keys hash equal; DropRecords keeps the others, valid.
+func TestRecordKeys(t *testing.T) {
+	raw, h := keyedBatch(t, []string{"evt-1", "", "evt-2", "evt-1"})
+	keys, err := RecordKeys(nil, raw, &h, "idempotency-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 4 || !keys[0].Present || keys[1].Present || !keys[2].Present || keys[0] != keys[3] || keys[0] == keys[2] {
+		t.Fatalf("keys: %+v", keys)
+	}
+	out, err := DropRecords(nil, raw, &h, []bool{true, false, true, false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hb BatchHeader
+	if _, err := ReadBatch(out, &hb); err != nil || hb.NumRecords != 2 || BatchValid(out, &hb) != 0 {
+		t.Fatalf("rebuilt: %v %+v", err, hb)
+	}
+	if k2, err := RecordKeys(nil, out, &hb, "idempotency-key"); err != nil || len(k2) != 2 || k2[0].Present || k2[1] != keys[3] {
+		t.Fatalf("keys of the rebuilt batch: %v %+v", err, k2)
+	}
+	if _, err := DropRecords(nil, raw, &h, []bool{true, true, true, true}); err == nil {
+		t.Fatal("dropped every record")
+	}
+	buf := make([]RecordKey, 0, 8)
+	if n := testing.AllocsPerRun(100, func() { buf, _ = RecordKeys(buf[:0], raw, &h, "idempotency-key") }); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}
+
+// FuzzRecordKeys: never panics; a result has one key per record.
+func FuzzRecordKeys(f *testing.F) {
+	raw, _ := keyedBatch(f, []string{"a", "", "b"})
+	f.Add(raw)
+	f.Add(raw[:len(raw)-4])
+	f.Fuzz(func(t *testing.T, records []byte) {
+		var h BatchHeader
+		if _, err := ReadBatch(records, &h); err != nil {
+			return
+		}
+		keys, err := RecordKeys(nil, records, &h, "idempotency-key")
+		if err == nil && len(keys) != int(h.NumRecords) {
+			t.Fatalf("%d keys for %d records", len(keys), h.NumRecords)
+		}
+	})
+}
