@@ -132,9 +132,33 @@ type DedupConfig struct {
 	// which Kafka cannot deduplicate (docs/legacy.md).
 	Legacy LegacyConfig `yaml:"legacy"`
 
+	// Keys configures idempotency keys, for the topics that opt in
+	// (Topics[name].IdempotencyKey).
+	Keys KeysConfig `yaml:"keys"`
+
 	// Topics overrides settings per topic, by name.
 	Topics map[string]TopicDedupConfig `yaml:"topics"`
 }
+
+// KeysConfig bounds the idempotency keys remembered (docs/legacy.md).
+type KeysConfig struct {
+	// TTL is how long a written key is remembered: a legacy record with
+	// the same key within it is not written again. Default 24h.
+	TTL time.Duration `yaml:"ttl"`
+	// MaxKeys caps the keys remembered (about 40 bytes each); the oldest
+	// goes first. Default 1048576.
+	MaxKeys int `yaml:"max_keys"`
+}
+
+// IdempotencyKeyConfig turns idempotency keys on for a topic.
+type IdempotencyKeyConfig struct {
+	// Header is the record header whose value names the logical operation
+	// (an event id). Default idempotency-key.
+	Header string `yaml:"header"`
+}
+
+// DefaultKeyHeader is IdempotencyKeyConfig.Header's default.
+const DefaultKeyHeader = "idempotency-key"
 
 // Legacy match modes: what makes two legacy batches the same.
 const (
@@ -162,6 +186,11 @@ type TopicDedupConfig struct {
 	// LegacyMatch overrides dedup.legacy.match for this topic. Empty means
 	// the global setting.
 	LegacyMatch string `yaml:"legacy_match"`
+	// IdempotencyKey, when set (even empty: {}), drops legacy records whose
+	// key header was written to this topic within dedup.keys.ttl, and counts
+	// repeated keys in idempotent batches (which cannot lose records
+	// without breaking their producer's sequences).
+	IdempotencyKey *IdempotencyKeyConfig `yaml:"idempotency_key"`
 }
 
 // NodeConfig pins the listener of one broker node.
@@ -239,6 +268,20 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Dedup.Legacy.MaxIdentities == 0 {
 		c.Dedup.Legacy.MaxIdentities = seqstate.DefaultMaxIdentities
+	}
+	if c.Dedup.Keys.TTL == 0 {
+		c.Dedup.Keys.TTL = seqstate.DefaultKeyTTL
+	}
+	if c.Dedup.Keys.MaxKeys == 0 {
+		c.Dedup.Keys.MaxKeys = seqstate.DefaultMaxKeys
+	}
+	for name, tc := range c.Dedup.Topics {
+		if tc.IdempotencyKey != nil && tc.IdempotencyKey.Header == "" {
+			k := *tc.IdempotencyKey
+			k.Header = DefaultKeyHeader
+			tc.IdempotencyKey = &k
+			c.Dedup.Topics[name] = tc
+		}
 	}
 }
 
@@ -367,6 +410,12 @@ func (c *Config) Validate() error {
 		if tc.LegacyMatch != "" && !validMatch(tc.LegacyMatch) {
 			return bad("dedup.topics[%q].legacy_match %q: want records, exact or off", name, tc.LegacyMatch)
 		}
+	}
+	if c.Dedup.Keys.TTL < 0 {
+		return bad("dedup.keys.ttl %s is negative", c.Dedup.Keys.TTL)
+	}
+	if c.Dedup.Keys.MaxKeys < 1 || c.Dedup.Keys.MaxKeys > 1<<30 {
+		return bad("dedup.keys.max_keys %d: want 1..2^30", c.Dedup.Keys.MaxKeys)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -18,7 +18,7 @@ import (
 func newDedupPlanner(cfg *Config, m *Metrics) (*planner, error) {
 	dc := &cfg.Dedup
 	if dc.Mode == DedupOff {
-		return newPlanner(dc, nil, nil, m), nil
+		return newPlanner(dc, nil, nil, nil, m), nil
 	}
 	t, err := seqstate.New(seqstate.Config{
 		MaxEntries:           dc.MaxEntries,
@@ -35,7 +35,16 @@ func newDedupPlanner(cfg *Config, m *Metrics) (*planner, error) {
 			return nil, err
 		}
 	}
-	return newPlanner(dc, t, legacy, m), nil
+	var keys *seqstate.KeyTable
+	for _, tc := range dc.Topics {
+		if tc.IdempotencyKey != nil {
+			if keys, err = seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: dc.Keys.MaxKeys, TTL: dc.Keys.TTL}); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	return newPlanner(dc, t, legacy, keys, m), nil
 }
 
 // legacyAnywhere reports whether any topic has legacy dedup on.

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -8,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -125,5 +128,65 @@ func TestLegacyRebatchedRetryOverSockets(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(p.Metrics.legacyRebatched); n != 1 {
 		t.Fatalf("legacy_rebatched %v", n)
+	}
+}
+
+// TestIdempotencyKeysTwoInstances: two instances of a legacy producer (an
+// application restarted, an outbox relay republishing) send the same
+// logical operations, named by an idempotency-key header. On a topic with
+// keys on, each key lands once; on a topic without, both copies land.
+func TestIdempotencyKeysTwoInstances(t *testing.T) {
+	t.Parallel()
+	const keyed, plain, n = "keyed", "plain", 50
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, keyed, plain))
+	p := startProxy(t, c, func(cfg *Config) {
+		cfg.Dedup.Topics = map[string]TopicDedupConfig{keyed: {IdempotencyKey: &IdempotencyKeyConfig{}}}
+	})
+	for instance := 0; instance < 2; instance++ {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DisableIdempotentWrite(),
+			kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.RequiredAcks(kgo.AllISRAcks()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		for i := 0; i < n; i++ {
+			for _, topic := range []string{keyed, plain} {
+				r := &kgo.Record{Topic: topic, Value: []byte(fmt.Sprintf("instance %d op %d", instance, i)),
+					Headers: []kgo.RecordHeader{{Key: DefaultKeyHeader, Value: []byte(fmt.Sprintf("op-%d", i))}}}
+				if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+					t.Fatalf("instance %d op %d: %v", instance, i, err)
+				}
+			}
+		}
+		cancel()
+		cl.Close()
+	}
+	// The log's end offsets tell how many records each topic holds.
+	raw := dialRaw(t, c.ListenAddrs()[0])
+	stored := func(topic string) int64 {
+		req := kmsg.NewPtrListOffsetsRequest()
+		req.SetVersion(4)
+		rt := kmsg.NewListOffsetsRequestTopic()
+		rt.Topic = topic
+		for part := int32(0); part < 2; part++ {
+			rp := kmsg.NewListOffsetsRequestTopicPartition()
+			rp.Partition, rp.Timestamp = part, -1
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		req.Topics = append(req.Topics, rt)
+		var sum int64
+		for _, pp := range raw.roundTrip(req).(*kmsg.ListOffsetsResponse).Topics[0].Partitions {
+			sum += pp.Offset
+		}
+		return sum
+	}
+	if got := stored(keyed); got != n {
+		t.Fatalf("keyed topic holds %d records, want %d (each key once)", got, n)
+	}
+	if got := stored(plain); got != 2*n {
+		t.Fatalf("plain topic holds %d records, want %d (both instances)", got, 2*n)
+	}
+	if d := testutil.ToFloat64(p.Metrics.keysDropped); d != n {
+		t.Fatalf("key duplicates dropped: %v, want %d", d, n)
 	}
 }

@@ -32,6 +32,8 @@ type Metrics struct {
 	batches         [8]prometheus.Counter
 	legacy          [4]prometheus.Counter // by seqstate.LegacyDecision
 	legacyRebatched prometheus.Counter
+	keysDropped     prometheus.Counter
+	keysObserved    prometheus.Counter
 	passthrough     [numPassReasons]prometheus.Counter
 	waitTimeouts    prometheus.Counter
 
@@ -115,6 +117,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	m.legacyRebatched = batches.WithLabelValues("legacy_rebatched")
+	keyDups := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "key_duplicate_records_total",
+		Help: "Records whose idempotency key was written to their topic within dedup.keys.ttl: dropped (legacy batches) or observed (idempotent batches, which are never cut)."}, []string{"action"})
+	m.keysDropped = keyDups.WithLabelValues("dropped")
+	m.keysObserved = keyDups.WithLabelValues("observed")
 	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
 		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (before SASL succeeded). Nothing is counted in dedup mode off."}, []string{"reason"})
 	for r, name := range passthroughReasons {
@@ -135,7 +141,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, m.waitTimeouts,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.waitTimeouts,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 
@@ -235,6 +241,21 @@ func (m *Metrics) registerLegacy(t *seqstate.LegacyTable) {
 			Help: "Legacy (producer id -1) batches remembered for deduplicating their retries."}, func() float64 { return float64(t.Len()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "legacy_evictions_total",
 			Help: "Legacy batches forgotten before dedup.legacy.window ended because the table was full (dedup.legacy.max_identities)."},
+			func() float64 { return float64(t.Evictions()) }),
+	)
+}
+
+// registerKeys exports the idempotency key table's own counts.
+func (m *Metrics) registerKeys(t *seqstate.KeyTable) {
+	if m.reg == nil {
+		return
+	}
+	const ns, sub = "dedupproxy", "seqstate"
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "keys",
+			Help: "Idempotency keys remembered."}, func() float64 { return float64(t.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "key_evictions_total",
+			Help: "Idempotency keys forgotten before dedup.keys.ttl because the table was full (dedup.keys.max_keys)."},
 			func() float64 { return float64(t.Evictions()) }),
 	)
 }

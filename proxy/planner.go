@@ -38,7 +38,11 @@ type planner struct {
 	mode    string
 	table   *seqstate.Table
 	legacy  *seqstate.LegacyTable // nil when legacy dedup is off everywhere
+	keys    *seqstate.KeyTable    // nil when no topic has idempotency keys
 	metrics *Metrics
+	// keyHeader is dedup.topics[name].idempotency_key.header, for the
+	// topics that have one.
+	keyHeader map[string]string
 
 	legacyMatch  string            // dedup.legacy.match
 	legacyWindow time.Duration     // dedup.legacy.window
@@ -58,12 +62,15 @@ type planner struct {
 	unknownTopics atomic.Uint64
 }
 
-func newPlanner(cfg *DedupConfig, table *seqstate.Table, legacy *seqstate.LegacyTable, m *Metrics) *planner {
-	pn := &planner{mode: cfg.Mode, table: table, legacy: legacy, metrics: m, waiters: map[waitKey][]waiter{},
-		legacyMatch: cfg.Legacy.Match, legacyWindow: cfg.Legacy.Window, topicMatch: map[string]string{}}
+func newPlanner(cfg *DedupConfig, table *seqstate.Table, legacy *seqstate.LegacyTable, keys *seqstate.KeyTable, m *Metrics) *planner {
+	pn := &planner{mode: cfg.Mode, table: table, legacy: legacy, keys: keys, metrics: m, waiters: map[waitKey][]waiter{},
+		legacyMatch: cfg.Legacy.Match, legacyWindow: cfg.Legacy.Window, topicMatch: map[string]string{}, keyHeader: map[string]string{}}
 	for name, tc := range cfg.Topics {
 		if tc.LegacyMatch != "" {
 			pn.topicMatch[name] = tc.LegacyMatch
+		}
+		if tc.IdempotencyKey != nil {
+			pn.keyHeader[name] = tc.IdempotencyKey.Header
 		}
 	}
 	pn.logStart.init()
@@ -105,6 +112,10 @@ type produceDecision struct {
 	key     seqstate.Key
 	batch   seqstate.Batch
 	ident   uint64 // legacy: the batch's identity (protocol.MixIdentity)
+	keyDrop bool   // actRebatch by idempotency key, not by a re-batched prefix
+	// keysAt:keysEnd are this batch's records' idempotency keys in
+	// producePlan.keys (empty unless its topic has keys).
+	keysAt, keysEnd int
 	size    int32  // legacy: bytes of the records section
 	maxTS   int64  // the batch's maxTimestamp, kept as the original's log_append_time
 	result  seqstate.Result
@@ -139,6 +150,8 @@ type producePlan struct {
 	upstream *[]byte       // upstream response frame, when anyUp and anyLocal
 	upOff    int           // its body offset after the size prefix
 	rebuilt  []byte        // rebuilt batches of actRebatch decisions
+	keys     []protocol.RecordKey
+	drops    []bool // drops[j]: the record of keys[j] is not sent upstream
 }
 
 // waitMargin is added to a Produce request's timeout_ms to bound how long a
@@ -159,6 +172,7 @@ func getPlan() *producePlan {
 	pl.nWaits = 0
 	pl.body = pl.body[:0]
 	pl.rebuilt = pl.rebuilt[:0]
+	pl.keys, pl.drops = pl.keys[:0], pl.drops[:0]
 	pl.upstream = nil
 	select { // a stale token from an earlier use
 	case <-pl.ready:
@@ -209,6 +223,7 @@ const (
 	passUnknownTopic           // a topic not yet seen in a Metadata response
 	passUnauthenticated        // the connection has not authenticated (SASL) yet
 	passDedupOff               // dedup mode off: counted per request, nothing is scanned
+	passKeysCompressed         // idempotency keys not checked: the batch is compressed
 	numPassReasons
 )
 
@@ -219,6 +234,7 @@ var passthroughReasons = [numPassReasons]string{
 	passUnknownTopic:    "unknown_topic",
 	passUnauthenticated: "unauthenticated",
 	passDedupOff:        "dedup_off",
+	passKeysCompressed:  "keys_compressed",
 }
 
 // timedOut is the answer to a batch whose outcome the proxy cannot know: its
@@ -337,6 +353,9 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 			// when they are real. If it appends, the table follows.
 			d.commit = acks != 0
 		}
+		if header, ok := pn.keyHeaderFor(topic); ok && d.act == actForward && d.commit {
+			pn.applyKeys(pl, i, part, &bh, header, false /* drop */, now)
+		}
 		pl.account(d)
 	}
 	return pl
@@ -382,7 +401,10 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	}
 	switch r := d.lresult; r.Decision {
 	case seqstate.LegacyNew:
-		d.pending, d.commit = r.Tracked, r.Tracked
+		d.pending, d.commit = r.Tracked, true
+		if header, ok := pn.keyHeaderFor(topic); ok && d.act == actForward {
+			pn.applyKeys(pl, i, part, bh, header, enforce, now)
+		}
 	case seqstate.LegacyInFlight:
 		if d.waiting {
 			d.act = actWait
@@ -562,12 +584,18 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 				pn.table.Commit(d.key, d.batch, off, ts, now)
 			case d.act == actRebatch:
 				pn.completeRebatch(pl, d, pr, off, ts, now)
+			case !d.pending:
+				// Not registered (the same records are in flight to
+				// another partition): nothing to commit but its keys.
 			case pl.acks == -1:
 				pn.legacy.Commit(d.ident, pl.conn, off, ts, now)
 			default:
 				// A legacy acks=1 append is not remembered: a retry of
 				// it is written again, as without the proxy.
 				pn.legacy.Release(d.ident, pl.conn)
+			}
+			if d.keysEnd > d.keysAt {
+				pn.commitKeys(pl, d, off, now)
 			}
 			if pr.ErrorCode == 0 {
 				outcome.LogAppendTime = ts // what a retry of it is answered with
@@ -604,7 +632,7 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 // otherwise. The client is never told a wrong offset.
 func (pn *planner) completeRebatch(pl *producePlan, d *produceDecision, pr *protocol.ProduceResponsePartition, off, ts int64, now time.Time) {
 	answer := int64(-1)
-	if p := d.prefixResult.BaseOffset; p >= 0 && off >= 0 && off == p+int64(d.prefix.count) {
+	if p := d.prefixResult.BaseOffset; !d.keyDrop && p >= 0 && off >= 0 && off == p+int64(d.prefix.count) {
 		answer = p
 	}
 	if pl.acks == -1 {
@@ -612,7 +640,9 @@ func (pn *planner) completeRebatch(pl *producePlan, d *produceDecision, pr *prot
 	} else {
 		pn.legacy.Release(d.ident, pl.conn)
 	}
-	pn.legacy.Adopt(d.prefix.id, pl.conn, now)
+	if !d.keyDrop {
+		pn.legacy.Adopt(d.prefix.id, pl.conn, now)
+	}
 	// REQUEST_TIMED_OUT and NOT_ENOUGH_REPLICAS_AFTER_APPEND mean
 	// appended: answered as success, as for a legacy duplicate.
 	d.local = protocol.LocalPartitionResult{BaseOffset: answer, LogAppendTime: ts, LogStartOffset: pr.LogStartOffset}

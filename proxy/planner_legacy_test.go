@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"encoding/binary"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -220,5 +222,84 @@ func TestPlanLegacyRebatchedRetry(t *testing.T) {
 	h.conn = 2
 	if pl = h.plan(produce(7, -1, 1000, legacyBatch(t, 5, "a")), true); pl.decisions[0].act != actForward {
 		t.Fatalf("superset while the original's connection is open: act %v", pl.decisions[0].act)
+	}
+}
+
+// keyedLegacyBatch is a legacy batch whose record i has header
+// idempotency-key = keys[i] and value values[i].
+func keyedLegacyBatch(t *testing.T, keys, values []string) []byte {
+	t.Helper()
+	var recs []byte
+	for i, k := range keys {
+		rec := []byte{0}
+		rec = binary.AppendVarint(rec, 0)
+		rec = binary.AppendVarint(rec, int64(i))
+		rec = binary.AppendVarint(rec, -1)
+		rec = binary.AppendVarint(rec, int64(len(values[i])))
+		rec = append(rec, values[i]...)
+		rec = binary.AppendVarint(rec, 1)
+		rec = binary.AppendVarint(rec, int64(len(DefaultKeyHeader)))
+		rec = append(rec, DefaultKeyHeader...)
+		rec = binary.AppendVarint(rec, int64(len(k)))
+		rec = append(rec, k...)
+		recs = append(binary.AppendVarint(recs, int64(len(rec))), rec...)
+	}
+	b := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(len(keys)),
+		LastOffsetDelta: int32(len(keys) - 1), FirstTimestamp: 1700000000000, MaxTimestamp: 1700000000000, Records: recs}
+	return fixBatchLengthAndCRC(b.AppendTo(nil))
+}
+
+// TestPlanIdempotencyKeys: on a topic with idempotency keys, a legacy
+// record whose key was written within the TTL is dropped, whatever the
+// connection; a batch of only known keys is answered with the first
+// record's original offset; in an idempotent batch repeated keys are only
+// counted.
+func TestPlanIdempotencyKeys(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	keys, err := seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.pn.keys, h.pn.keyHeader[planTopic] = keys, DefaultKeyHeader
+	pl := h.plan(produce(7, -1, 1000, keyedLegacyBatch(t, []string{"e1", "e2"}, []string{"pay 1", "pay 2"})), true)
+	h.complete(pl, map[int32]brokerResult{0: {offset: 5}})
+
+	// Another producer instance (a restart, an outbox relay) sends e2 again
+	// with e3: only e3 goes upstream.
+	h.conn = 2
+	pl = h.plan(produce(7, -1, 1000, keyedLegacyBatch(t, []string{"e2", "e3"}, []string{"pay 2 again", "pay 3"})), true)
+	d := pl.decisions[0]
+	if d.act != actRebatch || !d.keyDrop {
+		t.Fatalf("partly known keys: act %v", d.act)
+	}
+	var bh protocol.BatchHeader
+	if _, err := protocol.ReadBatch(pl.rebuilt[d.rebuiltAt:d.rebuiltEnd], &bh); err != nil || bh.NumRecords != 1 {
+		t.Fatalf("rebuilt: %v %+v", err, bh)
+	}
+	up := h.complete(pl, map[int32]brokerResult{0: {offset: 7}})
+	if r := h.answer(pl, up)[0]; r.ErrorCode != 0 || r.BaseOffset != -1 {
+		t.Fatalf("partly known keys answered %+v", r)
+	}
+	// Every key known: answered with the first record's original offset
+	// (e3 was written at 7), nothing forwarded.
+	pl = h.plan(produce(7, -1, 1000, keyedLegacyBatch(t, []string{"e3", "e1"}, []string{"x", "y"})), true)
+	if d := pl.decisions[0]; d.act != actAnswer || d.local.BaseOffset != 7 || pl.anyUp {
+		t.Fatalf("all keys known: act %v %+v", d.act, d.local)
+	}
+	if n := testutil.ToFloat64(h.pn.metrics.keysDropped); n != 3 {
+		t.Fatalf("key duplicates dropped: %v, want 3", n)
+	}
+	// An idempotent batch is never cut: its repeated key is counted.
+	b := keyedLegacyBatch(t, []string{"e1"}, []string{"z"})
+	idem := append([]byte(nil), b...)
+	binary.BigEndian.PutUint64(idem[43:], 99) // producer id
+	binary.BigEndian.PutUint16(idem[51:], 0)  // epoch
+	binary.BigEndian.PutUint32(idem[53:], 0)  // base sequence
+	pl = h.plan(produce(9, -1, 1000, fixBatchLengthAndCRC(idem)), true)
+	if d := pl.decisions[0]; d.legacy || d.act != actForward {
+		t.Fatalf("idempotent keyed batch: legacy %v act %v", d.legacy, d.act)
+	}
+	if n := testutil.ToFloat64(h.pn.metrics.keysObserved); n != 1 {
+		t.Fatalf("keys observed %v", n)
 	}
 }

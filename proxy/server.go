@@ -134,6 +134,9 @@ func (s *Server) Start(ctx context.Context) error {
 		if pn.legacy != nil {
 			s.Metrics.registerLegacy(pn.legacy)
 		}
+		if pn.keys != nil {
+			s.Metrics.registerKeys(pn.keys)
+		}
 		s.spawn(s.expireLoop)
 	}
 
