@@ -116,11 +116,11 @@ type produceDecision struct {
 	// keysAt:keysEnd are this batch's records' idempotency keys in
 	// producePlan.keys (empty unless its topic has keys).
 	keysAt, keysEnd int
-	size    int32  // legacy: bytes of the records section
-	maxTS   int64  // the batch's maxTimestamp, kept as the original's log_append_time
-	result  seqstate.Result
-	lresult seqstate.LegacyResult
-	local   protocol.LocalPartitionResult // the answer when not forwarded
+	size            int32 // legacy: bytes of the records section
+	maxTS           int64 // the batch's maxTimestamp, kept as the original's log_append_time
+	result          seqstate.Result
+	lresult         seqstate.LegacyResult
+	local           protocol.LocalPartitionResult // the answer when not forwarded
 
 	// actRebatch: the orphaned batch the records begin with, its outcome,
 	// and where the rebuilt batch of the rest lies in producePlan.rebuilt.
