@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -130,5 +131,57 @@ func TestFrameClasses(t *testing.T) {
 	}
 	if frameClass(64<<20+1) != -1 {
 		t.Fatal("a frame above the largest class must not be pooled")
+	}
+}
+
+// TestLegacySteadyStateNoAllocs pins zero allocations per request for
+// legacy batches (producer id -1) on the steady-state path: scan, identity,
+// decision, and commit from the broker's response.
+func TestLegacySteadyStateNoAllocs(t *testing.T) {
+	c := newDecisionSession(t)
+	c.id = 1
+	frames := make([][]byte, 1200)
+	responses := make([][]byte, len(frames))
+	for i := range frames {
+		var parts []part
+		for p := int32(0); p < 4; p++ {
+			parts = append(parts, part{p, recordBatch(t, -1, -1, -1, 10, fmt.Sprintf("legacy record %d/%d", i, p))})
+		}
+		frames[i] = kmsg.NewRequestFormatter().AppendRequest(nil, produceParts("steady", -1, parts...), int32(i))[4:]
+		resp := kmsg.NewPtrProduceResponse()
+		resp.SetVersion(9)
+		rt := kmsg.NewProduceResponseTopic()
+		rt.Topic = "steady"
+		for p := int32(0); p < 4; p++ {
+			rp := kmsg.NewProduceResponseTopicPartition()
+			rp.Partition, rp.BaseOffset = p, int64(i*10)
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+		responses[i] = resp.AppendTo(nil)
+	}
+	now := time.Now()
+	i := 0
+	run := func() {
+		body := frames[i]
+		h, err := protocol.ParseRequestHeader(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl, err := c.planProduce(h, body, now)
+		if err != nil || pl == nil || pl.anyLocal || len(pl.decisions) != 4 || !pl.decisions[0].legacy {
+			t.Fatalf("plan: %v %+v", err, pl)
+		}
+		if err := c.s.planner.complete(pl, &c.respScan, responses[i], now); err != nil {
+			t.Fatal(err)
+		}
+		i++
+		sinkPlan = pl
+		putPlan(pl)
+	}
+	run()
+	allocs := testing.AllocsPerRun(1000, run)
+	if allocs != 0 && !raceEnabled {
+		t.Fatalf("%v allocations per request (4 legacy batches) on the steady-state path", allocs)
 	}
 }

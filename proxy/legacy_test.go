@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -188,5 +189,68 @@ func TestIdempotencyKeysTwoInstances(t *testing.T) {
 	}
 	if d := testutil.ToFloat64(p.Metrics.keysDropped); d != n {
 		t.Fatalf("key duplicates dropped: %v, want %d", d, n)
+	}
+}
+
+// TestLegacySlowBroker: the broker takes longer to append a legacy batch
+// than the client waits; the client (franz-go, idempotence off) times the
+// request out, drops the connection and retries on a new one while the
+// original is still being appended. The retry waits for the original's
+// outcome instead of being written again.
+func TestLegacySlowBroker(t *testing.T) {
+	t.Parallel()
+	const topic = "slow"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	// Hold the first Produce with SleepControl, which lets the cluster
+	// serve other connections meanwhile (the client's Metadata, its
+	// retry).
+	entered, release := make(chan struct{}), make(chan struct{})
+	var reached atomic.Int64
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		reached.Add(1)
+		once.Do(func() {
+			close(entered)
+			c.SleepControl(func() { <-release })
+		})
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DisableIdempotentWrite(),
+		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerBatchCompression(kgo.NoCompression()),
+		kgo.ProduceRequestTimeout(300*time.Millisecond), kgo.RequestTimeoutOverhead(200*time.Millisecond),
+		kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		done <- cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte("charge account 7 $42")}).FirstErr()
+	}()
+	<-entered
+	// The client gives up on the held request and retries on a new
+	// connection; the proxy parks the retry on the original.
+	waitFor(t, 10*time.Second, "the client's retry to wait on the original", func() bool {
+		return testutil.ToFloat64(p.Metrics.legacy[seqstate.LegacyInFlight]) >= 1
+	})
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	raw := dialRaw(t, c.ListenAddrs()[0])
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.SetVersion(4)
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewListOffsetsRequestTopicPartition()
+	rp.Timestamp = -1
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	if end := raw.roundTrip(req).(*kmsg.ListOffsetsResponse).Topics[0].Partitions[0].Offset; end != 1 {
+		t.Fatalf("the log holds %d records, want 1 (%d produce requests reached the broker)", end, reached.Load())
 	}
 }
