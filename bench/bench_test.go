@@ -106,25 +106,27 @@ func TestPipelineTiny(t *testing.T) {
 	if m.RSSBeforeMiB <= 0 || m.RSSAfterMiB <= 0 || math.IsNaN(m.RSSPerEntry) || math.IsNaN(m.HeapPerEntry) {
 		t.Errorf("memory: %+v", *m)
 	}
-	dc := rep.DedupCost
-	if dc == nil {
-		t.Fatal("no dedup cost result")
-	}
-	if dc.Enforce.Acked != dc.Enforce.Sent || dc.Off.Acked != dc.Off.Sent || dc.Enforce.Acked == 0 {
-		t.Errorf("dedup cost: enforce acked %d/%d, off %d/%d", dc.Enforce.Acked, dc.Enforce.Sent, dc.Off.Acked, dc.Off.Sent)
-	}
-	if dc.Decided == 0 {
-		t.Error("dedup cost: the enforce proxy decided no batch")
-	}
-	// CPU is read in clock ticks (10 ms), so a phase this small may show
-	// none; the ratio is then n/a, never a made-up number.
-	if dc.EnforceCPUmsPerMB < 0 || dc.OffCPUmsPerMB < 0 || (dc.OffCPUmsPerMB > 0) == math.IsNaN(dc.CPURatio) || math.IsInf(dc.CPURatio, 0) {
-		t.Errorf("dedup cost: %+v", *dc)
+	for _, dc := range []*DedupCostResult{rep.DedupCost, rep.LegacyDedupCost} {
+		if dc == nil {
+			t.Fatal("no dedup cost result")
+		}
+		if dc.Enforce.Acked != dc.Enforce.Sent || dc.Off.Acked != dc.Off.Sent || dc.Enforce.Acked == 0 {
+			t.Errorf("dedup cost, %s: enforce acked %d/%d, off %d/%d", dc.Producers, dc.Enforce.Acked, dc.Enforce.Sent, dc.Off.Acked, dc.Off.Sent)
+		}
+		if dc.Decided == 0 {
+			t.Errorf("dedup cost, %s: the enforce proxy decided no batch", dc.Producers)
+		}
+		// CPU is read in clock ticks (10 ms), so a phase this small may
+		// show none; the ratio is then n/a, never a made-up number.
+		if dc.EnforceCPUmsPerMB < 0 || dc.OffCPUmsPerMB < 0 || (dc.OffCPUmsPerMB > 0) == math.IsNaN(dc.CPURatio) || math.IsInf(dc.CPURatio, 0) {
+			t.Errorf("dedup cost, %s: %+v", dc.Producers, *dc)
+		}
 	}
 	// Targets: batched (throughput, CPU) and roundtrip (p50, p99) per
-	// upstream, the dedup cost, plus memory.
-	if len(rep.Targets) != 10 {
-		t.Errorf("got %d targets, want 10: %+v", len(rep.Targets), rep.Targets)
+	// upstream, the dedup cost for idempotent and legacy producers, plus
+	// memory.
+	if len(rep.Targets) != 11 {
+		t.Errorf("got %d targets, want 11: %+v", len(rep.Targets), rep.Targets)
 	}
 	for _, tg := range rep.Targets {
 		if tg.Result != "met" && tg.Result != "NOT met" && tg.Result != "reported" {

@@ -11,7 +11,10 @@ import (
 // upstream, one with dedup enforce and one with dedup off, under the same
 // load, their phases alternated: what deciding every batch costs.
 type DedupCostResult struct {
-	Upstream   string `json:"upstream"`
+	Upstream string `json:"upstream"`
+	// Producers is idempotent or legacy (idempotence off, producer id -1,
+	// deduplicated by identity: docs/legacy.md).
+	Producers  string `json:"producers"`
 	RecordSize int    `json:"record_size"`
 	Reps       int    `json:"reps"`
 
@@ -22,21 +25,22 @@ type DedupCostResult struct {
 	OffCPUmsPerMB     float64 `json:"off_cpu_ms_per_mb"`
 	// CPURatio is enforce ÷ off CPU per MB; the target is ≤ 1.05.
 	CPURatio float64 `json:"cpu_ratio"`
-	// Decided is dedupproxy_batches_total{outcome="accepted"} on the
-	// enforce proxy: proof that it decided the batches.
+	// Decided is dedupproxy_batches_total{outcome="accepted"} (legacy:
+	// "legacy_accepted") on the enforce proxy: proof that it decided the
+	// batches.
 	Decided float64 `json:"decided"`
 }
 
 // runDedupCost runs the batched load at size through an enforce proxy and an
 // off proxy, 2×reps phases, alternating which goes first.
-func runDedupCost(ctx context.Context, cfg Config, dir, upstreamKind string, size int, log *slog.Logger) (*DedupCostResult, error) {
+func runDedupCost(ctx context.Context, cfg Config, dir, upstreamKind string, size int, idempotent bool, log *slog.Logger) (*DedupCostResult, error) {
 	topics := make([]string, cfg.Topics)
 	for i := range topics {
 		topics[i] = fmt.Sprintf("bench-%d", i)
 	}
 	load := loadSpec{
 		Producers: cfg.Producers, Topics: topics, Linger: cfg.Linger, BatchBytes: int32(cfg.BatchBytes),
-		Acks: "all", Idempotent: true, BufferBytes: cfg.BufferBytes,
+		Acks: "all", Idempotent: idempotent, BufferBytes: cfg.BufferBytes,
 		Duration: cfg.Duration, Records: cfg.Records, Recovery: cfg.Recovery, RecordSize: size,
 	}
 	up, err := startUpstream(upstreamKind, topics, cfg.Partitions)
@@ -56,7 +60,11 @@ func runDedupCost(ctx context.Context, cfg Config, dir, upstreamKind string, siz
 	}
 	var accs [2]phaseAcc
 	var cpu [2]time.Duration
-	res := &DedupCostResult{Upstream: upstreamKind, RecordSize: size, Reps: max(cfg.Reps, 1)}
+	res := &DedupCostResult{Upstream: upstreamKind, Producers: "idempotent", RecordSize: size, Reps: max(cfg.Reps, 1)}
+	accepted := `outcome="accepted"`
+	if !idempotent {
+		res.Producers, accepted = "legacy", `outcome="legacy_accepted"`
+	}
 	for rep := range res.Reps {
 		order := []int{0, 1}
 		if rep%2 == 1 {
@@ -85,8 +93,8 @@ func runDedupCost(ctx context.Context, cfg Config, dir, upstreamKind string, siz
 				if err != nil {
 					return nil, err
 				}
-				res.Decided += metricValue(metricsAfter, "dedupproxy_batches_total", `outcome="accepted"`) -
-					metricValue(metricsBefore, "dedupproxy_batches_total", `outcome="accepted"`)
+				res.Decided += metricValue(metricsAfter, "dedupproxy_batches_total", accepted) -
+					metricValue(metricsBefore, "dedupproxy_batches_total", accepted)
 			}
 			a := &accs[i]
 			a.sent += r.Sent
@@ -94,7 +102,7 @@ func runDedupCost(ctx context.Context, cfg Config, dir, upstreamKind string, siz
 			a.failed += r.Failed
 			a.elapsed += r.Elapsed
 			a.hist.merge(r.Hist)
-			log.Info("dedup cost phase", "dedup", modes[i], "rep", rep, "acked", r.Acked,
+			log.Info("dedup cost phase", "producers", res.Producers, "dedup", modes[i], "rep", rep, "acked", r.Acked,
 				"cpu_ms", (after.cpu - before.cpu).Milliseconds())
 		}
 	}

@@ -136,8 +136,10 @@ type Report struct {
 	Config  Config        `json:"config"`
 	Rows    []Row         `json:"rows"`
 	Memory  *MemoryResult `json:"memory,omitempty"`
-	// DedupCost compares dedup enforce with off.
+	// DedupCost compares dedup enforce with off, for idempotent producers.
 	DedupCost *DedupCostResult `json:"dedup_cost,omitempty"`
+	// LegacyDedupCost is DedupCost for legacy producers (idempotence off).
+	LegacyDedupCost *DedupCostResult `json:"legacy_dedup_cost,omitempty"`
 	Targets   []Target         `json:"targets"`
 	Started   time.Time        `json:"started"`
 	Took      string           `json:"took"`
@@ -270,11 +272,16 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 	}
 	if cfg.DedupCostSize > 0 {
 		log.Info("dedup cost scenario", "upstream", cfg.DedupCostUpstream, "record_size", cfg.DedupCostSize)
-		dc, err := runDedupCost(ctx, cfg, dir, cfg.DedupCostUpstream, cfg.DedupCostSize, log)
+		dc, err := runDedupCost(ctx, cfg, dir, cfg.DedupCostUpstream, cfg.DedupCostSize, true /* idempotent */, log)
 		if err != nil {
 			return nil, fmt.Errorf("dedup cost: %w", err)
 		}
 		rep.DedupCost = dc
+		ldc, err := runDedupCost(ctx, cfg, dir, cfg.DedupCostUpstream, cfg.DedupCostSize, false /* legacy */, log)
+		if err != nil {
+			return nil, fmt.Errorf("legacy dedup cost: %w", err)
+		}
+		rep.LegacyDedupCost = ldc
 	}
 	if cfg.MemProducers > 0 {
 		log.Info("memory scenario", "producers", cfg.MemProducers, "partitions", cfg.MemPartitions)
