@@ -25,7 +25,7 @@ import (
 func runDemo(ctx context.Context, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "payments-direct", "payments-proxy", "reuse-direct", "reuse-proxy"))
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "legacy-direct", "legacy-proxy", "payments-direct", "payments-proxy", "reuse-direct", "reuse-proxy"))
 	if err != nil {
 		return err
 	}
@@ -48,8 +48,29 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	viaProxy := srv.Addr().String()
 
 	fmt.Fprintf(out, "An embedded Kafka cluster is running, and dedupproxy in front of it.\n\n")
-	fmt.Fprintf(out, "1. A payment service charges account 7 $42. The cluster stores the charge, but the\n"+
-		"   acknowledgement is lost on the way back (the connection drops). The producer retries.\n\n")
+	fmt.Fprintf(out, "1. A payment service charges account 7 $42. Its Kafka client has no idempotence (kafka-go,\n"+
+		"   kafka-python, or any client with enable.idempotence=false: producer id -1). The cluster\n"+
+		"   stores the charge, but the acknowledgement is lost on the way back (the connection drops).\n"+
+		"   The producer retries on a new connection.\n\n")
+	for _, path := range []struct{ name, addr, topic string }{{"straight to the cluster", direct, "legacy-direct"}, {"through dedupproxy     ", viaProxy, "legacy-proxy"}} {
+		charge := batch(-1, -1, -1, "account=7 amount=42")
+		if err := sendLosingAck(ctx, path.addr, path.topic, charge, func() bool { return hwm(ctx, direct, path.topic) >= 1 }); err != nil {
+			return err
+		}
+		code, err := send(ctx, path.addr, path.topic, charge) // the retry
+		if err != nil {
+			return err
+		}
+		total, n, err := charged(ctx, direct, path.topic)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "   %s: retry answered %s; account 7 charged $%d in %d record(s)\n", path.name, codeName(code), total, n)
+	}
+	fmt.Fprintf(out, "\n   Kafka cannot tell a retry of a producer-id -1 batch from new data: it stores it again.\n"+
+		"   The proxy recognises the same records arriving on a new connection within 2 minutes and\n"+
+		"   answers with the original offset (dedupproxy_batches_total{outcome=\"legacy_duplicate\"}).\n\n")
+	fmt.Fprintf(out, "2. The same with an idempotent producer (producer id, epoch and sequence numbers).\n\n")
 	for _, path := range []struct{ name, addr, topic string }{{"straight to the cluster", direct, "payments-direct"}, {"through dedupproxy     ", viaProxy, "payments-proxy"}} {
 		before := reached
 		pid := int64(1000 + len(path.topic))
@@ -72,7 +93,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		"   Through the proxy the broker never sees it: the proxy answers with the original offset,\n"+
 		"   exactly as the broker would, and counts it in dedupproxy_batches_total{outcome=\"duplicate\"}.\n\n")
 
-	fmt.Fprintf(out, "2. The same, but the client (kafkajs 2.2.4 does this) rolls its sequence number back after\n"+
+	fmt.Fprintf(out, "3. The same, but the client (kafkajs 2.2.4 does this) rolls its sequence number back after\n"+
 		"   the failed send, and uses it for the NEXT payment: $17, different records, same sequence.\n\n")
 	for _, path := range []struct{ name, addr, topic string }{{"straight to the cluster", direct, "reuse-direct"}, {"through dedupproxy     ", viaProxy, "reuse-proxy"}} {
 		pid := int64(2000 + len(path.topic))
@@ -104,7 +125,7 @@ func codeName(code int16) string {
 	return fmt.Sprintf("error %d", code)
 }
 
-// batch encodes a one-record v2 batch of an idempotent producer.
+// batch encodes a one-record v2 batch; producer id -1 is a legacy producer.
 func batch(pid int64, epoch int16, seq int32, value string) []byte {
 	b := kmsg.RecordBatch{Magic: 2, ProducerID: pid, ProducerEpoch: epoch, FirstSequence: seq, NumRecords: 1,
 		FirstTimestamp: time.Now().UnixMilli(), MaxTimestamp: time.Now().UnixMilli()}

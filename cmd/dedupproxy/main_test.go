@@ -322,15 +322,18 @@ func minimalBatch() []byte {
 
 func crc32c(b []byte) uint32 { return crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)) }
 
-// TestDemo runs `dedupproxy demo` and checks the story it tells: the retry
-// reaches the cluster straight but not through the proxy, and a reused
-// sequence is silently swallowed by Kafka but refused by the proxy.
+// TestDemo runs `dedupproxy demo` and checks the story it tells: a legacy
+// producer's retry is stored twice straight and once through the proxy; an
+// idempotent retry reaches the cluster straight but not through the proxy;
+// a reused sequence is silently swallowed by Kafka but refused by the proxy.
 func TestDemo(t *testing.T) {
 	var out strings.Builder
 	if err := runDemo(context.Background(), &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
+		"straight to the cluster: retry answered success; account 7 charged $84 in 2 record(s)\n",
+		"through dedupproxy     : retry answered success; account 7 charged $42 in 1 record(s)\n",
 		"straight to the cluster: retry answered success; account 7 charged $42 in 1 record(s); writes that reached the cluster: 2",
 		"through dedupproxy     : retry answered success; account 7 charged $42 in 1 record(s); writes that reached the cluster: 1",
 		"straight to the cluster: the $17 payment was answered success; the log holds 1 record(s), $42",
