@@ -174,10 +174,17 @@ func TestLegacyLostAck(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, []byte(resultsMarkdown(clients, time.Now().UTC())), 0o644); err != nil {
+	now := time.Now().UTC()
+	if err := os.WriteFile(path, []byte(resultsMarkdown(clients, now)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("wrote %s", path)
+	results.mu.Lock()
+	table := summaryTable(clients, now.Format("2006-01-02"))
+	results.mu.Unlock()
+	if err := updateReadme(table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s and the README's table", path)
 }
 
 func runLostAck(t *testing.T, c legacyClient, mode string) {
@@ -291,6 +298,43 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	}
 }
 
+// summaryTable is the one-row-per-client table of a run, also written
+// into the README between readmeStart and readmeEnd. Call it with
+// results.mu held.
+func summaryTable(clients []legacyClient, date string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| client | client version | control: duplicated / lost | through the proxy: duplicated / lost | date |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|\n")
+	for _, c := range clients {
+		ctl, prx := results.runs[c.name][modeControl], results.runs[c.name][modeProxy]
+		fmt.Fprintf(&b, "| %s | %s | %d / %s | %d / %s | %s |\n", c.name, ctl.version,
+			ctl.duplicated, lostCell(ctl), prx.duplicated, lostCell(prx), date)
+	}
+	return b.String()
+}
+
+// The README's copy of the summary table lies between these lines.
+const (
+	readmeStart = "<!-- legacy-clients:start (written by go test ./e2e -update) -->"
+	readmeEnd   = "<!-- legacy-clients:end -->"
+)
+
+// updateReadme replaces the README's copy of the summary table.
+func updateReadme(table string) error {
+	const path = "../README.md"
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s := string(raw)
+	i, j := strings.Index(s, readmeStart), strings.Index(s, readmeEnd)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s: no %q ... %q section", path, readmeStart, readmeEnd)
+	}
+	s = s[:i+len(readmeStart)] + "\n" + table + s[j:]
+	return os.WriteFile(path, []byte(s), 0o644)
+}
+
 // resultsMarkdown renders results/legacy-clients.md.
 func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	results.mu.Lock()
@@ -310,13 +354,7 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	fmt.Fprintf(&b, "is kafka-python's default: it never retries, so it duplicates nothing, but it reports as failed records\n")
 	fmt.Fprintf(&b, "that the broker stored (*not acknowledged, stored* below).\n\n")
 	fmt.Fprintf(&b, "The test fails if any record is duplicated through the proxy, or any acknowledged record is lost in either run.\n\n")
-	fmt.Fprintf(&b, "| client | client version | control: duplicated / lost | through the proxy: duplicated / lost | date |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|\n")
-	for _, c := range clients {
-		ctl, prx := results.runs[c.name][modeControl], results.runs[c.name][modeProxy]
-		fmt.Fprintf(&b, "| %s | %s | %d / %s | %d / %s | %s |\n", c.name, ctl.version,
-			ctl.duplicated, lostCell(ctl), prx.duplicated, lostCell(prx), date)
-	}
+	b.WriteString(summaryTable(clients, date))
 	fmt.Fprintf(&b, "\n## Every figure\n\n")
 	fmt.Fprintf(&b, "*not acknowledged, stored*: values the client reported failed (or never reported) that are in the log anyway.\n")
 	fmt.Fprintf(&b, "*Produce requests*: as counted by the shim, retries included; *records forwarded by then*: records in the\n")

@@ -122,7 +122,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.keysDropped = keyDups.WithLabelValues("dropped")
 	m.keysObserved = keyDups.WithLabelValues("observed")
 	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
-		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (before SASL succeeded). Nothing is counted in dedup mode off."}, []string{"reason"})
+		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1 with legacy dedup off for its topic, or acks=0), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (before SASL succeeded), dedup_off (per request), keys_compressed (idempotency keys not checked in a compressed batch)."}, []string{"reason"})
 	for r, name := range passthroughReasons {
 		m.passthrough[r] = passthrough.WithLabelValues(name)
 	}
