@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -209,6 +210,14 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 					return
 				}
 				rec := &kgo.Record{Topic: spec.Topics[i%len(spec.Topics)], Value: value}
+				if !spec.Idempotent {
+					// Legacy records are deduplicated by content
+					// (docs/legacy.md): identical batches from several
+					// producers would be taken for retries. A header
+					// makes each record unique without moving it to
+					// another partition.
+					rec.Headers = []kgo.RecordHeader{{Key: "n", Value: binary.BigEndian.AppendUint64(nil, uint64(i)<<16|uint64(p))}}
+				}
 				issued.Add(1)
 				if spec.RoundTrip {
 					err := cl.ProduceSync(ctx, rec).FirstErr()

@@ -140,9 +140,9 @@ type Report struct {
 	DedupCost *DedupCostResult `json:"dedup_cost,omitempty"`
 	// LegacyDedupCost is DedupCost for legacy producers (idempotence off).
 	LegacyDedupCost *DedupCostResult `json:"legacy_dedup_cost,omitempty"`
-	Targets   []Target         `json:"targets"`
-	Started   time.Time        `json:"started"`
-	Took      string           `json:"took"`
+	Targets         []Target         `json:"targets"`
+	Started         time.Time        `json:"started"`
+	Took            string           `json:"took"`
 }
 
 // Machine describes where the numbers come from.
