@@ -319,8 +319,9 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		pn.metrics.countDecision(d.result.Decision)
 		// Kafka validates a batch before its duplicate check (§2.1 rows
 		// 4–12): the proxy answers only a batch the broker would not
-		// reject on its own.
-		answerable := enforce && protocol.BatchValid(part.Records, &bh) == 0
+		// reject on its own. A CRC pass over the batch: only on the
+		// paths that answer.
+		answerable := func() bool { return enforce && protocol.BatchValid(part.Records, &bh) == 0 }
 		switch r := d.result; r.Decision {
 		case seqstate.Accept:
 			d.pending = acks != 0
@@ -331,7 +332,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 			// of a batch committed without one (REQUEST_TIMED_OUT, acks=1)
 			// goes to the broker, whose own duplicate check answers with
 			// the real offset.
-			if answerable && r.BaseOffset >= 0 {
+			if r.BaseOffset >= 0 && answerable() {
 				d.act = actAnswer
 				d.local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.MaxTimestamp, LogStartOffset: pn.logStart.get(d.key)}
 			}
@@ -343,7 +344,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 			}
 		case seqstate.SequenceReuse:
 			// Kafka would answer success and silently drop these records.
-			if answerable {
+			if answerable() {
 				d.act = actAnswer
 				d.local = protocol.LocalPartitionResult{ErrorCode: kerr.OutOfOrderSequenceNumber.Code, BaseOffset: -1, LogAppendTime: -1, LogStartOffset: pn.logStart.get(d.key)}
 				pl.reuse = true
@@ -390,8 +391,7 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 		testHook("inflight")
 		pn.wait(pl, i, now)
 	}
-	if enforce && !exact && d.lresult.Decision == seqstate.LegacyNew && d.lresult.Tracked && bh.NumRecords > 1 &&
-		protocol.BatchValid(part.Records, bh) == 0 {
+	if enforce && !exact && d.lresult.Decision == seqstate.LegacyNew && d.lresult.Tracked && bh.NumRecords > 1 {
 		pn.matchRebatch(pl, i, part, bh, now)
 	}
 	if d.act == actRebatch {

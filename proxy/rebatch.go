@@ -152,6 +152,11 @@ func (pn *planner) matchRebatch(pl *producePlan, i int, part *protocol.ProducePa
 	d := &pl.decisions[i]
 	var buf [orphansPerPartition]legacyRef
 	cands := pn.orphans.candidates(buf[:0], d.key, bh.NumRecords, now.UnixNano())
+	// Only a batch the broker would accept is cut (a CRC pass, so only
+	// when there is a candidate).
+	if len(cands) == 0 || protocol.BatchValid(part.Records, bh) != 0 {
+		return
+	}
 	for _, c := range cands {
 		id, size, ok := protocol.PrefixIdentity(part.Records, bh, int(c.count))
 		if !ok || int32(size) != c.size || protocol.MixIdentity(id, uint32(d.key.Topic)) != c.id {
