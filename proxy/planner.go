@@ -272,13 +272,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 			pn.metrics.passthrough[passUnauthenticated].Inc()
 			continue
 		}
-		var topic seqstate.TopicID
-		var known bool
-		if h.APIVersion >= 13 {
-			topic, known = pn.table.LookupTopicID(part.TopicID)
-		} else {
-			topic, known = pn.table.LookupTopic(part.Topic)
-		}
+		topic, known := pn.lookupTopic(h.APIVersion, part.Topic, part.TopicID)
 		if !known {
 			pn.metrics.passthrough[passUnknownTopic].Inc()
 			pn.unknownTopics.Add(1)
@@ -360,6 +354,15 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		pl.account(d)
 	}
 	return pl
+}
+
+// lookupTopic returns the table's key for a topic named in a Produce
+// request or response: by ID from v13 (KIP-516), by name before.
+func (pn *planner) lookupTopic(version int16, name []byte, id [16]byte) (seqstate.TopicID, bool) {
+	if version >= 13 {
+		return pn.table.LookupTopicID(id)
+	}
+	return pn.table.LookupTopic(name)
 }
 
 // account records where decision d goes.
@@ -545,13 +548,7 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 	cursor := 0
 	for sc.Next() {
 		pr := sc.Partition()
-		var topic seqstate.TopicID
-		var ok bool
-		if pl.version >= 13 {
-			topic, ok = pn.table.LookupTopicID(pr.TopicID)
-		} else {
-			topic, ok = pn.table.LookupTopic(pr.Topic)
-		}
+		topic, ok := pn.lookupTopic(pl.version, pr.Topic, pr.TopicID)
 		if !ok {
 			continue
 		}

@@ -2,8 +2,6 @@ package seqstate
 
 import (
 	"errors"
-	"fmt"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,10 +19,10 @@ import (
 // the other tables it reads no clock and allocates nothing per key once
 // sized.
 type KeyTable struct {
-	shards     []keyShard
-	shardShift uint
-	ttl        int64
-	evictions  atomic.Uint64
+	shards    []keyShard
+	layout    ringLayout
+	ttl       int64
+	evictions atomic.Uint64
 }
 
 // KeyConfig configures a KeyTable. The zero value means all defaults.
@@ -69,33 +67,18 @@ func NewKeyTable(cfg KeyConfig) (*KeyTable, error) {
 	if cfg.TTL == 0 {
 		cfg.TTL = DefaultKeyTTL
 	}
-	if cfg.Shards == 0 {
-		c := Config{MaxEntries: cfg.MaxKeys}
-		c.EnsureDefaults()
-		cfg.Shards = c.Shards
+	l, err := newRingLayout(cfg.MaxKeys, cfg.TTL, cfg.Shards, "MaxKeys", "TTL", ErrInvalidKeyConfig)
+	if err != nil {
+		return nil, err
 	}
-	switch {
-	case cfg.MaxKeys < 1 || cfg.MaxKeys > 1<<30:
-		return nil, fmt.Errorf("%w: MaxKeys %d not in [1, 2^30]", ErrInvalidKeyConfig, cfg.MaxKeys)
-	case cfg.TTL < 0:
-		return nil, fmt.Errorf("%w: TTL %v is negative", ErrInvalidKeyConfig, cfg.TTL)
-	case cfg.Shards < 1 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > cfg.MaxKeys:
-		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, MaxKeys]", ErrInvalidKeyConfig, cfg.Shards)
-	}
-	t := &KeyTable{shards: make([]keyShard, cfg.Shards), shardShift: uint(64 - bits.TrailingZeros(uint(cfg.Shards))), ttl: int64(cfg.TTL)}
-	per := (cfg.MaxKeys + cfg.Shards - 1) / cfg.Shards
+	t := &KeyTable{shards: make([]keyShard, l.shards), layout: l, ttl: int64(cfg.TTL)}
 	for i := range t.shards {
-		t.shards[i].init(per)
+		t.shards[i].init(l.per)
 	}
 	return t, nil
 }
 
-func (t *KeyTable) shard(lo uint64) *keyShard {
-	if t.shardShift == 64 {
-		return &t.shards[0]
-	}
-	return &t.shards[(lo*0x9e3779b97f4a7c15)>>t.shardShift]
-}
+func (t *KeyTable) shard(id uint64) *keyShard { return &t.shards[t.layout.shardOf(id)] }
 
 // keyID maps the low half to a ring id, never 0.
 func keyID(lo uint64) uint64 {

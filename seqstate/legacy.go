@@ -3,7 +3,6 @@ package seqstate
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,10 +108,10 @@ var ErrInvalidLegacyConfig = errors.New("seqstate: invalid legacy config")
 
 // LegacyTable is safe for concurrent use.
 type LegacyTable struct {
-	shards     []legacyShard
-	shardShift uint
-	window     int64
-	evictions  atomic.Uint64
+	shards    []legacyShard
+	layout    ringLayout
+	window    int64
+	evictions atomic.Uint64
 }
 
 // legacyEntry is one remembered batch: 40 bytes, no pointers; its
@@ -148,36 +147,29 @@ func NewLegacyTable(cfg LegacyConfig) (*LegacyTable, error) {
 	if cfg.Window == 0 {
 		cfg.Window = DefaultLegacyWindow
 	}
-	if cfg.Shards == 0 {
-		c := Config{MaxEntries: cfg.MaxIdentities}
-		c.EnsureDefaults()
-		cfg.Shards = c.Shards
+	l, err := newRingLayout(cfg.MaxIdentities, cfg.Window, cfg.Shards, "MaxIdentities", "Window", ErrInvalidLegacyConfig)
+	if err != nil {
+		return nil, err
 	}
-	switch {
-	case cfg.MaxIdentities < 1 || cfg.MaxIdentities > 1<<30:
-		return nil, fmt.Errorf("%w: MaxIdentities %d not in [1, 2^30]", ErrInvalidLegacyConfig, cfg.MaxIdentities)
-	case cfg.Window < 0:
-		return nil, fmt.Errorf("%w: Window %v is negative", ErrInvalidLegacyConfig, cfg.Window)
-	case cfg.Shards < 1 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > cfg.MaxIdentities:
-		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, MaxIdentities]", ErrInvalidLegacyConfig, cfg.Shards)
-	}
-	t := &LegacyTable{
-		shards:     make([]legacyShard, cfg.Shards),
-		shardShift: uint(64 - bits.TrailingZeros(uint(cfg.Shards))),
-		window:     int64(cfg.Window),
-	}
-	per := (cfg.MaxIdentities + cfg.Shards - 1) / cfg.Shards
+	t := &LegacyTable{shards: make([]legacyShard, l.shards), layout: l, window: int64(cfg.Window)}
 	for i := range t.shards {
-		t.shards[i].init(per)
+		t.shards[i].init(l.per)
 	}
 	return t, nil
 }
 
-func (t *LegacyTable) shard(id uint64) *legacyShard {
-	if t.shardShift == 64 {
-		return &t.shards[0]
+func (t *LegacyTable) shard(id uint64) *legacyShard { return &t.shards[t.layout.shardOf(id)] }
+
+// inFlightFrom returns id's entry if conn has a copy of it in flight.
+func (s *legacyShard) inFlightFrom(id, conn uint64) *legacyEntry {
+	slot, ok := s.get(id)
+	if !ok {
+		return nil
 	}
-	return &t.shards[(id*0x9e3779b97f4a7c15)>>t.shardShift]
+	if e := &s.ring[slot]; e.conn == conn && e.inflight > 0 {
+		return e
+	}
+	return nil
 }
 
 // lookup returns the live entry for id, dropping it if it expired.
@@ -264,12 +256,8 @@ func (t *LegacyTable) Commit(id, conn uint64, baseOffset, logAppendTime int64, n
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slot, ok := s.get(id)
-	if !ok {
-		return
-	}
-	e := &s.ring[slot]
-	if e.conn != conn || e.inflight == 0 {
+	e := s.inFlightFrom(id, conn)
+	if e == nil {
 		return
 	}
 	e.inflight--
@@ -325,12 +313,8 @@ func (t *LegacyTable) Release(id, conn uint64) {
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slot, ok := s.get(id)
-	if !ok {
-		return
-	}
-	e := &s.ring[slot]
-	if e.conn != conn || e.inflight == 0 {
+	e := s.inFlightFrom(id, conn)
+	if e == nil {
 		return
 	}
 	if e.inflight--; e.inflight == 0 && e.state == legacyPending {

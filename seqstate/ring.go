@@ -1,6 +1,10 @@
 package seqstate
 
-import "math/bits"
+import (
+	"fmt"
+	"math/bits"
+	"time"
+)
 
 // ringIndex is the storage of the tables that remember recent batches or
 // keys for a while (LegacyTable, KeyTable): entries live in a ring in
@@ -106,4 +110,41 @@ func (r *ringIndex[E]) push(id uint64, e E) (old E, evicted bool) {
 		r.head = 0
 	}
 	return old, evicted
+}
+
+// ringLayout is how a ring-backed table is sharded: shards (a power of
+// two) of per entries each, the shard of an id picked by a Fibonacci hash
+// shifted right by shift.
+type ringLayout struct {
+	shards int
+	per    int
+	shift  uint
+}
+
+// newRingLayout validates a ring-backed table's capacity, lifetime and
+// shard count (0: as for Config.Shards), naming the fields capName and
+// lifeName in errors that wrap errInvalid.
+func newRingLayout(capacity int, life time.Duration, shards int, capName, lifeName string, errInvalid error) (ringLayout, error) {
+	if shards == 0 {
+		c := Config{MaxEntries: capacity}
+		c.EnsureDefaults()
+		shards = c.Shards
+	}
+	switch {
+	case capacity < 1 || capacity > 1<<30:
+		return ringLayout{}, fmt.Errorf("%w: %s %d not in [1, 2^30]", errInvalid, capName, capacity)
+	case life < 0:
+		return ringLayout{}, fmt.Errorf("%w: %s %v is negative", errInvalid, lifeName, life)
+	case shards < 1 || shards&(shards-1) != 0 || shards > capacity:
+		return ringLayout{}, fmt.Errorf("%w: Shards %d is not a power of two in [1, %s]", errInvalid, shards, capName)
+	}
+	return ringLayout{shards: shards, per: (capacity + shards - 1) / shards, shift: uint(64 - bits.TrailingZeros(uint(shards)))}, nil
+}
+
+// shardOf returns the shard index of id.
+func (l ringLayout) shardOf(id uint64) int {
+	if l.shift == 64 {
+		return 0
+	}
+	return int((id * 0x9e3779b97f4a7c15) >> l.shift)
 }
