@@ -629,3 +629,53 @@ func TestTLSConfigErrors(t *testing.T) {
 
 // discardLogger drops every line.
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestTLSUpstreamClientCertificate: brokers that require a client
+// certificate (ssl.client.auth=required) accept the proxy's
+// (upstream_tls.cert and key), on the proxy's own connections and on
+// clients'; without it the probe says the broker wants one.
+func TestTLSUpstreamClientCertificate(t *testing.T) {
+	t.Parallel()
+	const topic = "upstream-mtls"
+	certs := newTestCerts(t)
+	broker := certs.server("broker").TLS()
+	c := newCluster(t, kfake.SeedTopics(3, topic), kfake.TLS(&tls.Config{
+		Certificates: []tls.Certificate{broker},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    certs.root.Pool,
+	}))
+	certFile, keyFile := certs.write(certs.client("the-proxy"), "proxy-client")
+	p := startProxy(t, c, func(cfg *Config) {
+		cfg.UpstreamTLS = UpstreamTLSConfig{CA: certs.caFile, Cert: certFile, Key: keyFile}
+	})
+	if err := p.Probe(context.Background()); err != nil {
+		t.Fatalf("probe with the proxy's client certificate: %v", err)
+	}
+	kgoRoundTrip(t, p.addr(), nil, topic, 200)
+
+	q := startProxy(t, c, func(cfg *Config) { cfg.UpstreamTLS.CA = certs.caFile })
+	err := q.Probe(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "certificate required") {
+		t.Fatalf("probe without a client certificate: %v, want the broker's certificate required alert", err)
+	}
+}
+
+// TestTLSMinVersion: min_version 1.3 refuses a TLS 1.2 client with a
+// protocol version alert; the default accepts it.
+func TestTLSMinVersion(t *testing.T) {
+	t.Parallel()
+	certs := newTestCerts(t)
+	c := newCluster(t, kfake.NumBrokers(1))
+	tls12 := certs.clientConfig(nil)
+	tls12.MaxVersion = tls.VersionTLS12
+	def := startProxy(t, c, withClientTLS(certs, certs.server("default"), "default"))
+	dialRawTLS(t, def.addr(), tls12).apiVersions()
+
+	strict := startProxy(t, c, both(withClientTLS(certs, certs.server("strict"), "strict"),
+		func(cfg *Config) { cfg.TLS.MinVersion = TLS13 }))
+	_, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", strict.addr(), tls12)
+	if err == nil || !strings.Contains(err.Error(), "protocol version") {
+		t.Fatalf("TLS 1.2 client against min_version 1.3: %v", err)
+	}
+	strict.awaitLog(t, "TLS handshake failed")
+}
