@@ -260,3 +260,41 @@ func TestCountRecords(t *testing.T) {
 		t.Errorf("truncated second batch: countRecords = %d, want 3", got)
 	}
 }
+
+// TestTLSCostTiny runs the TLS cost scenario at a tiny size: both proxy
+// processes serve every record, the TLS one over TLS on both legs, and the
+// report's figures are finite.
+func TestTLSCostTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the proxy process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	cfg := defaultConfig()
+	cfg.Producers, cfg.Reps, cfg.Duration = 2, 1, 300*time.Millisecond
+	var err error
+	if cfg.ProxyBin, err = buildProxy(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	res, err := runTLSCost(ctx, cfg, dir, 512, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]Side{"plain": res.Plain, "tls": res.TLS} {
+		if s.Acked == 0 || s.Acked != s.Sent || s.Failed != 0 {
+			t.Errorf("%s: acked %d of %d, failed %d", name, s.Acked, s.Sent, s.Failed)
+		}
+	}
+	for name, v := range map[string]float64{"plain CPU/MB": res.PlainCPUmsPerMB, "TLS CPU/MB": res.TLSCPUmsPerMB, "MB ratio": res.MBRatio} {
+		if !(v > 0) || math.IsInf(v, 0) {
+			t.Errorf("%s = %v", name, v)
+		}
+	}
+	if res.Decided < 1 {
+		t.Errorf("the TLS proxy decided %v batches", res.Decided)
+	}
+	var b strings.Builder
+	writeTLSCost(&b, res, "go test ./bench")
+	t.Log(b.String())
+}

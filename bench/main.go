@@ -5,6 +5,7 @@
 //
 //	go run ./bench [flags]          # end-to-end run; writes bench/results/
 //	go run ./bench micro [flags]    # hot-path micro-benchmarks, summarized
+//	go run ./bench tls [flags]      # what TLS on both legs costs the proxy
 package main
 
 import (
@@ -29,6 +30,8 @@ func main() {
 	var err error
 	if len(os.Args) > 1 && os.Args[1] == "micro" {
 		err = microMain(ctx, os.Args[2:], os.Stdout, log)
+	} else if len(os.Args) > 1 && os.Args[1] == "tls" {
+		err = tlsMain(ctx, os.Args[2:], os.Stdout, log)
 	} else {
 		err = runMain(ctx, os.Args[1:], os.Stdout, log)
 	}

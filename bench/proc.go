@@ -78,13 +78,13 @@ var (
 
 // startProxy runs bin against upstream with the given dedup mode, every
 // address on 127.0.0.1:0, and waits for it to log its bootstrap and admin
-// addresses.
-func startProxy(ctx context.Context, bin, dir string, upstream []string, mode string) (*proxyProc, error) {
+// addresses. extra is appended to its config file (top-level YAML keys).
+func startProxy(ctx context.Context, bin, dir string, upstream []string, mode string, extra ...string) (*proxyProc, error) {
 	cfgPath := filepath.Join(dir, fmt.Sprintf("proxy-%d.yaml", time.Now().UnixNano()))
 	// log_level info: the two address lines are logged at info, and the
 	// proxy logs nothing per request at info, so it costs nothing here.
 	cfg := fmt.Sprintf("upstream: [%s]\nlisten: 127.0.0.1:0\nadmin: 127.0.0.1:0\nlog_level: info\ndedup:\n  mode: %s\n",
-		strings.Join(upstream, ", "), mode)
+		strings.Join(upstream, ", "), mode) + strings.Join(extra, "")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -58,11 +59,19 @@ var sinkAPIs = []struct{ key, min int16 }{
 
 // StartSink listens on addr (use 127.0.0.1:0) and serves until Close.
 func StartSink(addr string, partitions int32) (*Sink, error) {
+	return StartSinkTLS(addr, partitions, nil)
+}
+
+// StartSinkTLS is StartSink speaking TLS with tc (plaintext when nil).
+func StartSinkTLS(addr string, partitions int32, tc *tls.Config) (*Sink, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	ta := ln.Addr().(*net.TCPAddr)
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
+	}
 	s := &Sink{Partitions: partitions, ln: ln, host: ta.IP.String(), port: int32(ta.Port),
 		offsets: map[sinkPartition]*atomic.Int64{}, conns: map[net.Conn]struct{}{}}
 	s.nextPID.Store(1000)

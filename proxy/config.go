@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -100,6 +101,104 @@ type Config struct {
 
 	// Dedup configures deduplication of idempotent Produce batches.
 	Dedup DedupConfig `yaml:"dedup"`
+
+	// TLS makes every client listener (bootstrap and broker nodes) speak
+	// TLS when Cert and Key are set. The zero value: plaintext.
+	TLS TLSConfig `yaml:"tls"`
+
+	// UpstreamTLS makes every connection to a broker (clients' and the
+	// proxy's own) speak TLS. The zero value: plaintext.
+	UpstreamTLS UpstreamTLSConfig `yaml:"upstream_tls"`
+
+	// UpstreamSASL is the proxy's own identity on a cluster that requires
+	// SASL: its readiness probe and broker and topic discovery
+	// authenticate with it. Clients' connections never use it: they
+	// authenticate themselves, relayed untouched. The zero value: the
+	// proxy's own connections do not authenticate.
+	UpstreamSASL SASLConfig `yaml:"upstream_sasl"`
+
+	// AdminTLS makes the admin HTTP listener serve HTTPS when Cert and Key
+	// are set. The zero value: plain HTTP (on loopback by default).
+	AdminTLS TLSConfig `yaml:"admin_tls"`
+
+	// CertReloadInterval is how often every certificate, key and CA file
+	// the proxy reads (tls, upstream_tls client certificate, admin_tls) is
+	// checked for changes; a change is loaded for new connections without
+	// dropping open ones. SIGHUP reloads at once. Default 10s.
+	CertReloadInterval time.Duration `yaml:"cert_reload_interval"`
+}
+
+// TLS versions accepted as min_version.
+const (
+	TLS12 = "1.2"
+	TLS13 = "1.3"
+)
+
+// TLSConfig is a TLS server: the proxy's client listeners, or its admin
+// listener.
+type TLSConfig struct {
+	// Cert is a PEM file: the certificate, then any intermediate
+	// certificates up to (not including) the root. Its names must cover
+	// every host clients use: the advertised hosts of the bootstrap and
+	// broker node listeners. Empty (with Key): no TLS.
+	Cert string `yaml:"cert"`
+	// Key is the PEM file of Cert's private key.
+	Key string `yaml:"key"`
+	// ClientCA is a PEM file of CA certificates; when set, every client
+	// must present a certificate issued by one of them (mutual TLS).
+	// Empty: client certificates are not asked for.
+	ClientCA string `yaml:"client_ca"`
+	// MinVersion is the oldest TLS version accepted: 1.2 (default) or 1.3.
+	MinVersion string `yaml:"min_version"`
+}
+
+// Enabled reports whether the listener speaks TLS.
+func (c TLSConfig) Enabled() bool { return c.Cert != "" || c.Key != "" }
+
+// UpstreamTLSConfig is the proxy as a TLS client of the brokers.
+type UpstreamTLSConfig struct {
+	// Enabled turns TLS to brokers on, verifying them against the system
+	// roots unless CA is set. Setting any other field here implies it.
+	Enabled bool `yaml:"enabled"`
+	// CA is a PEM file of the CA certificates that issued the brokers'
+	// certificates. Empty: the system roots.
+	CA string `yaml:"ca"`
+	// Cert and Key are PEM files of a client certificate (with its chain)
+	// for brokers that require one (ssl.client.auth=required). Every
+	// connection through the proxy then presents it. Empty: none.
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+	// ServerName is the name every broker's certificate is verified
+	// against. Empty (the default): each broker's own host, as the
+	// cluster's metadata names it (the bootstrap host for bootstrap
+	// connections).
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify accepts any broker certificate. Anyone on the
+	// network path can then read and change the traffic: for tests only.
+	// The proxy logs a warning at start.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+	// MinVersion is the oldest TLS version spoken: 1.2 (default) or 1.3.
+	MinVersion string `yaml:"min_version"`
+}
+
+// SASL mechanisms the proxy's own connections can authenticate with.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// SASLConfig is the proxy's own SASL identity.
+type SASLConfig struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512. Empty (the
+	// default): no authentication.
+	Mechanism string `yaml:"mechanism"`
+	// User is the SASL user name.
+	User string `yaml:"user"`
+	// PasswordFile holds the password (a trailing newline is ignored). It
+	// is read again for every authentication, so it can be rotated in
+	// place. Never put a password in the configuration itself.
+	PasswordFile string `yaml:"password_file"`
 }
 
 // Dedup modes.
@@ -211,6 +310,8 @@ const (
 	DefaultIdleTimeout    = 10 * time.Minute
 	DefaultWriteTimeout   = 30 * time.Second
 	DefaultDrainTimeout   = 30 * time.Second
+
+	DefaultCertReloadInterval = 10 * time.Second
 )
 
 // ErrInvalidConfig wraps every configuration error.
@@ -282,6 +383,18 @@ func (c *Config) EnsureDefaults() {
 			tc.IdempotencyKey = &k
 			c.Dedup.Topics[name] = tc
 		}
+	}
+	for _, v := range []*string{&c.TLS.MinVersion, &c.AdminTLS.MinVersion, &c.UpstreamTLS.MinVersion} {
+		if *v == "" {
+			*v = TLS12
+		}
+	}
+	if u := &c.UpstreamTLS; u.CA != "" || u.Cert != "" || u.Key != "" || u.ServerName != "" || u.InsecureSkipVerify {
+		u.Enabled = true // each of them means TLS to brokers
+	}
+	c.UpstreamSASL.Mechanism = strings.ToUpper(c.UpstreamSASL.Mechanism)
+	if c.CertReloadInterval == 0 {
+		c.CertReloadInterval = DefaultCertReloadInterval
 	}
 }
 
@@ -422,8 +535,57 @@ func (c *Config) Validate() error {
 	default:
 		return bad("log_level %q: want debug, info, warn or error", c.LogLevel)
 	}
+	for _, l := range []struct {
+		name string
+		tc   TLSConfig
+	}{{"tls", c.TLS}, {"admin_tls", c.AdminTLS}} {
+		if err := l.tc.validate(l.name); err != nil {
+			return bad("%v", err)
+		}
+	}
+	if c.AdminTLS.Enabled() && c.Admin == "off" {
+		return bad("admin_tls is set but admin is off")
+	}
+	u := c.UpstreamTLS
+	if (u.Cert == "") != (u.Key == "") {
+		return bad("upstream_tls: cert and key go together (a client certificate and its key)")
+	}
+	if !validTLSVersion(u.MinVersion) {
+		return bad("upstream_tls.min_version %q: want 1.2 or 1.3", u.MinVersion)
+	}
+	sa := c.UpstreamSASL
+	switch sa.Mechanism {
+	case "":
+		if sa.User != "" || sa.PasswordFile != "" {
+			return bad("upstream_sasl: user and password_file need a mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
+		}
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if sa.User == "" || sa.PasswordFile == "" {
+			return bad("upstream_sasl.mechanism %s needs user and password_file", sa.Mechanism)
+		}
+	default:
+		return bad("upstream_sasl.mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (GSSAPI and OAUTHBEARER clients are relayed, but the proxy cannot authenticate with them itself)", sa.Mechanism)
+	}
+	if c.CertReloadInterval < 0 {
+		return bad("cert_reload_interval %s is negative", c.CertReloadInterval)
+	}
 	return nil
 }
+
+func (c TLSConfig) validate(name string) error {
+	if (c.Cert == "") != (c.Key == "") {
+		return fmt.Errorf("%s: cert and key go together", name)
+	}
+	if c.ClientCA != "" && c.Cert == "" {
+		return fmt.Errorf("%s.client_ca needs cert and key: client certificates are verified only on a TLS listener", name)
+	}
+	if !validTLSVersion(c.MinVersion) {
+		return fmt.Errorf("%s.min_version %q: want 1.2 or 1.3", name, c.MinVersion)
+	}
+	return nil
+}
+
+func validTLSVersion(v string) bool { return v == TLS12 || v == TLS13 }
 
 func validMatch(m string) bool { return m == MatchRecords || m == MatchExact || m == MatchOff }
 

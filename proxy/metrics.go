@@ -64,14 +64,17 @@ const (
 	brokerRead     = "read"
 	brokerWrite    = "write"
 	brokerProtocol = "protocol"
+	brokerTLS      = "tls" // the TLS handshake with the broker failed
 	// client_errors_total{reason}
-	clientFrame   = "bad_frame"
-	clientHeader  = "bad_header"
-	clientTLS     = "tls"
-	clientHTTP    = "http"
-	clientIdle    = "idle_timeout"
-	clientWrite   = "write"
-	clientRequest = "bad_request"
+	clientFrame     = "bad_frame"
+	clientHeader    = "bad_header"
+	clientTLS       = "tls"           // a TLS handshake on a plaintext listener
+	clientPlaintext = "plaintext"     // plaintext on a TLS listener
+	clientHandshake = "tls_handshake" // a TLS handshake that failed
+	clientHTTP      = "http"
+	clientIdle      = "idle_timeout"
+	clientWrite     = "write"
+	clientRequest   = "bad_request"
 )
 
 // NewMetrics creates the metrics and registers them, with the Go and
@@ -128,10 +131,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.waitTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "produce", Name: "wait_timeouts_total",
 		Help: "Retries that waited for their in-flight original past the request's timeout_ms and were answered REQUEST_TIMED_OUT."})
-	for _, r := range []string{brokerDial, brokerRead, brokerWrite, brokerProtocol} {
+	for _, r := range []string{brokerDial, brokerRead, brokerWrite, brokerProtocol, brokerTLS} {
 		m.brokerErrors.WithLabelValues(r)
 	}
-	for _, r := range []string{clientFrame, clientHeader, clientTLS, clientHTTP, clientIdle, clientWrite, clientRequest} {
+	for _, r := range []string{clientFrame, clientHeader, clientTLS, clientPlaintext, clientHandshake, clientHTTP, clientIdle, clientWrite, clientRequest} {
 		m.clientErrors.WithLabelValues(r)
 	}
 	if reg != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -44,10 +46,13 @@ func (s *Server) probe(ctx context.Context, topics bool) error {
 	return errors.Join(errs...)
 }
 
+// probeOne asks the broker at addr for the cluster's metadata on a
+// connection of the proxy's own: over TLS with upstream_tls, authenticated
+// with upstream_sasl when that is set.
 func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 	ctx, cancel := context.WithTimeout(ctx, s.Config.DialTimeout)
 	defer cancel()
-	conn, err := s.Dial(ctx, "tcp", addr)
+	conn, err := s.dialUpstream(ctx, addr)
 	if err != nil {
 		return err
 	}
@@ -58,13 +63,22 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	defer stop()
 
+	corrID := int32(1)
+	mech := s.saslMechanism()
+	if mech != nil {
+		host, _, _ := net.SplitHostPort(addr)
+		if corrID, err = saslAuthenticate(ctx, conn, mech, host, corrID, s.probeRoundTrip); err != nil {
+			return fmt.Errorf("as upstream_sasl.user %q: %w", s.Config.UpstreamSASL.User, err)
+		}
+	}
 	version := int16(probeMetadataVersion)
 	if topics {
 		// Topic IDs (Produce v13 names topics by ID) come with Metadata
 		// v10+: ask for the newest version both sides know, up to v12.
-		if version, err = s.probeMetadataVersion(conn); err != nil {
-			return err
+		if version, err = s.probeMetadataVersion(conn, corrID); err != nil {
+			return s.probeHint(err, mech != nil)
 		}
+		corrID++
 	}
 	req := kmsg.NewPtrMetadataRequest()
 	req.SetVersion(version)
@@ -73,8 +87,8 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 	} // nil: every topic
 	resp := kmsg.NewPtrMetadataResponse()
 	resp.SetVersion(version)
-	if err := s.probeRoundTrip(conn, req, resp, 2); err != nil {
-		return fmt.Errorf("metadata probe: %w", err)
+	if err := s.probeRoundTrip(conn, req, resp, corrID); err != nil {
+		return s.probeHint(fmt.Errorf("metadata probe: %w", err), mech != nil)
 	}
 	for _, b := range resp.Brokers {
 		s.nodes.MapBroker(b.NodeID, b.Host, b.Port)
@@ -90,20 +104,43 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 			t.InternTopics(refs)
 		}
 	}
-	// The broker answered the proxy's own request without authentication.
-	s.openUpstream.Store(true)
+	// The broker answered the proxy's own request without authentication:
+	// clients need none either (see session.trusted). Not so when the
+	// proxy authenticated with its own credentials: each client must then
+	// authenticate itself before its batches are decided.
+	if mech == nil {
+		s.openUpstream.Store(true)
+	}
 	return nil
+}
+
+// probeHint adds the likely cause to a probe that failed after connecting:
+// a broker that closes an unauthenticated connection wants SASL; one that
+// closes it or answers with a TLS record (Java sends an alert) wants TLS.
+func (s *Server) probeHint(err error, authenticated bool) error {
+	var wants []string
+	closed := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	if s.upTLS == nil && (closed || errors.Is(err, protocol.ErrLooksLikeTLS) || errors.Is(err, protocol.ErrFrameTooLarge)) {
+		wants = append(wants, "TLS (upstream_tls, --upstream-tls)")
+	}
+	if closed && !authenticated {
+		wants = append(wants, "SASL (upstream_sasl, --upstream-sasl-*)")
+	}
+	if len(wants) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (does the cluster require %s?)", err, strings.Join(wants, " or "))
 }
 
 // probeMetadataVersion asks the broker on conn (ApiVersions v0, which every
 // broker answers) for its newest Metadata version and returns the newest
 // both sides know, capped at v12.
-func (s *Server) probeMetadataVersion(conn net.Conn) (int16, error) {
+func (s *Server) probeMetadataVersion(conn net.Conn, corrID int32) (int16, error) {
 	req := kmsg.NewPtrApiVersionsRequest()
 	req.SetVersion(0)
 	resp := kmsg.NewPtrApiVersionsResponse()
 	resp.SetVersion(0)
-	if err := s.probeRoundTrip(conn, req, resp, 1); err != nil {
+	if err := s.probeRoundTrip(conn, req, resp, corrID); err != nil {
 		return 0, fmt.Errorf("api versions: %w", err)
 	}
 	if resp.ErrorCode != 0 {

@@ -54,6 +54,14 @@ type Server struct {
 	openUpstream atomic.Bool // a broker answered a request without authentication (see session.trusted)
 	answerLog    logLimiter  // lines about batches the proxy answered itself
 
+	// TLS (tls.go), set by Start: the client listeners' and the admin
+	// listener's certificates, TLS to brokers, and every certificate
+	// source that ReloadTLS re-reads.
+	clientTLS *certFiles
+	adminTLS  *certFiles
+	upTLS     *upstreamTLS
+	certs     []*certFiles
+
 	// stop is closed, and dialCtx cancelled, once by the first Shutdown:
 	// background loops end and dials in progress are abandoned.
 	stop       chan struct{}
@@ -129,6 +137,9 @@ func (s *Server) Start(ctx context.Context) error {
 	s.planner = pn
 	s.nodes.init(s)
 	s.mu.Unlock()
+	if err := s.setupTLS(); err != nil {
+		return err
+	}
 	if pn.table != nil {
 		s.Metrics.registerTable(pn.table)
 		if pn.legacy != nil {
@@ -138,6 +149,9 @@ func (s *Server) Start(ctx context.Context) error {
 			s.Metrics.registerKeys(pn.keys)
 		}
 		s.spawn(s.expireLoop)
+	}
+	if len(s.certs) > 0 {
+		s.spawn(s.certReloadLoop)
 	}
 
 	ln, err := s.Listen("tcp", s.Config.Listen)
@@ -153,7 +167,8 @@ func (s *Server) Start(ctx context.Context) error {
 	if !s.serve(ln, -1) {
 		return ErrServerClosed
 	}
-	s.Logger.Info("listening", "listener", "bootstrap", "addr", ln.Addr().String(), "upstream", s.Config.Upstream)
+	s.Logger.Info("listening", "listener", "bootstrap", "addr", ln.Addr().String(), "upstream", s.Config.Upstream,
+		"tls", s.clientTLS != nil, "upstream_tls", s.upTLS != nil, "upstream_sasl", s.Config.UpstreamSASL.Mechanism)
 
 	// Learning the brokers and topics up front makes node listeners exist
 	// before any client asks, and batches decidable, which matters after a
@@ -195,15 +210,19 @@ func (s *Server) Addr() net.Addr {
 }
 
 // serve registers ln and runs its accept loop in the background; node is
-// -1 for the bootstrap listener. Once Shutdown has begun it closes ln
-// instead and returns false: Shutdown closes only the listeners registered
-// before it, so one registered after would never be closed.
+// -1 for the bootstrap listener. With TLS to clients, its connections speak
+// TLS. Once Shutdown has begun it closes ln instead and returns false:
+// Shutdown closes only the listeners registered before it, so one
+// registered after would never be closed.
 func (s *Server) serve(ln net.Listener, node int32) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing.Load() {
 		ln.Close()
 		return false
+	}
+	if s.clientTLS != nil {
+		ln = &tlsListener{ln, s.clientTLS.serverConfig()}
 	}
 	s.listeners = append(s.listeners, ln)
 	s.wg.Add(1)
@@ -380,21 +399,30 @@ func (s *Server) untrack(sess *session) {
 	s.mu.Unlock()
 }
 
-// handle dials the upstream for a new client connection and runs its
-// session. Shutdown abandons the dial (dialCtx): the connection has sent
-// nothing yet, so there is nothing to drain.
+// handle runs a TLS client's handshake, dials the upstream for a new client
+// connection and runs its session. Shutdown abandons the handshake and the
+// dial (dialCtx): the connection has sent nothing yet, so there is nothing
+// to drain.
 func (s *Server) handle(c net.Conn, node int32) {
 	id := s.connSeq.Add(1)
 	log := s.Logger.With("conn", id, "client", c.RemoteAddr().String())
+	if tc, ok := c.(*tlsConn); ok && !s.clientHandshake(tc, log) {
+		c.Close()
+		return
+	}
 	addr, err := s.upstreamFor(node)
 	var up net.Conn
 	if err == nil {
 		ctx, cancel := context.WithTimeout(s.dialCtx, s.Config.DialTimeout)
-		up, err = s.Dial(ctx, "tcp", addr)
+		up, err = s.dialUpstream(ctx, addr)
 		cancel()
 	}
 	if err != nil {
-		s.Metrics.brokerError(brokerDial)
+		reason := brokerDial
+		if errors.Is(err, errBrokerTLS) {
+			reason = brokerTLS
+		}
+		s.Metrics.brokerError(reason)
 		log.Warn("closing client connection: cannot reach broker", "node", node, "broker", addr, "err", err)
 		c.Close()
 		return

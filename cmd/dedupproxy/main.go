@@ -3,6 +3,14 @@
 //	dedupproxy demo
 //	dedupproxy [--config FILE] [--upstream HOST:PORT,...] [--listen HOST:PORT]
 //	           [--advertise HOST:PORT] [--admin HOST:PORT]
+//	           [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+//	           [--upstream-tls] [--upstream-tls-ca FILE] [--upstream-tls-cert FILE --upstream-tls-key FILE]
+//	           [--upstream-tls-server-name NAME]
+//	           [--upstream-sasl-mechanism PLAIN|SCRAM-SHA-256|SCRAM-SHA-512
+//	            --upstream-sasl-user USER --upstream-sasl-password-file FILE]
+//	           [--admin-tls-cert FILE --admin-tls-key FILE]
+//
+// SIGHUP reloads every certificate file; SIGTERM and SIGINT drain and exit.
 //
 // With no upstream it starts an embedded in-memory 3-broker Kafka cluster
 // (franz-go kfake) on loopback, so it works out of the box.
@@ -10,6 +18,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -59,6 +68,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated already
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	if len(cfg.Upstream) == 0 && (cfg.UpstreamTLS.Enabled || cfg.UpstreamSASL.Mechanism != "") {
+		fmt.Fprintln(stderr, "dedupproxy: upstream_tls and upstream_sasl need an upstream (--upstream): the embedded cluster speaks neither")
+		return 2
+	}
 	if len(cfg.Upstream) == 0 {
 		cluster, err := kfake.NewCluster(
 			kfake.NumBrokers(3),
@@ -98,10 +111,34 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 
+	// SIGHUP reloads the certificates now rather than at the next check.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if err := srv.ReloadTLS(); err != nil {
+					log.Warn("SIGHUP: some certificates did not reload; the previous ones stay in use", "err", err)
+				} else {
+					log.Info("SIGHUP: certificate files checked")
+				}
+			}
+		}
+	}()
+
 	var admin *http.Server
 	if adminLn != nil {
 		admin = &http.Server{Handler: adminHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
-		log.Info("admin listening", "addr", adminLn.Addr().String(), "paths", "/metrics /healthz /readyz")
+		scheme := "http"
+		if tc := srv.AdminTLSConfig(); tc != nil {
+			adminLn = tls.NewListener(adminLn, tc)
+			scheme = "https"
+		}
+		log.Info("admin listening", "addr", adminLn.Addr().String(), "scheme", scheme, "paths", "/metrics /healthz /readyz")
 		go func() {
 			if err := admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin server failed", "err", err)
@@ -136,6 +173,37 @@ func loadConfig(args []string, stderr io.Writer) (proxy.Config, error) {
 	listen := fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (see node_port_base, node_id_offset in the config file)")
 	advertise := fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised shifted alike, at port+1+N by default")
 	admin := fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz, or \"off\"")
+	// TLS and SASL. No flag takes a password: it would show in ps and in
+	// shell history.
+	type strFlag struct {
+		val *string
+		set func(c *proxy.Config, v string)
+	}
+	strFlags := map[string]strFlag{}
+	def := func(name, usage string, set func(*proxy.Config, string)) {
+		strFlags[name] = strFlag{fs.String(name, "", usage), set}
+	}
+	def("tls-cert", "PEM certificate `file` (with its chain) for the client listeners; with --tls-key every listener speaks TLS",
+		func(c *proxy.Config, v string) { c.TLS.Cert = v })
+	def("tls-key", "PEM private key `file` of --tls-cert", func(c *proxy.Config, v string) { c.TLS.Key = v })
+	def("tls-client-ca", "PEM CA `file`: clients must present a certificate it issued (mutual TLS)",
+		func(c *proxy.Config, v string) { c.TLS.ClientCA = v })
+	def("upstream-tls-ca", "PEM CA `file` that issued the brokers' certificates (implies --upstream-tls; default: the system roots)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.CA = v })
+	def("upstream-tls-cert", "PEM client certificate `file` presented to brokers (implies --upstream-tls)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.Cert = v })
+	def("upstream-tls-key", "PEM private key `file` of --upstream-tls-cert", func(c *proxy.Config, v string) { c.UpstreamTLS.Key = v })
+	def("upstream-tls-server-name", "`name` every broker certificate is verified against (default: each broker's own host)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.ServerName = v })
+	def("upstream-sasl-mechanism", "SASL `mechanism` of the proxy's own connections (readiness, discovery): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+		func(c *proxy.Config, v string) { c.UpstreamSASL.Mechanism = v })
+	def("upstream-sasl-user", "SASL `user` of the proxy's own connections", func(c *proxy.Config, v string) { c.UpstreamSASL.User = v })
+	def("upstream-sasl-password-file", "`file` holding the SASL password of the proxy's own connections (never on the command line)",
+		func(c *proxy.Config, v string) { c.UpstreamSASL.PasswordFile = v })
+	def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
+		func(c *proxy.Config, v string) { c.AdminTLS.Cert = v })
+	def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
+	upstreamTLS := fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -158,6 +226,11 @@ func loadConfig(args []string, stderr io.Writer) (proxy.Config, error) {
 			cfg.Advertise = *advertise
 		case "admin":
 			cfg.Admin = *admin
+		case "upstream-tls":
+			cfg.UpstreamTLS.Enabled = *upstreamTLS
+		}
+		if sf, ok := strFlags[f.Name]; ok {
+			sf.set(&cfg, *sf.val)
 		}
 	})
 	cfg.EnsureDefaults()
