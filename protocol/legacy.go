@@ -61,24 +61,26 @@ func recordsIdentity(recs []byte, count int32, attributes int16) uint64 {
 // its records cannot be cut without decompressing them.
 var ErrCompressed = errors.New("protocol: compressed batch")
 
+// PrefixLen returns the byte length of the first k records of this
+// uncompressed batch's records section, walking only their length
+// prefixes. ok is false when the batch is compressed, has no more than k
+// records, or does not parse.
+func PrefixLen(records []byte, h *BatchHeader, k int) (int, bool) {
+	if h.Attributes&attrCompressionMask != 0 || k < 1 || int(h.NumRecords) <= k {
+		return 0, false
+	}
+	return recordsLen(recordsSection(records, h), k)
+}
+
 // PrefixIdentity returns the RecordsIdentity (records mode) that a batch
 // holding only the first k records of this uncompressed batch would have,
-// and the byte length of those k records. ok is false when the batch is
-// compressed, has no more than k records, or does not parse.
-func PrefixIdentity(records []byte, h *BatchHeader, k int) (id uint64, prefixLen int, ok bool) {
-	if h.Attributes&attrCompressionMask != 0 || k < 1 || int(h.NumRecords) <= k {
-		return 0, 0, false
-	}
-	recs := recordsSection(records, h)
-	n, ok := recordsLen(recs, k)
-	if !ok {
-		return 0, 0, false
-	}
-	x := recordsIdentity(recs[:n], int32(k), h.Attributes)
+// given their byte length n from PrefixLen.
+func PrefixIdentity(records []byte, h *BatchHeader, k, n int) uint64 {
+	x := recordsIdentity(recordsSection(records, h)[:n], int32(k), h.Attributes)
 	if x == 0 {
 		x = 1
 	}
-	return x, n, true
+	return x
 }
 
 // recordsLen returns the byte length of the first k records of a records

@@ -82,11 +82,14 @@ func BenchmarkRecordsIdentity(b *testing.B) {
 func TestDropLeadingRecords(t *testing.T) {
 	full, h := legacyBatch(t, 5, "v", 1000)
 	lost, hl := legacyBatch(t, 2, "v", 1000)
-	id, n, ok := PrefixIdentity(full, &h, 2)
-	if !ok || id != RecordsIdentity(lost, &hl, false) || n != len(lost)-batchHeaderSize {
-		t.Fatalf("prefix identity: ok=%v n=%d (want %d) match=%v", ok, n, len(lost)-batchHeaderSize, id == RecordsIdentity(lost, &hl, false))
+	n, ok := PrefixLen(full, &h, 2)
+	if !ok || n != len(lost)-batchHeaderSize {
+		t.Fatalf("prefix length: ok=%v n=%d, want %d", ok, n, len(lost)-batchHeaderSize)
 	}
-	if _, _, ok := PrefixIdentity(full, &h, 5); ok {
+	if id := PrefixIdentity(full, &h, 2, n); id != RecordsIdentity(lost, &hl, false) {
+		t.Fatal("the prefix's identity is not the lost batch's")
+	}
+	if _, ok := PrefixLen(full, &h, 5); ok {
 		t.Fatal("a prefix as long as the batch")
 	}
 	out, err := DropLeadingRecords(nil, full, &h, 2)
@@ -141,7 +144,9 @@ func FuzzDropLeadingRecords(f *testing.F) {
 		if _, err := ReadBatch(records, &h); err != nil {
 			return
 		}
-		PrefixIdentity(records, &h, skip)
+		if n, ok := PrefixLen(records, &h, skip); ok {
+			PrefixIdentity(records, &h, skip, n)
+		}
 		out, err := DropLeadingRecords(nil, records, &h, skip)
 		if err != nil {
 			return

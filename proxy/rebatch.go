@@ -152,15 +152,24 @@ func (pn *planner) matchRebatch(pl *producePlan, i int, part *protocol.ProducePa
 	d := &pl.decisions[i]
 	var buf [orphansPerPartition]legacyRef
 	cands := pn.orphans.candidates(buf[:0], d.key, bh.NumRecords, now.UnixNano())
-	// Only a batch the broker would accept is cut (a CRC pass, so only
-	// when there is a candidate).
-	if len(cands) == 0 || protocol.BatchValid(part.Records, bh) != 0 {
-		return
-	}
+	checked := false
 	for _, c := range cands {
-		id, size, ok := protocol.PrefixIdentity(part.Records, bh, int(c.count))
-		if !ok || int32(size) != c.size || protocol.MixIdentity(id, uint32(d.key.Topic)) != c.id {
+		// Cheapest test first: the prefix's byte length (walking record
+		// lengths), then its hash, then the batch's CRC (only a batch the
+		// broker would accept is cut).
+		size, ok := protocol.PrefixLen(part.Records, bh, int(c.count))
+		if !ok || int32(size) != c.size {
 			continue
+		}
+		id := protocol.PrefixIdentity(part.Records, bh, int(c.count), size)
+		if protocol.MixIdentity(id, uint32(d.key.Topic)) != c.id {
+			continue
+		}
+		if !checked {
+			if protocol.BatchValid(part.Records, bh) != 0 {
+				return
+			}
+			checked = true
 		}
 		r, ok := pn.legacy.MatchRetry(c.id, d.key.Partition, pl.conn, now)
 		if !ok {
