@@ -72,6 +72,22 @@ func PrefixLen(records []byte, h *BatchHeader, k int) (int, bool) {
 	return recordsLen(recordsSection(records, h), k)
 }
 
+// FirstRecordHash returns a hash of the first record of an uncompressed
+// batch (its length prefix included), or 0 when there is none or the batch
+// is compressed: a cheap test of whether a batch may begin with another
+// batch's records.
+func FirstRecordHash(records []byte, h *BatchHeader) uint64 {
+	if h.Attributes&attrCompressionMask != 0 || h.NumRecords < 1 {
+		return 0
+	}
+	recs := recordsSection(records, h)
+	n, ok := recordsLen(recs, 1)
+	if !ok {
+		return 0
+	}
+	return xxhash.Sum64(recs[:n]) | 1
+}
+
 // PrefixIdentity returns the RecordsIdentity (records mode) that a batch
 // holding only the first k records of this uncompressed batch would have,
 // given their byte length n from PrefixLen.

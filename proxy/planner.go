@@ -116,8 +116,9 @@ type produceDecision struct {
 	// keysAt:keysEnd are this batch's records' idempotency keys in
 	// producePlan.keys (empty unless its topic has keys).
 	keysAt, keysEnd int
-	size            int32 // legacy: bytes of the records section
-	maxTS           int64 // the batch's maxTimestamp, kept as the original's log_append_time
+	size            int32  // legacy: bytes of the records section
+	first           uint64 // legacy: protocol.FirstRecordHash
+	maxTS           int64  // the batch's maxTimestamp, kept as the original's log_append_time
 	result          seqstate.Result
 	lresult         seqstate.LegacyResult
 	local           protocol.LocalPartitionResult // the answer when not forwarded
@@ -387,6 +388,7 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	d.legacy = true
 	d.key = seqstate.Key{ProducerID: -1, Topic: topic, Partition: part.Partition}
 	d.batch.Count, d.size = bh.NumRecords, bh.Length-(61-12) // records section: Length less the header after it
+	d.first = protocol.FirstRecordHash(part.Records, bh)
 	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic))
 	enforce := pn.mode == DedupEnforce
 	d.lresult = pn.legacy.Check(d.ident, part.Partition, pl.conn, now)

@@ -186,7 +186,7 @@ func TestPlanLegacyRebatchedRetry(t *testing.T) {
 			pl := h.plan(produce(7, -1, 1000, lost), true)
 			d := pl.decisions[0]
 			h.complete(pl, map[int32]brokerResult{0: {offset: 10}})
-			h.pn.orphanBatches(1, []legacyRef{{id: d.ident, topic: d.key.Topic, partition: 0, count: d.batch.Count, size: d.size}}, h.now)
+			h.pn.orphanBatches(1, []legacyRef{{id: d.ident, topic: d.key.Topic, partition: 0, count: d.batch.Count, size: d.size, first: d.first}}, h.now)
 			h.conn = 2
 			superset := legacyBatch(t, 5, "a")
 			pl = h.plan(produce(7, -1, 1000, superset), true)

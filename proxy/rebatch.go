@@ -26,8 +26,9 @@ type legacyRef struct {
 	id        uint64
 	topic     seqstate.TopicID
 	partition int32
-	count     int32 // records
-	size      int32 // bytes of the records section
+	count     int32  // records
+	size      int32  // bytes of the records section
+	first     uint64 // protocol.FirstRecordHash, 0 when compressed
 }
 
 // legacyRing keeps a session's last legacyRingSize legacy refs.
@@ -154,9 +155,12 @@ func (pn *planner) matchRebatch(pl *producePlan, i int, part *protocol.ProducePa
 	cands := pn.orphans.candidates(buf[:0], d.key, bh.NumRecords, now.UnixNano())
 	checked := false
 	for _, c := range cands {
-		// Cheapest test first: the prefix's byte length (walking record
-		// lengths), then its hash, then the batch's CRC (only a batch the
-		// broker would accept is cut).
+		// Cheapest test first: the first record, then the prefix's byte
+		// length (walking record lengths), then its hash, then the
+		// batch's CRC (only a batch the broker would accept is cut).
+		if c.first == 0 || c.first != d.first {
+			continue
+		}
 		size, ok := protocol.PrefixLen(part.Records, bh, int(c.count))
 		if !ok || int32(size) != c.size {
 			continue
