@@ -235,9 +235,31 @@ type DedupConfig struct {
 	// (Topics[name].IdempotencyKey).
 	Keys KeysConfig `yaml:"keys"`
 
+	// Warm configures reading a partition's tail to fill the tables on its
+	// first Produce since the proxy started (docs/warm.md).
+	Warm WarmConfig `yaml:"warm"`
+
 	// Topics overrides settings per topic, by name.
 	Topics map[string]TopicDedupConfig `yaml:"topics"`
 }
+
+// WarmConfig configures warm-up from the log.
+type WarmConfig struct {
+	// Enabled turns warm-up on. Nil (absent) means true.
+	Enabled *bool `yaml:"enabled"`
+	// Timeout bounds one warm-up, and how long a Produce waits for it.
+	// Default 5s.
+	Timeout time.Duration `yaml:"timeout"`
+	// MaxBytes bounds the tail read per partition. Default 4194304
+	// (4 MiB): at least the last few batches of any producer.
+	MaxBytes int `yaml:"max_bytes"`
+}
+
+// Warm defaults.
+const (
+	DefaultWarmTimeout  = 5 * time.Second
+	DefaultWarmMaxBytes = 4 << 20
+)
 
 // KeysConfig bounds the idempotency keys remembered (docs/legacy.md).
 type KeysConfig struct {
@@ -369,6 +391,16 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Dedup.Legacy.MaxIdentities == 0 {
 		c.Dedup.Legacy.MaxIdentities = seqstate.DefaultMaxIdentities
+	}
+	if c.Dedup.Warm.Enabled == nil {
+		on := true
+		c.Dedup.Warm.Enabled = &on
+	}
+	if c.Dedup.Warm.Timeout == 0 {
+		c.Dedup.Warm.Timeout = DefaultWarmTimeout
+	}
+	if c.Dedup.Warm.MaxBytes == 0 {
+		c.Dedup.Warm.MaxBytes = DefaultWarmMaxBytes
 	}
 	if c.Dedup.Keys.TTL == 0 {
 		c.Dedup.Keys.TTL = seqstate.DefaultKeyTTL
@@ -523,6 +555,9 @@ func (c *Config) Validate() error {
 		if tc.LegacyMatch != "" && !validMatch(tc.LegacyMatch) {
 			return bad("dedup.topics[%q].legacy_match %q: want records, exact or off", name, tc.LegacyMatch)
 		}
+	}
+	if c.Dedup.Warm.Timeout < 0 || c.Dedup.Warm.MaxBytes < 1024 {
+		return bad("dedup.warm: timeout %s must not be negative, max_bytes %d at least 1024", c.Dedup.Warm.Timeout, c.Dedup.Warm.MaxBytes)
 	}
 	if c.Dedup.Keys.TTL < 0 {
 		return bad("dedup.keys.ttl %s is negative", c.Dedup.Keys.TTL)

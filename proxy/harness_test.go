@@ -60,6 +60,13 @@ type testProxy struct {
 // down and fails the test if any connection goroutine panicked.
 func startProxy(t testing.TB, c *kfake.Cluster, mod func(*Config)) *testProxy {
 	t.Helper()
+	return startProxyWith(t, c, mod, nil)
+}
+
+// startProxyWith is startProxy with setup run on the Server before Start
+// (to inject Dial or Listen).
+func startProxyWith(t testing.TB, c *kfake.Cluster, mod func(*Config), setup func(*Server)) *testProxy {
+	t.Helper()
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
 	cfg := Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Admin: "off", DrainTimeout: 10 * time.Second}
@@ -70,6 +77,9 @@ func startProxy(t testing.TB, c *kfake.Cluster, mod func(*Config)) *testProxy {
 		Config:  cfg,
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: NewMetrics(reg),
+	}
+	if setup != nil {
+		setup(s)
 	}
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)

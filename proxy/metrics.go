@@ -32,6 +32,9 @@ type Metrics struct {
 	batches         [8]prometheus.Counter
 	legacy          [4]prometheus.Counter // by seqstate.LegacyDecision
 	legacyRebatched prometheus.Counter
+	warmups         [numWarmResults]prometheus.Counter
+	warmBytes       prometheus.Counter
+	warmSeconds     prometheus.Observer
 	keysDropped     prometheus.Counter
 	keysObserved    prometheus.Counter
 	passthrough     [numPassReasons]prometheus.Counter
@@ -120,6 +123,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	m.legacyRebatched = batches.WithLabelValues("legacy_rebatched")
+	warmups := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "warm", Name: "partitions_total",
+		Help: "Partition warm-ups from the log tail (docs/warm.md), by result: ok, failed (the tail could not be read; its batches were decided without it), timed_out (a Produce stopped waiting for it)."}, []string{"result"})
+	for r, name := range warmResults {
+		m.warmups[r] = warmups.WithLabelValues(name)
+	}
+	warmBytes := prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "warm", Name: "read_bytes_total",
+		Help: "Bytes of partition tails read to warm the tables."})
+	m.warmBytes = warmBytes
+	warmSeconds := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: "warm", Name: "duration_seconds",
+		Help:    "Time to read and apply one partition's tail.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}})
+	m.warmSeconds = warmSeconds
 	keyDups := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "key_duplicate_records_total",
 		Help: "Records whose idempotency key was written to their topic within dedup.keys.ttl: dropped (legacy batches) or observed (idempotent batches, which are never cut)."}, []string{"action"})
 	m.keysDropped = keyDups.WithLabelValues("dropped")
@@ -144,7 +159,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.waitTimeouts,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.waitTimeouts, warmups, warmBytes, warmSeconds,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 

@@ -56,6 +56,7 @@ type planner struct {
 	nWaiting atomic.Int64 // entries in all waiters lists: resolve skips the lock at 0
 
 	logStart logStartOffsets
+	warm     warmer // which partitions were read from the log (warm.go)
 
 	// unknownTopics counts batches relayed for topics not yet interned;
 	// the server refreshes its topics when it moves.
@@ -528,6 +529,9 @@ func (pn *planner) fail(pl *producePlan) {
 			d.pending = false
 			if d.legacy {
 				pn.legacy.Release(d.ident, pl.conn)
+				// Its fate is unknown: the partition's log will tell,
+				// so it is read again on the next touch (warm.go).
+				pn.warm.forget(d.key)
 			} else {
 				pn.table.Release(d.key, d.batch)
 			}

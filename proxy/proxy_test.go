@@ -263,10 +263,15 @@ func oneRecordBatch(t testing.TB) []byte {
 
 // recordBatch encodes a v2 record batch of n records.
 func recordBatch(t testing.TB, pid int64, epoch int16, seq int32, n int, value string) []byte {
+	return recordBatchAt(t, pid, epoch, seq, n, value, 1700000000000)
+}
+
+// recordBatchAt is recordBatch with the batch timestamps at ts (ms).
+func recordBatchAt(t testing.TB, pid int64, epoch int16, seq int32, n int, value string, ts int64) []byte {
 	t.Helper()
 	b := kmsg.RecordBatch{
 		FirstOffset: 0, Magic: 2, LastOffsetDelta: int32(n - 1),
-		FirstTimestamp: 1700000000000, MaxTimestamp: 1700000000000,
+		FirstTimestamp: ts, MaxTimestamp: ts,
 		ProducerID: pid, ProducerEpoch: epoch, FirstSequence: seq, NumRecords: int32(n),
 	}
 	var recs []byte

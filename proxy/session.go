@@ -193,6 +193,7 @@ func (c *session) readLoop() {
 			}
 			// acks=0: the broker sends nothing back, so nothing is queued.
 			respond = acks != 0
+			c.warmRequest(h, body)
 			plan, err := c.planProduce(h, body, start)
 			if err != nil {
 				m.clientError(clientRequest)

@@ -289,6 +289,26 @@ func (t *LegacyTable) Adopt(id, conn uint64, now time.Time) {
 	}
 }
 
+// Remember records a legacy batch found appended in the log (a warm-up
+// from the partition's tail): at baseOffset in partition, maxTimestamp its
+// max timestamp (ms). Its acknowledgement belongs to no connection, so an
+// identical batch from any connection within the window of that timestamp
+// is a retry. A batch the table already holds is left as it is.
+func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimestamp int64, now time.Time) {
+	ns := now.UnixNano()
+	seen := min(ns, maxTimestamp*int64(time.Millisecond))
+	if ns-seen >= t.window {
+		return
+	}
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lookup(id, ns, t.window) != nil {
+		return
+	}
+	t.insert(s, id, legacyEntry{offset: baseOffset, ts: maxTimestamp, seen: seen, partition: partition, state: legacyAppended})
+}
+
 // Orphan records that connection conn has closed: batches whose
 // acknowledgement went there may now be retried to another partition (see
 // Check). ids are the identities conn registered recently; an entry that has

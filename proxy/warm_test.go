@@ -1,0 +1,180 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// TestRetryAcrossRestart: a batch is appended through one proxy, which
+// then stops (a deploy, a crash); the client retries through a new proxy
+// that has never seen it. The new proxy reads the partition's tail on the
+// first Produce and answers the retry with the original offset: for a
+// legacy producer, which Kafka would write again, and for an idempotent
+// one, whose retry the broker would answer itself.
+func TestRetryAcrossRestart(t *testing.T) {
+	t.Parallel()
+	const topic = "restart"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
+	pc := countProduce(c)
+	// Legacy batches are remembered from the log for the window after
+	// their timestamp.
+	legacy := recordBatchAt(t, -1, -1, -1, 3, "charge account 7", time.Now().UnixMilli())
+	idem := recordBatch(t, 4711, 0, 0, 2, "charge account 8")
+
+	first := startProxy(t, c, nil)
+	raw := dialRaw(t, first.addr())
+	raw.learnTopics(topic)
+	if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, legacy}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("legacy original: %+v", r)
+	}
+	if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{1, idem}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("idempotent original: %+v", r)
+	}
+	raw.conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := first.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	second := startProxy(t, c, nil)
+	before := pc.requests.Load()
+	retry := dialRaw(t, second.addr()) // a client with cached metadata: no Metadata first
+	if r := onlyPartition(t, retry.roundTrip(produceParts(topic, -1, part{0, legacy}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("legacy retry across the restart: %+v, want the original's offset 0", r)
+	}
+	if r := onlyPartition(t, retry.roundTrip(produceParts(topic, -1, part{1, idem}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("idempotent retry across the restart: %+v", r)
+	}
+	if n := pc.requests.Load() - before; n != 0 {
+		t.Fatalf("%d produce requests reached the broker after the restart, want 0 (both answered from the log)", n)
+	}
+	if n := testutil.ToFloat64(second.Metrics.warmups[warmOK]); n != 2 {
+		t.Fatalf("warm-ups ok %v, want 2 (one per partition)", n)
+	}
+	// The same records again on the connection that now has the
+	// acknowledgement are new data.
+	if r := onlyPartition(t, retry.roundTrip(produceParts(topic, -1, part{0, legacy}))); r.ErrorCode != 0 || r.BaseOffset != 3 {
+		t.Fatalf("new data after the answered retry: %+v, want offset 3", r)
+	}
+}
+
+// TestWarmFailureDecidesWithout: when the tail cannot be read (here a
+// SASL cluster and no credentials for the proxy), batches are decided as
+// before and the failure is counted.
+func TestWarmFailureDecidesWithout(t *testing.T) {
+	t.Parallel()
+	const topic = "nowarm"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.EnableSASL(), kfake.Superuser("PLAIN", "admin", "secret"))
+	p := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Warm.Timeout = 2 * time.Second })
+	raw := dialRaw(t, p.addr())
+	hs := kmsg.NewPtrSASLHandshakeRequest()
+	hs.SetVersion(1)
+	hs.Mechanism = "PLAIN"
+	raw.roundTrip(hs)
+	a := kmsg.NewPtrSASLAuthenticateRequest()
+	a.SetVersion(1)
+	a.SASLAuthBytes = []byte("\x00admin\x00secret")
+	if r := raw.roundTrip(a).(*kmsg.SASLAuthenticateResponse); r.ErrorCode != 0 {
+		t.Fatalf("authenticate: %d", r.ErrorCode)
+	}
+	raw.learnTopics(topic)
+	b := recordBatch(t, 5, 0, 0, 1, "x")
+	for i := 0; i < 2; i++ {
+		if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
+			t.Fatalf("send %d: %+v", i, r)
+		}
+	}
+	if n := testutil.ToFloat64(p.Metrics.warmups[warmFailed]); n != 1 {
+		t.Fatalf("failed warm-ups %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Duplicate]); n != 1 {
+		t.Fatalf("duplicates %v: the retry was not decided", n)
+	}
+}
+
+// produceCutConn loses the broker's answer to a connection's first request
+// when that request is a Produce: the broker appended the batch, the proxy
+// never learns it (the upstream connection broke).
+type produceCutConn struct {
+	net.Conn
+	once  *sync.Once
+	first bool        // readLoop's
+	cut   atomic.Bool // set by readLoop, read by responseLoop
+}
+
+func (c *produceCutConn) Write(p []byte) (int, error) {
+	if !c.first {
+		c.first = true
+		if len(p) >= 6 && p[4] == 0 && p[5] == 0 { // api key 0: Produce
+			c.once.Do(func() { c.cut.Store(true) })
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *produceCutConn) Read(p []byte) (int, error) {
+	if c.cut.Load() {
+		c.Conn.Read(p) // the answer arrives, and is lost
+		c.Conn.Close()
+		return 0, io.ErrUnexpectedEOF
+	}
+	return c.Conn.Read(p)
+}
+
+// TestUnknownOutcomeResolvedFromLog: a legacy batch is appended but the
+// proxy's connection to the broker breaks before the answer arrives, so
+// its fate is unknown to the proxy. The client's retry makes the proxy
+// read the partition's tail again: the batch is there, and the retry is
+// answered with its offset instead of being written twice.
+func TestUnknownOutcomeResolvedFromLog(t *testing.T) {
+	t.Parallel()
+	const topic = "unknown"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	pc := countProduce(c)
+	var cutOnce sync.Once
+	// Only the first session whose first request is a Produce gets a cut
+	// connection; the proxy's own connections (probe, warm-up) start
+	// with other requests.
+	p := startProxyWith(t, c, nil, func(s *Server) {
+		var d net.Dialer
+		s.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return conn, err
+			}
+			return &produceCutConn{Conn: conn, once: &cutOnce}, nil
+		}
+	})
+	b := recordBatchAt(t, -1, -1, -1, 2, "charge account 9", time.Now().UnixMilli())
+	req := produceParts(topic, -1, part{0, b})
+	first := dialRaw(t, p.addr())
+	first.send(req)
+	if _, err := readFrame(first.conn); err == nil {
+		t.Fatal("the first attempt was answered; want its connection closed")
+	}
+	waitFor(t, 10*time.Second, "the broken connection to be cleaned up", func() bool {
+		return testutil.ToFloat64(p.Metrics.ClientConnections) == 0
+	})
+	if pc.requests.Load() != 1 {
+		t.Fatalf("%d produce requests reached the broker, want 1", pc.requests.Load())
+	}
+	r := onlyPartition(t, dialRaw(t, p.addr()).roundTrip(req))
+	if r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("retry after the unknown outcome: %+v, want the original's offset 0", r)
+	}
+	if pc.requests.Load() != 1 {
+		t.Fatalf("%d produce requests reached the broker, want 1 (the retry answered from the log)", pc.requests.Load())
+	}
+}
