@@ -16,7 +16,12 @@ fuzz:
 	go test -run x -fuzz '^FuzzRewriteResponse$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzRequestHeader$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzRewriteOmit$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzProduceHeader$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzDropLeadingRecords$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzRecordKeys$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzTableVsModel$$' -fuzztime $(FUZZTIME) ./seqstate
+	go test -run x -fuzz '^FuzzApplyLog$$' -fuzztime $(FUZZTIME) ./proxy
 
 bench:
 	go test -run x -bench . -benchmem ./...

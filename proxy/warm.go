@@ -189,10 +189,14 @@ func (s *Server) readTail(ctx context.Context, topic string, k seqstate.Key) (ba
 		corr++
 		return s.probeRoundTrip(conn, req, resp, corr)
 	}
-	// The log's bounds: earliest (-2) and latest (-1), one request each
+	// The log's bounds, earliest (-2) and latest (-1), and the first
+	// offset within the legacy window (by timestamp): one request each
 	// (ListOffsets takes a partition once per request).
-	var bounds [2]int64
-	for i, ts := range []int64{-2, -1} {
+	now := time.Now()
+	var bounds [3]int64
+	// Twice the window: batch timestamps are the producers' clocks
+	// (CreateTime), which may lag.
+	for i, ts := range []int64{-2, -1, now.Add(-2 * s.Config.Dedup.Legacy.Window).UnixMilli()} {
 		lo := kmsg.NewPtrListOffsetsRequest()
 		lo.SetVersion(4)
 		lt := kmsg.NewListOffsetsRequestTopic()
@@ -215,13 +219,18 @@ func (s *Server) readTail(ctx context.Context, topic string, k seqstate.Key) (ba
 		}
 		bounds[i] = rp.Offset
 	}
-	logStart, end := bounds[0], bounds[1]
+	logStart, end, windowStart := bounds[0], bounds[1], bounds[2]
 	s.planner.logStart.set(k, logStart)
 	maxBytes := s.Config.Dedup.Warm.MaxBytes
 	// Start far enough back that maxBytes of small records still reaches
-	// the end; the broker returns whole batches from there.
+	// the end, but not before the legacy window (an idempotent producer's
+	// last batches are recent too); the broker returns whole batches.
+	// -1: no batch is that recent.
 	from := max(logStart, end-int64(maxBytes)/64)
-	now := time.Now()
+	if windowStart < 0 {
+		windowStart = end
+	}
+	from = max(from, min(windowStart, end))
 	for iter := 0; from < end && bytes < maxBytes && iter < 64; iter++ {
 		fr := kmsg.NewPtrFetchRequest()
 		fr.SetVersion(11)

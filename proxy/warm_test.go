@@ -30,7 +30,7 @@ func TestRetryAcrossRestart(t *testing.T) {
 	// Legacy batches are remembered from the log for the window after
 	// their timestamp.
 	legacy := recordBatchAt(t, -1, -1, -1, 3, "charge account 7", time.Now().UnixMilli())
-	idem := recordBatch(t, 4711, 0, 0, 2, "charge account 8")
+	idem := recordBatchAt(t, 4711, 0, 0, 2, "charge account 8", time.Now().UnixMilli())
 
 	first := startProxy(t, c, nil)
 	raw := dialRaw(t, first.addr())
@@ -177,4 +177,31 @@ func TestUnknownOutcomeResolvedFromLog(t *testing.T) {
 	if pc.requests.Load() != 1 {
 		t.Fatalf("%d produce requests reached the broker, want 1 (the retry answered from the log)", pc.requests.Load())
 	}
+}
+
+// FuzzApplyLog: the log-tail decoder never panics on any bytes a broker
+// could return, stops at the first batch that does not parse, and reports
+// an offset past every batch it applied.
+func FuzzApplyLog(f *testing.F) {
+	legacy := recordBatchAt(f, -1, -1, -1, 3, "a", 1800000000000)
+	idem := recordBatchAt(f, 7, 0, 0, 2, "b", 1800000000000)
+	both := append(append([]byte(nil), legacy...), idem...)
+	f.Add(both)
+	f.Add(both[:len(both)-5])
+	f.Add(legacy[:20])
+	f.Add([]byte{})
+	cfg := Config{}
+	cfg.EnsureDefaults()
+	pn, err := newDedupPlanner(&cfg, NewMetrics(nil))
+	if err != nil {
+		f.Fatal(err)
+	}
+	pn.table.InternTopics([]seqstate.TopicRef{{Name: "t"}})
+	id, _ := pn.table.LookupTopic([]byte("t"))
+	f.Fuzz(func(t *testing.T, records []byte) {
+		n, next := pn.applyLog(seqstate.Key{Topic: id}, records, time.Unix(1800000000, 0))
+		if n < 0 || (n == 0 && next != -1) {
+			t.Fatalf("applied %d batches, next offset %d", n, next)
+		}
+	})
 }
