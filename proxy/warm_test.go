@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -204,4 +205,58 @@ func FuzzApplyLog(f *testing.F) {
 			t.Fatalf("applied %d batches, next offset %d", n, next)
 		}
 	})
+}
+
+// TestProducerIDFlood: 300,000 distinct producer ids, one batch each,
+// against a table capped at 50,000 entries: the table stays at its cap,
+// evictions are counted, and a healthy producer keeps being deduplicated.
+func TestProducerIDFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("floods 300,000 producer ids")
+	}
+	const topic, partitions, maxEntries = "flood", 100, 50_000
+	total := 300_000
+	if raceEnabled {
+		total = 60_000 // same shape, a fifth of the batches: the race detector is slow
+	}
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
+	p := startProxy(t, c, func(cfg *Config) { cfg.Dedup.MaxEntries = maxEntries })
+	raw := dialRaw(t, p.addr())
+	raw.learnTopics(topic)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for pid := 0; pid < total; pid += partitions {
+		var parts []part
+		for i := 0; i < partitions; i++ {
+			parts = append(parts, part{int32(i), recordBatch(t, int64(1_000_000+pid+i), 0, 0, 1, "f")})
+		}
+		for _, r := range raw.roundTrip(produceParts(topic, -1, parts...)).(*kmsg.ProduceResponse).Topics[0].Partitions {
+			if r.ErrorCode != 0 {
+				t.Fatalf("pid block %d: %+v", pid, r)
+			}
+		}
+	}
+	tbl := p.planner.table
+	if n := tbl.Len(); n > maxEntries+64 {
+		t.Fatalf("table holds %d entries, cap %d", n, maxEntries)
+	}
+	if ev := tbl.Evictions(); ev < uint64(total-maxEntries-64) {
+		t.Fatalf("%d evictions counted, want at least %d", ev, total-maxEntries-64)
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	// The heap here includes kfake, which keeps every record and its own
+	// state for every producer id, so it is reported, not bounded; the
+	// table's own memory is bounded by its cap (about 150 B per entry,
+	// seqstate BenchmarkTableMemory).
+	t.Logf("%d producer ids, table %d entries, %d evictions, heap +%d MiB (kfake included)", total, tbl.Len(), tbl.Evictions(), (int64(after.HeapInuse)-int64(before.HeapInuse))>>20)
+	// A healthy producer is still deduplicated.
+	b := recordBatch(t, 42, 0, 0, 1, "healthy")
+	first := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b})))
+	dup := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b})))
+	if first.ErrorCode != 0 || dup.ErrorCode != 0 || dup.BaseOffset != first.BaseOffset {
+		t.Fatalf("healthy producer: %+v then %+v", first, dup)
+	}
 }
