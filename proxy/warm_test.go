@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -258,5 +260,37 @@ func TestProducerIDFlood(t *testing.T) {
 	dup := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b})))
 	if first.ErrorCode != 0 || dup.ErrorCode != 0 || dup.BaseOffset != first.BaseOffset {
 		t.Fatalf("healthy producer: %+v then %+v", first, dup)
+	}
+}
+
+// BenchmarkWarmPartition measures one partition's warm-up (Metadata,
+// ListOffsets, Fetch of the tail, applying every batch) against kfake, for
+// a partition holding about 1 MiB and 4 MiB of recent 1 KiB legacy
+// records in 16-record batches: time per partition and bytes read.
+func BenchmarkWarmPartition(b *testing.B) {
+	for _, mib := range []int{1, 4} {
+		b.Run(fmt.Sprintf("tail=%dMiB", mib), func(b *testing.B) {
+			const topic = "warmbench"
+			c := newCluster(b, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+			p := startProxy(b, c, nil)
+			raw := dialRaw(b, c.ListenAddrs()[0])
+			value := strings.Repeat("v", 1000)
+			now := time.Now().UnixMilli()
+			for i := 0; i < mib*1024/16; i++ {
+				raw.roundTrip(produceParts(topic, -1, part{0, recordBatchAt(b, -1, -1, -1, 16, fmt.Sprintf("%d %s", i, value), now)}))
+			}
+			id, _ := p.planner.table.LookupTopic([]byte(topic))
+			k := seqstate.Key{Topic: id}
+			var bytes int
+			b.ReportAllocs()
+			for b.Loop() {
+				_, n, err := p.readTail(context.Background(), topic, k)
+				if err != nil {
+					b.Fatal(err)
+				}
+				bytes = n
+			}
+			b.ReportMetric(float64(bytes), "bytes/op")
+		})
 	}
 }
