@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,10 +66,17 @@ type testProxy struct {
 // proxy's log if the test failed.
 func startProxy(t testing.TB, c *kfake.Cluster) *testProxy {
 	t.Helper()
+	return startProxyOn(t, c, "127.0.0.1:0")
+}
+
+// startProxyOn is startProxy with the bootstrap listener at listen (node N
+// at its port + 1 + N).
+func startProxyOn(t testing.TB, c *kfake.Cluster, listen string) *testProxy {
+	t.Helper()
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
 	srv := &proxy.Server{
-		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Admin: "off"},
+		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: listen, Admin: "off"},
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Metrics: proxy.NewMetrics(reg),
 	}
@@ -260,4 +269,52 @@ func firstLines(s string, n int) string {
 		lines = append(lines[:n], "…")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// kill stops the proxy at once, as SIGKILL would as far as clients and its
+// state are concerned: every connection is cut, nothing is drained, and
+// the tables are gone with the Server.
+func (p *testProxy) kill() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.srv.Shutdown(ctx)
+}
+
+// freeListenPair returns 127.0.0.1:P where P and P+1 (the proxy's bootstrap
+// and node 0 listeners) were both free a moment ago, for a proxy that must
+// come back on the same ports.
+func freeListenPair(t testing.TB) string {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		a, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := a.Addr().(*net.TCPAddr).Port
+		b, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1))
+		a.Close()
+		if err == nil {
+			b.Close()
+			return fmt.Sprintf("127.0.0.1:%d", port)
+		}
+	}
+	t.Fatal("no two adjacent free ports in 50 tries")
+	return ""
+}
+
+// startProxyOnErr starts a proxy at listen without a testing.TB, for the
+// shim's goroutine (the restart mode); the caller kills it.
+func startProxyOnErr(c *kfake.Cluster, listen string) (*testProxy, error) {
+	reg := prometheus.NewRegistry()
+	srv := &proxy.Server{
+		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: listen, Admin: "off"},
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Metrics: proxy.NewMetrics(reg),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Start(ctx); err != nil {
+		return nil, err
+	}
+	return &testProxy{srv: srv, reg: reg}, nil
 }

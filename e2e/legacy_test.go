@@ -75,7 +75,15 @@ func legacyClients() []legacyClient {
 const (
 	modeControl = "control" // client → shim → kfake
 	modeProxy   = "proxy"   // client → shim → dedupproxy → kfake
+	// restart: as proxy, but instead of only losing the acknowledgement the
+	// proxy is killed there (connections cut, tables gone) and a new one
+	// starts at once on the same ports: the retry reaches a proxy that never
+	// saw the original and must find it in the log (docs/warm.md).
+	modeRestart = "restart"
 )
+
+// modes are the runs of each client, in the order of the results table.
+var modes = []string{modeControl, modeProxy, modeRestart}
 
 // tally is one run's figures.
 type tally struct {
@@ -102,7 +110,7 @@ func (r tally) String() string {
 		r.client, r.version, r.mode, r.sent, r.acked, r.failed, r.unackedStored, r.stored, r.duplicated, lost,
 		r.shim.Produces, r.shim.Batches, r.shim.LegacyBatches, r.shim.Records, r.dropAt, r.shim.Dropped, r.shim.RecordsAtDrop,
 		r.elapsed.Round(time.Millisecond))
-	if r.mode == modeProxy {
+	if r.mode != modeControl {
 		s += fmt.Sprintf("; proxy relayed %v legacy batches", r.legacyPassthrough)
 	}
 	return s
@@ -136,7 +144,11 @@ func record(r tally) {
 //   - control (client → shim → kfake) must show duplicates for every client
 //     that retries, or the test is not testing anything;
 //   - proxy (client → shim → dedupproxy → kfake) must show none
-//     (docs/legacy.md).
+//     (docs/legacy.md);
+//   - restart: the same, but at the lost acknowledgement the proxy is
+//     killed and a new one starts on the same ports, so the retry reaches
+//     a proxy that never saw the original: it must find it in the log
+//     (docs/warm.md) and show none either.
 //
 // In both modes nothing acknowledged may be missing from the log.
 func TestLegacyLostAck(t *testing.T) {
@@ -144,7 +156,7 @@ func TestLegacyLostAck(t *testing.T) {
 	for _, c := range clients {
 		t.Run(c.name, func(t *testing.T) {
 			requireClient(t, c.available())
-			for _, mode := range []string{modeControl, modeProxy} {
+			for _, mode := range modes {
 				t.Run(mode, func(t *testing.T) { runLostAck(t, c, mode) })
 			}
 		})
@@ -159,7 +171,7 @@ func TestLegacyLostAck(t *testing.T) {
 	var missing []string
 	results.mu.Lock()
 	for _, c := range clients {
-		for _, mode := range []string{modeControl, modeProxy} {
+		for _, mode := range modes {
 			if _, ok := results.runs[c.name][mode]; !ok {
 				missing = append(missing, c.name+"/"+mode)
 			}
@@ -192,11 +204,35 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	cluster := newCluster(t, topic)
 	target := cluster.ListenAddrs()[0]
 	var px *testProxy
-	if mode == modeProxy {
+	var restartErr error
+	var restarted *testProxy
+	switch mode {
+	case modeProxy:
 		px = startProxy(t, cluster)
 		target = px.addr()
+	case modeRestart:
+		listen := freeListenPair(t)
+		px = startProxyOn(t, cluster, listen)
+		target = px.addr()
+		defer func() {
+			if restartErr != nil {
+				t.Errorf("restarting the proxy: %v", restartErr)
+			}
+		}()
 	}
 	shim := newAckShim(t, target, c.dropAt)
+	if mode == modeRestart {
+		listen := px.addr()
+		shim.onDrop = func() {
+			px.kill()
+			restarted, restartErr = startProxyOnErr(cluster, listen)
+		}
+		t.Cleanup(func() {
+			if restarted != nil {
+				restarted.kill()
+			}
+		})
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -254,6 +290,9 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	if px != nil {
 		r.legacyPassthrough = px.metric("dedupproxy_batches_passthrough_total", "reason=legacy")
 	}
+	if mode == modeRestart && restarted == nil && restartErr == nil {
+		t.Errorf("the proxy was never restarted: the shim dropped no response")
+	}
 	record(r)
 	t.Log(r)
 	if len(res.errors) > 0 {
@@ -291,9 +330,9 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 			t.Errorf("control run without duplicates: %s retries a lost acknowledgement (docs/clients.md §3), "+
 				"so the shim did not reproduce the problem this test is for", c.name)
 		}
-	case modeProxy:
+	case modeProxy, modeRestart:
 		if r.duplicated > 0 {
-			t.Errorf("through the proxy, %d records were written twice", r.duplicated)
+			t.Errorf("through the proxy (%s), %d records were written twice", mode, r.duplicated)
 		}
 	}
 }
@@ -303,12 +342,12 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 // results.mu held.
 func summaryTable(clients []legacyClient, date string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| client | client version | control: duplicated / lost | through the proxy: duplicated / lost | date |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| client | client version | control: duplicated / lost | through the proxy: duplicated / lost | proxy restarted at the lost ack: duplicated / lost | date |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|\n")
 	for _, c := range clients {
-		ctl, prx := results.runs[c.name][modeControl], results.runs[c.name][modeProxy]
-		fmt.Fprintf(&b, "| %s | %s | %d / %s | %d / %s | %s |\n", c.name, ctl.version,
-			ctl.duplicated, lostCell(ctl), prx.duplicated, lostCell(prx), date)
+		ctl, prx, rst := results.runs[c.name][modeControl], results.runs[c.name][modeProxy], results.runs[c.name][modeRestart]
+		fmt.Fprintf(&b, "| %s | %s | %d / %s | %d / %s | %d / %s | %s |\n", c.name, ctl.version,
+			ctl.duplicated, lostCell(ctl), prx.duplicated, lostCell(prx), rst.duplicated, lostCell(rst), date)
 	}
 	return b.String()
 }
@@ -347,6 +386,8 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	fmt.Fprintf(&b, "to a 3-partition topic of an in-process kfake broker. A TCP shim in front drops the response to one\n")
 	fmt.Fprintf(&b, "Produce request after the broker appended it and closes the client's connection (docs/clients.md §3,\n")
 	fmt.Fprintf(&b, "\"close\"). *control*: client → shim → kfake. *through the proxy*: client → shim → dedupproxy → kfake.\n")
+	fmt.Fprintf(&b, "*proxy restarted*: as through the proxy, but at the lost acknowledgement the proxy is killed (connections cut,\n")
+	fmt.Fprintf(&b, "tables gone) and a new one starts on the same ports: the retry must be recognised from the log (docs/warm.md).\n")
 	fmt.Fprintf(&b, "The log is then read straight from kfake. *duplicated*: stored copies beyond the first of each value;\n")
 	fmt.Fprintf(&b, "*lost*: values the client reported delivered that are not in the log (≥: the client reports only a count).\n\n")
 	fmt.Fprintf(&b, "The figures vary from run to run: how many requests were in flight when the connection closed, and\n")
@@ -362,7 +403,7 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	fmt.Fprintf(&b, "| client | run | sent | acknowledged | not acknowledged, stored | stored | duplicated | lost | Produce requests | response dropped | records forwarded by then | time |\n")
 	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range clients {
-		for _, mode := range []string{modeControl, modeProxy} {
+		for _, mode := range modes {
 			r := results.runs[c.name][mode]
 			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %d | #%d | %d | %.1f s |\n",
 				c.name, mode, r.sent, r.acked, r.unackedStored, r.stored, r.duplicated, lostCell(r),

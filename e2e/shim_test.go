@@ -39,6 +39,10 @@ const maxShimFrame = 64 << 20
 // has none), so each connection keeps a FIFO of the requests awaiting one.
 type ackShim struct {
 	dropAt int64 // 1-based index among Produce requests with acks != 0; 0 never drops
+	// onDrop, when set, runs when the dropped response arrives, before the
+	// client's connection is closed (the restart mode kills the proxy
+	// there). Set it before the first connection.
+	onDrop func()
 
 	mu        sync.Mutex
 	closed    bool
@@ -249,6 +253,9 @@ func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting) {
 			s.mu.Lock()
 			s.stats.Dropped++
 			s.mu.Unlock()
+			if s.onDrop != nil {
+				s.onDrop()
+			}
 			return // the caller closes both connections
 		}
 		if aw.key == int16(kmsg.Metadata) || aw.key == int16(kmsg.FindCoordinator) {
