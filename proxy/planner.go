@@ -592,6 +592,12 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 				// another partition): nothing to commit but its keys.
 			case pl.acks == -1:
 				pn.legacy.Commit(d.ident, pl.conn, off, ts, now)
+				if off < 0 {
+					// Appended (REQUEST_TIMED_OUT and the like), offset
+					// unknown: the log has it; reading the partition again
+					// before the retry finds it (warm.go).
+					pn.warm.forget(d.key)
+				}
 			default:
 				// A legacy acks=1 append is not remembered: a retry of
 				// it is written again, as without the proxy.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -292,5 +293,32 @@ func BenchmarkWarmPartition(b *testing.B) {
 			}
 			b.ReportMetric(float64(bytes), "bytes/op")
 		})
+	}
+}
+
+// TestTimedOutLegacyAppendOffsetFromLog: a legacy append answered
+// REQUEST_TIMED_OUT (Kafka appended it; the response has no offset) is
+// not written again on retry, and the retry learns the real offset from
+// the log instead of getting -1.
+func TestTimedOutLegacyAppendOffsetFromLog(t *testing.T) {
+	t.Parallel()
+	const topic = "timedoutlegacy"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	pc := countProduce(c)
+	p := startProxy(t, c, nil)
+	first := dialRaw(t, p.addr())
+	first.learnTopics(topic)
+	onlyPartition(t, first.roundTrip(produceParts(topic, -1, part{0, recordBatchAt(t, -1, -1, -1, 2, "before", time.Now().UnixMilli())})))
+	b := recordBatchAt(t, -1, -1, -1, 3, "charge", time.Now().UnixMilli())
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.RequestTimedOut, Count: 1})
+	if r := onlyPartition(t, first.roundTrip(produceParts(topic, -1, part{0, b}))); r.ErrorCode != kerr.RequestTimedOut.Code {
+		t.Fatalf("faulted append: %+v", r)
+	}
+	first.conn.Close()
+	sent := pc.requests.Load()
+	r := onlyPartition(t, dialRaw(t, p.addr()).roundTrip(produceParts(topic, -1, part{0, b})))
+	// The first batch took offsets 0-1, the timed-out one was appended at 2.
+	if r.ErrorCode != 0 || r.BaseOffset != 2 || pc.requests.Load() != sent {
+		t.Fatalf("retry of a timed-out append: %+v, forwarded=%v; want offset 2 from the log", r, pc.requests.Load() != sent)
 	}
 }

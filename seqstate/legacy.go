@@ -293,7 +293,8 @@ func (t *LegacyTable) Adopt(id, conn uint64, now time.Time) {
 // from the partition's tail): at baseOffset in partition, maxTimestamp its
 // max timestamp (ms). Its acknowledgement belongs to no connection, so an
 // identical batch from any connection within the window of that timestamp
-// is a retry. A batch the table already holds is left as it is.
+// is a retry. A batch the table already holds keeps its state, but learns
+// its offset if its response had none.
 func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimestamp int64, now time.Time) {
 	ns := now.UnixNano()
 	seen := min(ns, maxTimestamp*int64(time.Millisecond))
@@ -303,7 +304,12 @@ func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimest
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lookup(id, ns, t.window) != nil {
+	if e := s.lookup(id, ns, t.window); e != nil {
+		// An append whose response carried no offset (REQUEST_TIMED_OUT)
+		// learns it from the log.
+		if e.state == legacyAppended && e.offset < 0 && e.partition == partition {
+			e.offset = baseOffset
+		}
 		return
 	}
 	t.insert(s, id, legacyEntry{offset: baseOffset, ts: maxTimestamp, seen: seen, partition: partition, state: legacyAppended})
