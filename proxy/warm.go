@@ -31,40 +31,55 @@ type warmState struct {
 	ok   bool
 }
 
-// warmer tracks which partitions have been warmed.
+// warmer tracks which partitions have been warmed: every Produce asks
+// about each of its partitions, so the map is sharded like logStartOffsets.
 type warmer struct {
-	mu    sync.Mutex
-	parts map[seqstate.Key]*warmState // ProducerID 0
+	shards [warmShards]warmShard
 }
 
-// maxWarmPartitions bounds the partitions remembered as warmed; past it
-// the map is cleared, and a partition touched again is warmed again, which
-// costs a read but never a wrong decision.
-const maxWarmPartitions = 1 << 18
+type warmShard struct {
+	mu    sync.Mutex
+	parts map[seqstate.Key]*warmState // ProducerID 0
+	_     [48]byte                    // own cache line
+}
+
+const warmShards = 64
+
+// maxWarmPerShard bounds the partitions remembered as warmed (256 Ki in
+// all); past it a shard is cleared, and a partition touched again is
+// warmed again, which costs a read but never a wrong decision.
+const maxWarmPerShard = 4096
+
+func (w *warmer) shard(k seqstate.Key) *warmShard {
+	h := (uint64(k.Topic)<<32 | uint64(uint32(k.Partition))) * 0x9e3779b97f4a7c15
+	return &w.shards[h>>(64-6)]
+}
 
 // begin returns the warm-up of partition k and whether the caller must run
 // it (it is the first to ask).
 func (w *warmer) begin(k seqstate.Key) (*warmState, bool) {
 	k.ProducerID = 0
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.parts == nil || len(w.parts) >= maxWarmPartitions {
-		w.parts = map[seqstate.Key]*warmState{}
+	sh := w.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.parts == nil || len(sh.parts) >= maxWarmPerShard {
+		sh.parts = map[seqstate.Key]*warmState{}
 	}
-	if st, ok := w.parts[k]; ok {
+	if st, ok := sh.parts[k]; ok {
 		return st, false
 	}
 	st := &warmState{done: make(chan struct{})}
-	w.parts[k] = st
+	sh.parts[k] = st
 	return st, true
 }
 
 // isWarm reports whether partition k's warm-up has ended.
 func (w *warmer) isWarm(k seqstate.Key) bool {
 	k.ProducerID = 0
-	w.mu.Lock()
-	st, ok := w.parts[k]
-	w.mu.Unlock()
+	sh := w.shard(k)
+	sh.mu.Lock()
+	st, ok := sh.parts[k]
+	sh.mu.Unlock()
 	if !ok {
 		return false
 	}
@@ -80,15 +95,16 @@ func (w *warmer) isWarm(k seqstate.Key) bool {
 // became unknown (its upstream connection broke), and the log will tell.
 func (w *warmer) forget(k seqstate.Key) {
 	k.ProducerID = 0
-	w.mu.Lock()
-	if st, ok := w.parts[k]; ok {
+	sh := w.shard(k)
+	sh.mu.Lock()
+	if st, ok := sh.parts[k]; ok {
 		select {
 		case <-st.done:
-			delete(w.parts, k)
+			delete(sh.parts, k)
 		default: // a warm-up is running: it reads what is there now
 		}
 	}
-	w.mu.Unlock()
+	sh.mu.Unlock()
 }
 
 // warmRequest warms every partition of a Produce request that needs it,
