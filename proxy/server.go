@@ -102,6 +102,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if len(s.Config.Upstream) == 0 {
 		return fmt.Errorf("%w: no upstream brokers", ErrInvalidConfig)
 	}
+	if s.Config.Upstream[0] == EmbeddedUpstream {
+		return fmt.Errorf("%w: upstream %q: the command starts the embedded cluster and passes its addresses", ErrInvalidConfig, EmbeddedUpstream)
+	}
 	if s.Logger == nil {
 		s.Logger = slog.Default()
 	}
