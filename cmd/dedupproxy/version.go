@@ -13,9 +13,10 @@ func init() { proxy.Version, proxy.Revision = buildVersion() }
 // buildVersion is the module version and VCS revision the Go toolchain
 // stamped into the binary (go build in a git checkout records the revision,
 // with "-dirty" for uncommitted changes). A version set with -ldflags -X
-// on proxy.Version wins.
+// on proxy.Version (or proxy.Revision) wins: deploy/build.sh sets them
+// where the build has no VCS information (a container build without .git).
 func buildVersion() (version, revision string) {
-	version, revision = proxy.Version, "unknown"
+	version, revision = proxy.Version, proxy.Revision
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return version, revision
@@ -27,7 +28,9 @@ func buildVersion() (version, revision string) {
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
-			revision = s.Value
+			if revision == "unknown" {
+				revision = s.Value
+			}
 		case "vcs.modified":
 			dirty = s.Value == "true"
 		}
