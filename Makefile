@@ -1,7 +1,11 @@
-.PHONY: run test race fuzz bench lint
+.PHONY: run build test race fuzz bench lint
 
 run:
 	go run ./cmd/dedupproxy
+
+# The release build (static, as in deploy/Dockerfile): bin/dedupproxy.
+build:
+	deploy/build.sh bin/dedupproxy
 
 test:
 	go test ./...

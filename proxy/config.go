@@ -18,8 +18,11 @@ import (
 // default documented on it; call [Config.EnsureDefaults] then
 // [Config.Validate].
 type Config struct {
-	// Upstream lists bootstrap brokers of the real cluster as host:port.
-	// Empty means the command starts an embedded in-memory cluster.
+	// Upstream lists bootstrap brokers of the real cluster as host:port,
+	// or is the single word "embedded" ([EmbeddedUpstream]): the command
+	// then starts an in-memory test cluster. A config file must set it;
+	// with neither a file nor --upstream the command starts the embedded
+	// cluster.
 	Upstream []string `yaml:"upstream"`
 
 	// Listen is the bootstrap listener's bind address. Default
@@ -96,8 +99,12 @@ type Config struct {
 	// waits for responses to requests already sent to a broker. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 
-	// LogLevel is debug, info, warn or error. Default info.
+	// LogLevel is debug, info, warn or error. Default info. SIGHUP reloads
+	// it.
 	LogLevel string `yaml:"log_level"`
+
+	// LogFormat is text (logfmt-like key=value, the default) or json.
+	LogFormat string `yaml:"log_format"`
 
 	// Dedup configures deduplication of idempotent Produce batches.
 	Dedup DedupConfig `yaml:"dedup"`
@@ -127,6 +134,16 @@ type Config struct {
 	// dropping open ones. SIGHUP reloads at once. Default 10s.
 	CertReloadInterval time.Duration `yaml:"cert_reload_interval"`
 }
+
+// EmbeddedUpstream, as the only upstream, asks the command for an embedded
+// in-memory cluster (for trying the proxy out; its data is lost on exit).
+const EmbeddedUpstream = "embedded"
+
+// Log formats accepted as log_format.
+const (
+	LogText = "text"
+	LogJSON = "json"
+)
 
 // TLS versions accepted as min_version.
 const (
@@ -371,6 +388,9 @@ func (c *Config) EnsureDefaults() {
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
+	if c.LogFormat == "" {
+		c.LogFormat = LogText
+	}
 	if c.Dedup.Mode == "" {
 		c.Dedup.Mode = DedupEnforce
 	}
@@ -436,6 +456,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
 	for _, u := range c.Upstream {
+		if u == EmbeddedUpstream {
+			if len(c.Upstream) > 1 {
+				return bad("upstream: %q cannot be combined with broker addresses", EmbeddedUpstream)
+			}
+			continue
+		}
 		if _, _, err := splitHostPort(u); err != nil {
 			return bad("upstream %q: %v", u, err)
 		}
@@ -569,6 +595,9 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		return bad("log_level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.LogFormat != LogText && c.LogFormat != LogJSON {
+		return bad("log_format %q: want text or json", c.LogFormat)
 	}
 	for _, l := range []struct {
 		name string

@@ -14,6 +14,10 @@ import (
 // Version is the proxy's version, reported by dedupproxy_build_info.
 var Version = "dev"
 
+// Revision is the VCS revision the proxy was built from, reported by
+// dedupproxy_build_info; the command sets it from the build information.
+var Revision = "unknown"
+
 // Metrics are the proxy's Prometheus metrics. Every label takes its values
 // from a small closed set: never a producer id, topic, client id or address.
 type Metrics struct {
@@ -155,7 +159,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
 			Help:        "Always 1; labels carry the build.",
-			ConstLabels: prometheus.Labels{"version": Version, "goversion": runtime.Version()}})
+			ConstLabels: prometheus.Labels{"version": Version, "goversion": runtime.Version(), "revision": Revision}})
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,

@@ -76,10 +76,10 @@ type Server struct {
 	// starts after Shutdown took its snapshot.
 	mu        sync.Mutex
 	listeners []net.Listener
-	clients   map[net.Conn]netip.Addr // every client connection admitted and not yet finished, with its IP when counted in perIP
-	perIP     map[netip.Addr]int      // open connections per client IP, kept when MaxConnectionsPerIP is set
-	sessions  map[*session]struct{}
-	closing   atomic.Bool // written under mu; read without it where a stale false is harmless
+	clients   map[net.Conn]netip.Addr      // every client connection admitted and not yet finished, with its IP when counted in perIP
+	perIP     map[netip.Addr]int           // open connections per client IP, kept when MaxConnectionsPerIP is set
+	sessions  map[*session]*requestTracker // with what each awaits (drain.go)
+	closing   atomic.Bool                  // written under mu; read without it where a stale false is harmless
 	started   bool
 	wg        sync.WaitGroup // accept loops, connections, background loops
 	connSeq   atomic.Uint64
@@ -101,6 +101,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	if len(s.Config.Upstream) == 0 {
 		return fmt.Errorf("%w: no upstream brokers", ErrInvalidConfig)
+	}
+	if s.Config.Upstream[0] == EmbeddedUpstream {
+		return fmt.Errorf("%w: upstream %q: the command starts the embedded cluster and passes its addresses", ErrInvalidConfig, EmbeddedUpstream)
 	}
 	if s.Logger == nil {
 		s.Logger = slog.Default()
@@ -129,7 +132,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return errors.New("proxy: server already started")
 	}
 	s.started = true
-	s.sessions = make(map[*session]struct{})
+	s.sessions = make(map[*session]*requestTracker)
 	s.clients = make(map[net.Conn]netip.Addr)
 	s.perIP = make(map[netip.Addr]int)
 	s.stop = make(chan struct{})
@@ -382,14 +385,15 @@ func (s *Server) refused(reason string, c net.Conn) {
 		"refused_since_last_line", suppressed, "next_line_in", refusalLogEvery)
 }
 
-// track registers sess, unless Shutdown has begun.
-func (s *Server) track(sess *session) bool {
+// track registers sess, and the tracker of its client connection, unless
+// Shutdown has begun.
+func (s *Server) track(sess *session, tr *requestTracker) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing.Load() {
 		return false
 	}
-	s.sessions[sess] = struct{}{}
+	s.sessions[sess] = tr
 	return true
 }
 
@@ -427,8 +431,9 @@ func (s *Server) handle(c net.Conn, node int32) {
 		c.Close()
 		return
 	}
-	sess := newSession(s, id, c, up, log.With("broker", addr))
-	if !s.track(sess) {
+	tr := newRequestTracker(c)
+	sess := newSession(s, id, tr, up, log.With("broker", addr))
+	if !s.track(sess, tr) {
 		c.Close()
 		up.Close()
 		return
@@ -456,7 +461,9 @@ func (s *Server) upstreamFor(node int32) (string, error) {
 
 // Shutdown stops accepting connections, stops reading new requests, lets
 // every request already forwarded get its response to the client, then
-// closes the connections, like net/http's Server.Shutdown. It may be called
+// closes the connections, like net/http's Server.Shutdown. A connection
+// whose requests in flight are only Fetches is closed at once: a consumer's
+// long poll holds nothing to lose (drain.go). It may be called
 // more than once, concurrently, and before Start.
 //
 // ctx is final: once it ends, Shutdown closes every listener and connection
@@ -467,9 +474,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
 	lns := s.listeners
 	s.listeners = nil
-	sessions := make([]*session, 0, len(s.sessions))
-	for sess := range s.sessions {
-		sessions = append(sessions, sess)
+	sessions := make(map[*session]*requestTracker, len(s.sessions))
+	for sess, tr := range s.sessions {
+		sessions[sess] = tr
 	}
 	stop, cancelDial := s.stop, s.cancelDial
 	s.mu.Unlock()
@@ -482,11 +489,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			cancelDial()
 		}
 	})
-	for _, sess := range sessions {
+	for sess := range sessions {
 		sess.stopReading()
 	}
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
+	// Produce responses commit state and are waited for; consumers' long
+	// polls are not.
+	go s.cutFetchOnly(sessions, done, ctx.Done())
 	select {
 	case <-done:
 		return nil

@@ -1,19 +1,18 @@
 // Command dedupproxy runs the Kafka deduplicating proxy.
 //
-//	dedupproxy demo
-//	dedupproxy [--config FILE] [--upstream HOST:PORT,...] [--listen HOST:PORT]
-//	           [--advertise HOST:PORT] [--admin HOST:PORT]
-//	           [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
-//	           [--upstream-tls] [--upstream-tls-ca FILE] [--upstream-tls-cert FILE --upstream-tls-key FILE]
-//	           [--upstream-tls-server-name NAME]
-//	           [--upstream-sasl-mechanism PLAIN|SCRAM-SHA-256|SCRAM-SHA-512
-//	            --upstream-sasl-user USER --upstream-sasl-password-file FILE]
-//	           [--admin-tls-cert FILE --admin-tls-key FILE]
+//	dedupproxy [flags]       run the proxy (dedupproxy --help lists the flags)
+//	dedupproxy demo          show duplicates prevented, against an embedded cluster
+//	dedupproxy version       print the version and VCS revision
+//	dedupproxy help          print the help
 //
-// SIGHUP reloads every certificate file; SIGTERM and SIGINT drain and exit.
+// SIGHUP reloads the log level and every certificate file, and says which
+// other changes of the config file need a restart; SIGTERM and SIGINT drain
+// and exit.
 //
-// With no upstream it starts an embedded in-memory 3-broker Kafka cluster
-// (franz-go kfake) on loopback, so it works out of the box.
+// With neither --upstream nor --config, or with "upstream: embedded", it
+// starts an embedded in-memory 3-broker Kafka cluster (franz-go kfake) on
+// loopback, so it works out of the box. A config file without upstream is
+// an error.
 package main
 
 import (
@@ -28,6 +27,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -35,44 +35,70 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"gopkg.in/yaml.v3"
 
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
-// run is main without the process: it returns the exit code.
-func run(ctx context.Context, args []string, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "demo" {
-		if err := runDemo(ctx, os.Stdout); err != nil {
-			fmt.Fprintln(stderr, "dedupproxy demo:", err)
-			return 1
+// run is main without the process: it returns the exit code. Help and the
+// version go to stdout, errors and logs to stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "demo":
+			if err := runDemo(ctx, stdout); err != nil {
+				fmt.Fprintln(stderr, "dedupproxy demo:", err)
+				return 1
+			}
+			return 0
+		case "version":
+			fmt.Fprintln(stdout, versionLine())
+			return 0
+		case "help":
+			newFlags().usage(stdout)
+			return 0
 		}
-		return 0
 	}
-	cfg, err := loadConfig(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	fl := newFlags()
+	cfg, err := fl.load(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fl.usage(stdout)
 		return 0
-	}
-	if err != nil {
+	case err == nil && *fl.version:
+		fmt.Fprintln(stdout, versionLine())
+		return 0
+	case err != nil:
 		fmt.Fprintln(stderr, "dedupproxy:", err)
+		if fl.parseErr {
+			fmt.Fprintln(stderr, "Run 'dedupproxy --help' for the subcommands and flags.")
+		}
 		return 2
 	}
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated already
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	level := new(slog.LevelVar)
+	level.Set(parseLevel(cfg.LogLevel))
+	log := slog.New(newLogHandler(stderr, cfg.LogFormat, level))
 
-	if len(cfg.Upstream) == 0 && (cfg.UpstreamTLS.Enabled || cfg.UpstreamSASL.Mechanism != "") {
+	embedded := len(cfg.Upstream) == 0 || cfg.Upstream[0] == proxy.EmbeddedUpstream
+	if embedded && (cfg.UpstreamTLS.Enabled || cfg.UpstreamSASL.Mechanism != "") {
 		fmt.Fprintln(stderr, "dedupproxy: upstream_tls and upstream_sasl need an upstream (--upstream): the embedded cluster speaks neither")
 		return 2
 	}
-	if len(cfg.Upstream) == 0 {
+	configName := *fl.config
+	if configName == "" {
+		configName = "none (flags and defaults)"
+	}
+	version, revision := buildVersion()
+	log.Info("dedupproxy starting", "version", version, "revision", revision, "go", runtime.Version(),
+		"config", configName, "dedup_mode", cfg.Dedup.Mode, "log_level", cfg.LogLevel, "log_format", cfg.LogFormat)
+	loaded := cfg // as configured, before the embedded cluster's addresses
+	if embedded {
 		cluster, err := kfake.NewCluster(
 			kfake.NumBrokers(3),
 			kfake.AllowAutoTopicCreation(),
@@ -84,8 +110,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		defer cluster.Close()
 		cfg.Upstream = cluster.ListenAddrs()
-		log.Info("no upstream configured: started an embedded in-memory 3-broker Kafka cluster (kfake) on loopback; its data is lost on exit",
+		log.Warn("EMBEDDED CLUSTER: no real upstream; started an embedded in-memory 3-broker Kafka cluster (kfake) on loopback; everything written is LOST on exit. For a real cluster set --upstream or upstream: in the config file",
 			"brokers", strings.Join(cfg.Upstream, ","))
+	} else {
+		log.Info("upstream", "brokers", strings.Join(cfg.Upstream, ","),
+			"upstream_tls", cfg.UpstreamTLS.Enabled, "upstream_sasl", cfg.UpstreamSASL.Mechanism)
 	}
 
 	reg := prometheus.NewRegistry()
@@ -111,26 +140,24 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 
-	// SIGHUP reloads the certificates now rather than at the next check.
+	// SIGHUP reloads what can change safely.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	go func() {
+		running := loaded
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-hup:
-				if err := srv.ReloadTLS(); err != nil {
-					log.Warn("SIGHUP: some certificates did not reload; the previous ones stay in use", "err", err)
-				} else {
-					log.Info("SIGHUP: certificate files checked")
-				}
+				running = reload(log, level, srv, fl, args, running)
 			}
 		}
 	}()
 
 	var admin *http.Server
+	adminAddr := "off"
 	if adminLn != nil {
 		admin = &http.Server{Handler: adminHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
 		scheme := "http"
@@ -138,6 +165,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 			adminLn = tls.NewListener(adminLn, tc)
 			scheme = "https"
 		}
+		adminAddr = scheme + "://" + adminLn.Addr().String()
 		log.Info("admin listening", "addr", adminLn.Addr().String(), "scheme", scheme, "paths", "/metrics /healthz /readyz")
 		go func() {
 			if err := admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -145,9 +173,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 			}
 		}()
 	}
+	log.Info("started", "bootstrap", srv.Addr().String(), "nodes", strings.Join(srv.NodeListeners(), " "), "admin", adminAddr,
+		"upstream", strings.Join(cfg.Upstream, ","), "embedded", embedded, "dedup_mode", cfg.Dedup.Mode)
 
 	<-ctx.Done()
-	log.Info("shutting down: no new connections or requests; waiting for in-flight requests", "drain_timeout", cfg.DrainTimeout)
+	log.Info("shutting down: /readyz answers 503; no new connections or requests; waiting for in-flight Produce requests (consumers' Fetches are cut)", "drain_timeout", cfg.DrainTimeout)
+	start := time.Now()
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	defer cancel()
 	code := 0
@@ -158,30 +189,46 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	if admin != nil {
 		admin.Shutdown(sctx)
 	}
-	log.Info("stopped")
+	log.Info("stopped", "drain", time.Since(start).Round(time.Millisecond))
 	return code
 }
 
-// loadConfig reads the config file, then applies the flags that were set:
-// flags win over the file.
-func loadConfig(args []string, stderr io.Writer) (proxy.Config, error) {
-	var cfg proxy.Config
+// flags are the command's flags; load applies them over the config file.
+type flags struct {
+	fs                         *flag.FlagSet
+	config, upstream, listen   *string
+	advertise, admin           *string
+	logLevel, logFormat, dedup *string
+	upstreamTLS, version       *bool
+	strFlags                   map[string]strFlag
+	parseErr                   bool // the error is the command line's
+}
+
+type strFlag struct {
+	val *string
+	set func(c *proxy.Config, v string)
+}
+
+func newFlags() *flags {
 	fs := flag.NewFlagSet("dedupproxy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	configPath := fs.String("config", "", "YAML config `file` (see config.example.yaml)")
-	upstream := fs.String("upstream", "", "bootstrap brokers of the real cluster, `HOST:PORT[,HOST:PORT...]`; empty starts an embedded in-memory cluster")
-	listen := fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (see node_port_base, node_id_offset in the config file)")
-	advertise := fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised shifted alike, at port+1+N by default")
-	admin := fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz, or \"off\"")
+	// The flag package would print the error and the whole usage on a
+	// bad flag; run prints the error once, and a hint.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	f := &flags{fs: fs, strFlags: map[string]strFlag{}}
+	f.config = fs.String("config", "", "YAML config `file` (see config.example.yaml); it must set upstream")
+	f.upstream = fs.String("upstream", "", "bootstrap brokers of the real cluster, `HOST:PORT[,HOST:PORT...]`, or \"embedded\" for an in-memory test cluster (the default without --config)")
+	f.listen = fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (see node_port_base, node_id_offset in the config file)")
+	f.advertise = fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised shifted alike, at port+1+N by default")
+	f.admin = fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz, or \"off\"")
+	f.logLevel = fs.String("log-level", "", "`level`: debug, info, warn or error (default info; SIGHUP reloads log_level from the config file)")
+	f.logFormat = fs.String("log-format", "", "log `format`: text or json (default text)")
+	f.dedup = fs.String("dedup-mode", "", "`mode`: enforce (answer retries like Kafka), observe (count, forward everything) or off (default enforce)")
+	f.version = fs.Bool("version", false, "print the version and VCS revision, and exit")
 	// TLS and SASL. No flag takes a password: it would show in ps and in
 	// shell history.
-	type strFlag struct {
-		val *string
-		set func(c *proxy.Config, v string)
-	}
-	strFlags := map[string]strFlag{}
 	def := func(name, usage string, set func(*proxy.Config, string)) {
-		strFlags[name] = strFlag{fs.String(name, "", usage), set}
+		f.strFlags[name] = strFlag{fs.String(name, "", usage), set}
 	}
 	def("tls-cert", "PEM certificate `file` (with its chain) for the client listeners; with --tls-key every listener speaks TLS",
 		func(c *proxy.Config, v string) { c.TLS.Cert = v })
@@ -203,53 +250,99 @@ func loadConfig(args []string, stderr io.Writer) (proxy.Config, error) {
 	def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
 		func(c *proxy.Config, v string) { c.AdminTLS.Cert = v })
 	def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
-	upstreamTLS := fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
-	if err := fs.Parse(args); err != nil {
+	f.upstreamTLS = fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
+	return f
+}
+
+// usage prints the subcommands and every flag.
+func (f *flags) usage(w io.Writer) {
+	fmt.Fprint(w, `dedupproxy: a Kafka-protocol proxy that stops duplicate Produce writes.
+
+Usage:
+  dedupproxy [flags]     run the proxy
+  dedupproxy demo        show duplicates prevented, against an embedded cluster
+  dedupproxy version     print the version and VCS revision (also --version)
+  dedupproxy help        print this help (also --help)
+
+With neither --upstream nor --config the proxy starts an embedded in-memory
+cluster whose data is lost on exit: for trying it out. A config file must set
+upstream (a list, a comma-separated string, or "embedded"). Flags win over
+the file. SIGHUP reloads log_level and the certificate files; SIGTERM drains
+in-flight Produce requests (up to drain_timeout) and exits.
+
+Flags:
+`)
+	f.fs.SetOutput(w)
+	f.fs.PrintDefaults()
+	f.fs.SetOutput(io.Discard)
+	fmt.Fprint(w, "\nEvery config key: config.example.yaml. Operating it: docs/operations.md.\n")
+}
+
+// load parses args, reads the config file, then applies the flags that were
+// set: flags win over the file.
+func (f *flags) load(args []string) (proxy.Config, error) {
+	var cfg proxy.Config
+	if err := f.fs.Parse(args); err != nil {
+		f.parseErr = !errors.Is(err, flag.ErrHelp)
 		return cfg, err
 	}
-	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	if f.fs.NArg() > 0 {
+		f.parseErr = true
+		return cfg, fmt.Errorf("unexpected argument %q (subcommands: demo, version, help)", f.fs.Arg(0))
 	}
-	if *configPath != "" {
+	if *f.config != "" {
 		var err error
-		if cfg, err = readConfigFile(*configPath); err != nil {
+		if cfg, err = readConfigFile(*f.config); err != nil {
 			return cfg, err
 		}
 	}
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
+	upstreamSet := false
+	f.fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
 		case "upstream":
-			cfg.Upstream = splitList(*upstream)
+			cfg.Upstream = splitList(*f.upstream)
+			upstreamSet = true
 		case "listen":
-			cfg.Listen = *listen
+			cfg.Listen = *f.listen
 		case "advertise":
-			cfg.Advertise = *advertise
+			cfg.Advertise = *f.advertise
 		case "admin":
-			cfg.Admin = *admin
+			cfg.Admin = *f.admin
 		case "upstream-tls":
-			cfg.UpstreamTLS.Enabled = *upstreamTLS
+			cfg.UpstreamTLS.Enabled = *f.upstreamTLS
+		case "log-level":
+			cfg.LogLevel = *f.logLevel
+		case "log-format":
+			cfg.LogFormat = *f.logFormat
+		case "dedup-mode":
+			cfg.Dedup.Mode = *f.dedup
 		}
-		if sf, ok := strFlags[f.Name]; ok {
+		if sf, ok := f.strFlags[fl.Name]; ok {
 			sf.set(&cfg, *sf.val)
 		}
 	})
+	if *f.config != "" && len(cfg.Upstream) == 0 && !upstreamSet {
+		return cfg, fmt.Errorf("config %s: %w", *f.config, errNoUpstream)
+	}
 	cfg.EnsureDefaults()
 	return cfg, cfg.Validate()
 }
 
-func readConfigFile(path string) (proxy.Config, error) {
-	var cfg proxy.Config
-	f, err := os.Open(path)
-	if err != nil {
-		return cfg, err
+// loadConfig parses args (flags over the config file) as run does.
+func loadConfig(args []string) (proxy.Config, error) { return newFlags().load(args) }
+
+func parseLevel(s string) slog.Level {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(s)) // validated already
+	return level
+}
+
+func newLogHandler(w io.Writer, format string, level slog.Leveler) slog.Handler {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == proxy.LogJSON {
+		return slog.NewJSONHandler(w, opts)
 	}
-	defer f.Close()
-	dec := yaml.NewDecoder(f)
-	dec.KnownFields(true) // a misspelt key is an error, not a silent default
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return cfg, fmt.Errorf("config %s: %w", path, err)
-	}
-	return cfg, nil
+	return slog.NewTextHandler(w, opts)
 }
 
 func splitList(s string) []string {
@@ -271,8 +364,8 @@ func adminHandler(srv *proxy.Server, reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
-		if err := srv.Probe(ctx); err != nil {
-			http.Error(w, "upstream not reachable: "+err.Error(), http.StatusServiceUnavailable)
+		if err := srv.Ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ok\n")

@@ -91,7 +91,7 @@ func TestFlagsWinOverFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:7000\nupstream: [a:1]\nmax_inflight: 9\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadConfig([]string{"--config", path, "--listen", "127.0.0.1:8000", "--upstream", "b:1, c:2"}, io.Discard)
+	cfg, err := loadConfig([]string{"--config", path, "--listen", "127.0.0.1:8000", "--upstream", "b:1, c:2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,10 +101,10 @@ func TestFlagsWinOverFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("lisen: 127.0.0.1:7000\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadConfig([]string{"--config", path}, io.Discard); err == nil || !strings.Contains(err.Error(), "lisen") {
+	if _, err := loadConfig([]string{"--config", path}); err == nil || !strings.Contains(err.Error(), "lisen") {
 		t.Fatalf("a misspelt key must be an error naming it, got %v", err)
 	}
-	if _, err := loadConfig([]string{"--listen", "0.0.0.0:9092"}, io.Discard); err == nil || !strings.Contains(err.Error(), "advertise") {
+	if _, err := loadConfig([]string{"--listen", "0.0.0.0:9092"}); err == nil || !strings.Contains(err.Error(), "advertise") {
 		t.Fatalf("listening on every interface without advertise must be an error, got %v", err)
 	}
 }
@@ -162,7 +162,9 @@ func TestEmbeddedClusterOutOfTheBox(t *testing.T) {
 	logs := newLogWatcher()
 	ctx, cancel := context.WithCancel(context.Background())
 	exit := make(chan int, 1)
-	go func() { exit <- run(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, logs) }()
+	go func() {
+		exit <- run(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, io.Discard, logs)
+	}()
 	defer func() {
 		cancel()
 		select {
@@ -355,11 +357,11 @@ func TestAdminPortCheck(t *testing.T) {
 		{"--listen", "127.0.0.1:29092", "--admin", "127.0.0.1:29644"},
 		{"--listen", "0.0.0.0:9000", "--advertise", "proxy.example:9000", "--admin", ":9500"},
 	} {
-		if _, err := loadConfig(args, io.Discard); err != nil {
+		if _, err := loadConfig(args); err != nil {
 			t.Errorf("%v: %v; want valid", args, err)
 		}
 	}
-	if _, err := loadConfig([]string{"--listen", "127.0.0.1:9092", "--admin", "127.0.0.1:9092"}, io.Discard); err == nil || !strings.Contains(err.Error(), "same port") {
+	if _, err := loadConfig([]string{"--listen", "127.0.0.1:9092", "--admin", "127.0.0.1:9092"}); err == nil || !strings.Contains(err.Error(), "same port") {
 		t.Errorf("admin on the listen port: %v; want an error", err)
 	}
 
@@ -391,7 +393,7 @@ func TestAdminPortCheck(t *testing.T) {
 	defer cancel()
 	code := run(ctx, []string{"--upstream", strings.Join(c.ListenAddrs(), ","),
 		"--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		"--admin", net.JoinHostPort("localhost", strconv.Itoa(port+1))}, logs)
+		"--admin", net.JoinHostPort("localhost", strconv.Itoa(port+1))}, io.Discard, logs)
 	if code != 1 {
 		t.Fatalf("exit code %d, want 1", code)
 	}

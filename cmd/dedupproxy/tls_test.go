@@ -37,7 +37,7 @@ func TestTLSFlags(t *testing.T) {
 		"--upstream-tls-ca", "brokers.pem", "--upstream-tls-cert", "me.crt", "--upstream-tls-key", "me.key",
 		"--upstream-tls-server-name", "kafka.internal",
 		"--upstream-sasl-mechanism", "scram-sha-512", "--upstream-sasl-user", "proxy", "--upstream-sasl-password-file", "pw",
-		"--admin-tls-cert", "a.crt", "--admin-tls-key", "a.key"}, io.Discard)
+		"--admin-tls-cert", "a.crt", "--admin-tls-key", "a.key"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,17 +51,17 @@ func TestTLSFlags(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("flags gave\n%+v\nwant\n%+v", got, want)
 	}
-	cfg, err = loadConfig([]string{"--upstream", "a:1", "--upstream-tls"}, io.Discard)
+	cfg, err = loadConfig([]string{"--upstream", "a:1", "--upstream-tls"})
 	if err != nil || !cfg.UpstreamTLS.Enabled || cfg.UpstreamTLS.CA != "" {
 		t.Fatalf("--upstream-tls: %+v, %v", cfg.UpstreamTLS, err)
 	}
-	if _, err := loadConfig([]string{"--upstream-sasl-password", "hunter2"}, io.Discard); err == nil {
+	if _, err := loadConfig([]string{"--upstream-sasl-password", "hunter2"}); err == nil {
 		t.Fatal("a password flag exists; passwords belong in --upstream-sasl-password-file")
 	}
-	if _, err := loadConfig([]string{"--tls-cert", "p.crt"}, io.Discard); err == nil || !strings.Contains(err.Error(), "cert and key go together") {
+	if _, err := loadConfig([]string{"--tls-cert", "p.crt"}); err == nil || !strings.Contains(err.Error(), "cert and key go together") {
 		t.Fatalf("--tls-cert alone: %v", err)
 	}
-	if code := run(context.Background(), []string{"--upstream-tls", "--listen", "127.0.0.1:0", "--admin", "off"}, io.Discard); code != 2 {
+	if code := run(context.Background(), []string{"--upstream-tls", "--listen", "127.0.0.1:0", "--admin", "off"}, io.Discard, io.Discard); code != 2 {
 		t.Fatalf("--upstream-tls with the embedded cluster: exit %d, want 2", code)
 	}
 }

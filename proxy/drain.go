@@ -1,0 +1,209 @@
+package proxy
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// ErrDraining is Ready's answer once Shutdown has begun.
+var ErrDraining = errors.New("proxy: draining for shutdown")
+
+// Draining reports whether Shutdown has begun.
+func (s *Server) Draining() bool { return s.closing.Load() }
+
+// Ready is /readyz: nil when the proxy should get traffic. It is not ready
+// once draining has begun, while a broker node's listener failed to bind
+// (clients sent to that node would find nothing), or when no upstream
+// broker answers (Probe).
+func (s *Server) Ready(ctx context.Context) error {
+	if s.Draining() {
+		return ErrDraining
+	}
+	if unbound := s.nodes.unbound(); len(unbound) > 0 {
+		return fmt.Errorf("broker node listeners not bound: %s", strings.Join(unbound, "; "))
+	}
+	return s.Probe(ctx)
+}
+
+// NodeListeners lists the broker node listeners bound now, as
+// "node=ID addr=HOST:PORT", by node id.
+func (s *Server) NodeListeners() []string {
+	r := &s.nodes
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]int32, 0, len(r.nodes))
+	for id, n := range r.nodes {
+		if n.bound != "" {
+			ids = append(ids, id)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = fmt.Sprintf("node=%d addr=%s", id, r.nodes[id].bound)
+	}
+	return out
+}
+
+// unbound describes the nodes whose listener failed to bind (and is being
+// retried). Nodes left out by design (a port outside 1..65535) are not
+// listed: they never get a listener.
+func (r *nodeRegistry) unbound() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, n := range r.nodes {
+		if n.bound == "" && n.err != nil && n.err.reason == listenerBind {
+			out = append(out, n.err.Error())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// drainPoll is how often Shutdown looks for sessions that hold only
+// long-poll Fetches.
+const drainPoll = 5 * time.Millisecond
+
+// cutFetchOnly closes, until done is closed, every session of sessions
+// whose requests awaiting a response are all Fetches (or none): a Fetch
+// commits nothing, and a consumer's long poll would hold the drain for its
+// fetch.max.wait.ms (5s with franz-go). Sessions with a Produce (or any
+// other request) in flight are left to drain, until deadline. Nothing new is read once
+// Shutdown stopped reading, so a session found Fetch-only stays so.
+func (s *Server) cutFetchOnly(sessions map[*session]*requestTracker, done, deadline <-chan struct{}) {
+	t := time.NewTicker(drainPoll)
+	defer t.Stop()
+	for len(sessions) > 0 {
+		for sess, tr := range sessions {
+			if tr == nil || !tr.onlyFetch() {
+				continue
+			}
+			delete(sessions, sess)
+			sess.log.Debug("shutdown: closing a connection whose in-flight requests are only Fetch", "fetches", tr.fetches())
+			sess.closeAll()
+		}
+		select {
+		case <-done:
+			return
+		case <-deadline: // Shutdown closes everything
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// requestTracker wraps a client connection and follows which requests await
+// a response: the request frames read (by API key and correlation id, the
+// first bytes of every request header) and the response frames written
+// (each in one Write, led by its correlation id). A request that gets no
+// response (Produce with acks=0) stays counted: the session is then
+// drained, never cut.
+type requestTracker struct {
+	net.Conn
+
+	// Read side, readLoop's only: the frame being read.
+	head  [12]byte // size, api key, api version, correlation id
+	headN int
+	skip  int // body bytes of the current frame still to pass
+
+	mu       sync.Mutex
+	inflight map[int32]int16 // correlation id → api key
+	nonFetch int
+
+	hungUp atomic.Bool // the client closed its side normally (EOF)
+}
+
+func newRequestTracker(c net.Conn) *requestTracker {
+	return &requestTracker{Conn: c, inflight: make(map[int32]int16)}
+}
+
+func (t *requestTracker) Read(p []byte) (int, error) {
+	n, err := t.Conn.Read(p)
+	t.scan(p[:n])
+	if errors.Is(err, io.EOF) {
+		t.hungUp.Store(true)
+	}
+	return n, err
+}
+
+func (t *requestTracker) scan(b []byte) {
+	for len(b) > 0 {
+		if t.skip > 0 {
+			k := min(t.skip, len(b))
+			t.skip -= k
+			b = b[k:]
+			continue
+		}
+		k := copy(t.head[t.headN:], b)
+		t.headN += k
+		b = b[k:]
+		if t.headN < len(t.head) {
+			return
+		}
+		t.headN = 0
+		size := int(int32(binary.BigEndian.Uint32(t.head[0:4])))
+		key := int16(binary.BigEndian.Uint16(t.head[4:6]))
+		corr := int32(binary.BigEndian.Uint32(t.head[8:12]))
+		t.skip = max(size-8, 0)
+		t.mu.Lock()
+		if old, dup := t.inflight[corr]; dup && old != int16(kmsg.Fetch) {
+			t.nonFetch-- // a reused correlation id: count the request once
+		}
+		t.inflight[corr] = key
+		if key != int16(kmsg.Fetch) {
+			t.nonFetch++
+		}
+		t.mu.Unlock()
+	}
+}
+
+// Write writes one response frame. A client that closed its side normally
+// (a consumer closing with a long poll in flight) does not read what it is
+// still sent: its kernel answers the first response with RST and the next
+// write fails. That failure is the client's goodbye, not an error, so the
+// response is dropped as sent and nothing counts it in
+// client_errors_total{reason="write"}.
+func (t *requestTracker) Write(b []byte) (int, error) {
+	n, err := t.Conn.Write(b)
+	if err != nil && t.hungUp.Load() && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
+		n, err = len(b), nil
+	}
+	if len(b) >= 8 {
+		corr := int32(binary.BigEndian.Uint32(b[4:8]))
+		t.mu.Lock()
+		if key, ok := t.inflight[corr]; ok {
+			delete(t.inflight, corr)
+			if key != int16(kmsg.Fetch) {
+				t.nonFetch--
+			}
+		}
+		t.mu.Unlock()
+	}
+	return n, err
+}
+
+// onlyFetch reports whether every request awaiting a response is a Fetch.
+func (t *requestTracker) onlyFetch() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.nonFetch == 0
+}
+
+func (t *requestTracker) fetches() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.inflight) - t.nonFetch
+}

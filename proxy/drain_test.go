@@ -1,0 +1,119 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// idleConsumer starts a franz-go consumer through p on an empty topic and
+// returns once its first long-poll Fetch (fetch.max.wait 5s) was relayed.
+func idleConsumer(t *testing.T, p *testProxy, topic string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.ConsumeTopics(topic), kgo.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if fs := cl.PollFetches(context.Background()); fs.IsClientClosed() {
+				return
+			}
+		}
+	}()
+	fetch := p.Metrics.api(1).requests // Fetch
+	waitFor(t, 30*time.Second, "a Fetch relayed", func() bool { return testutil.ToFloat64(fetch) >= 1 })
+	time.Sleep(50 * time.Millisecond) // let it reach the broker
+	return cl
+}
+
+// TestShutdownCutsIdleConsumer: a consumer's long-poll Fetch does not hold
+// the drain (it used to, for fetch.max.wait: 5s with franz-go).
+func TestShutdownCutsIdleConsumer(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "idle"))
+	p := startProxy(t, c, nil)
+	cl := idleConsumer(t, p, "idle")
+	defer cl.Close()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if took > 500*time.Millisecond {
+		t.Fatalf("shutdown with an idle consumer took %v; want it cut at once", took)
+	}
+	t.Logf("shutdown with an idle consumer: %v; broker_errors_total{reason=read} %v", took,
+		testutil.ToFloat64(p.Metrics.brokerErrors.WithLabelValues(brokerRead)))
+	if !strings.Contains(p.logs.String(), "in-flight requests are only Fetch") {
+		t.Errorf("no log line for the cut consumer:\n%s", p.logs.String())
+	}
+}
+
+// TestReadyDuringDrain: /readyz (Server.Ready) fails as soon as draining
+// starts, while a Produce is still in flight.
+func TestReadyDuringDrain(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(1, "ready"))
+	p := startProxy(t, c, nil)
+	ctx := context.Background()
+	if err := p.Ready(ctx); err != nil {
+		t.Fatalf("ready before drain: %v", err)
+	}
+	go p.Shutdown(ctx)
+	waitFor(t, 5*time.Second, "Ready to fail", func() bool { return p.Ready(ctx) != nil })
+	if err := p.Ready(ctx); err != ErrDraining {
+		t.Fatalf("Ready during drain: %v, want ErrDraining", err)
+	}
+}
+
+// TestReadyNodeUnbound: a node listener that cannot bind makes the proxy
+// unready until it binds.
+func TestReadyNodeUnbound(t *testing.T) {
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, "unbound"))
+	blocker := httptest.NewServer(http.NotFoundHandler())
+	defer blocker.Close()
+	port := blocker.Listener.Addr().(interface{ String() string }).String()
+	p := startProxy(t, c, func(cfg *Config) {
+		cfg.Nodes = map[int32]NodeConfig{0: {Listen: port}}
+	})
+	err := p.Ready(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "not bound") {
+		t.Fatalf("Ready with node 0's port taken: %v", err)
+	}
+}
+
+// TestConsumerCloseIsNoError: a consumer that closes normally, with long
+// polls still in flight, is not a client error. The first response written
+// after the close makes the client's kernel answer RST; the next write fails.
+func TestConsumerCloseIsNoError(t *testing.T) {
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, "bye"))
+	p := startProxy(t, c, nil)
+	r := dialRaw(t, p.addr())
+	r.learnTopics("bye")
+	for range 3 {
+		req := kmsg.NewPtrFetchRequest()
+		req.SetVersion(12)
+		req.MaxWaitMillis, req.MinBytes, req.MaxBytes = 300, 1, 1<<20
+		ft := kmsg.NewFetchRequestTopic()
+		ft.Topic = "bye"
+		fp := kmsg.NewFetchRequestTopicPartition()
+		fp.PartitionMaxBytes = 1 << 20
+		ft.Partitions = append(ft.Partitions, fp)
+		req.Topics = append(req.Topics, ft)
+		r.send(req)
+	}
+	r.conn.Close()
+	waitFor(t, 10*time.Second, "the connection to end", func() bool { return testutil.ToFloat64(p.Metrics.ClientConnections) == 0 })
+	if n := testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientWrite)); n != 0 {
+		t.Fatalf("client_errors_total{reason=write} = %v after a normal close; logs:\n%s", n, p.logs.String())
+	}
+}
