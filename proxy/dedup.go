@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"errors"
+	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,36 +31,18 @@ func newDedupPlanner(cfg *Config, m *Metrics) (*planner, error) {
 	if err != nil {
 		return nil, err
 	}
-	var legacy *seqstate.LegacyTable
-	if legacyAnywhere(dc) {
-		legacy, err = seqstate.NewLegacyTable(seqstate.LegacyConfig{MaxIdentities: dc.Legacy.MaxIdentities, Window: dc.Legacy.Window})
-		if err != nil {
-			return nil, err
-		}
+	// The legacy and key tables exist whatever the settings, so that a
+	// reload can turn legacy dedup or idempotency keys on; their memory is
+	// only touched as it fills.
+	legacy, err := seqstate.NewLegacyTable(seqstate.LegacyConfig{MaxIdentities: dc.Legacy.MaxIdentities, Window: dc.Legacy.Window})
+	if err != nil {
+		return nil, err
 	}
-	var keys *seqstate.KeyTable
-	for _, tc := range dc.Topics {
-		if tc.IdempotencyKey != nil {
-			if keys, err = seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: dc.Keys.MaxKeys, TTL: dc.Keys.TTL}); err != nil {
-				return nil, err
-			}
-			break
-		}
+	keys, err := seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: dc.Keys.MaxKeys, TTL: dc.Keys.TTL})
+	if err != nil {
+		return nil, err
 	}
 	return newPlanner(dc, t, legacy, keys, m), nil
-}
-
-// legacyAnywhere reports whether any topic has legacy dedup on.
-func legacyAnywhere(dc *DedupConfig) bool {
-	if dc.Legacy.Match != MatchOff {
-		return true
-	}
-	for _, tc := range dc.Topics {
-		if tc.LegacyMatch != "" && tc.LegacyMatch != MatchOff {
-			return true
-		}
-	}
-	return false
 }
 
 // responseMapper is what session.rewrite hands the protocol package: the
@@ -114,7 +99,7 @@ func (c *session) noteResponse(p *pending, body []byte) {
 func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Time) (*producePlan, error) {
 	pn := c.s.planner
 	switch {
-	case pn.table == nil:
+	case pn.table == nil || pn.settings.Load().mode == DedupOff:
 		pn.metrics.passthrough[passDedupOff].Inc()
 		return nil, nil
 	case h.APIVersion < 3: // message formats v0/v1: no producer ids
@@ -371,4 +356,37 @@ func testHook(where string) {
 func (s *Server) dedupKey(topic string, pid int64, partition int32) seqstate.Key {
 	id, _ := s.planner.table.LookupTopic([]byte(topic))
 	return seqstate.Key{ProducerID: pid, Topic: id, Partition: partition}
+}
+
+// SetDedup applies the dedup settings a running proxy can change (mode,
+// legacy match, per-topic settings), as SIGHUP does; sizes and windows
+// need a restart. Mode off at start has no tables: leaving it needs a
+// restart too. It returns the keys it applied.
+func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
+	pn := s.planner
+	if pn == nil {
+		return nil, errors.New("proxy: not started")
+	}
+	if pn.table == nil && cfg.Mode != DedupOff {
+		return nil, fmt.Errorf("%w: dedup.mode %s: the proxy started with dedup off, which keeps no tables; restart it", ErrInvalidConfig, cfg.Mode)
+	}
+	test := s.Config
+	test.Dedup.Mode, test.Dedup.Legacy.Match, test.Dedup.Topics = cfg.Mode, cfg.Legacy.Match, cfg.Topics
+	test.EnsureDefaults()
+	if err := test.Validate(); err != nil {
+		return nil, err
+	}
+	next := newDedupSettings(&test.Dedup)
+	old := pn.settings.Swap(next)
+	var applied []string
+	if old.mode != next.mode {
+		applied = append(applied, "dedup.mode")
+	}
+	if old.legacyMatch != next.legacyMatch {
+		applied = append(applied, "dedup.legacy.match")
+	}
+	if !maps.Equal(old.topicMatch, next.topicMatch) || !maps.Equal(old.keyHeader, next.keyHeader) {
+		applied = append(applied, "dedup.topics")
+	}
+	return applied, nil
 }

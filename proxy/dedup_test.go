@@ -402,3 +402,39 @@ func holdFirstProduce(c *kfake.Cluster) (entered, release chan struct{}, n *atom
 	})
 	return entered, release, n
 }
+
+// TestSetDedupLive: the dedup mode changes in a running proxy (SIGHUP):
+// a duplicate answered by the proxy in enforce mode goes to the broker once
+// the mode is observe; a proxy started with dedup off refuses, since it
+// keeps no tables.
+func TestSetDedupLive(t *testing.T) {
+	t.Parallel()
+	const topic = "live"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	pc := countProduce(c)
+	p := startProxy(t, c, nil)
+	raw := dialRaw(t, p.addr())
+	raw.learnTopics(topic)
+	b := recordBatch(t, 61, 0, 0, 1, "x")
+	for i := 0; i < 2; i++ {
+		onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b})))
+	}
+	if pc.requests.Load() != 1 {
+		t.Fatalf("enforce: %d requests reached the broker, want 1", pc.requests.Load())
+	}
+	cfg := p.Config.Dedup
+	cfg.Mode = DedupObserve
+	keys, err := p.SetDedup(cfg)
+	if err != nil || len(keys) != 1 || keys[0] != "dedup.mode" {
+		t.Fatalf("SetDedup: %v %v", keys, err)
+	}
+	onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b})))
+	if pc.requests.Load() != 2 {
+		t.Fatalf("observe: %d requests reached the broker, want 2", pc.requests.Load())
+	}
+	off := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Mode = DedupOff })
+	cfg.Mode = DedupEnforce
+	if _, err := off.SetDedup(cfg); err == nil {
+		t.Fatal("a proxy started with dedup off turned it on live")
+	}
+}

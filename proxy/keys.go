@@ -15,14 +15,15 @@ import (
 
 // keyHeaderFor returns the idempotency key header of an interned topic.
 func (pn *planner) keyHeaderFor(topic seqstate.TopicID) (string, bool) {
-	if pn.keys == nil {
+	ds := pn.settings.Load()
+	if len(ds.keyHeader) == 0 {
 		return "", false
 	}
 	name, ok := pn.table.TopicName(topic)
 	if !ok {
 		return "", false
 	}
-	h, ok := pn.keyHeader[name]
+	h, ok := ds.keyHeader[name]
 	return h, ok
 }
 
@@ -81,6 +82,7 @@ func (pn *planner) applyKeys(pl *producePlan, i int, part *protocol.ProduceParti
 		// batch's own registration is released.
 		if d.pending {
 			pn.legacy.Release(d.ident, pl.conn)
+			pn.pending.Add(-1)
 		}
 		d.pending, d.commit, d.keysEnd = false, false, d.keysAt
 		d.act = actAnswer

@@ -36,6 +36,7 @@ type Metrics struct {
 	batches         [8]prometheus.Counter
 	legacy          [4]prometheus.Counter // by seqstate.LegacyDecision
 	legacyRebatched prometheus.Counter
+	dupAnswered     [2]prometheus.Counter // dupByProxy, dupByBroker
 	warmups         [numWarmResults]prometheus.Counter
 	warmBytes       prometheus.Counter
 	warmSeconds     prometheus.Observer
@@ -127,6 +128,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	m.legacyRebatched = batches.WithLabelValues("legacy_rebatched")
+	dups := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "produce", Name: "duplicates_total",
+		Help: "Duplicate batches (idempotent and legacy) by who answered them: proxy (the retry never reached the broker) or broker (forwarded for the broker to decide: an acks=1 or offset-less original, or a batch the broker would reject)."}, []string{"answered_by"})
+	m.dupAnswered[dupByProxy] = dups.WithLabelValues("proxy")
+	m.dupAnswered[dupByBroker] = dups.WithLabelValues("broker")
 	warmups := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "warm", Name: "partitions_total",
 		Help: "Partition warm-ups from the log tail (docs/warm.md), by result: ok, failed (the tail could not be read; its batches were decided without it), timed_out (a Produce stopped waiting for it)."}, []string{"result"})
 	for r, name := range warmResults {
@@ -163,7 +168,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.waitTimeouts, warmups, warmBytes, warmSeconds,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, dups, m.waitTimeouts, warmups, warmBytes, warmSeconds,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 
@@ -250,6 +255,28 @@ func (m *Metrics) countDecision(d seqstate.Decision) {
 		return
 	}
 	m.passthrough[passInvalid].Inc()
+}
+
+// Who answered a duplicate, for dedupproxy_produce_duplicates_total.
+const (
+	dupByProxy = iota
+	dupByBroker
+)
+
+// registerPlanner exports the planner's gauges.
+func (m *Metrics) registerPlanner(pn *planner) {
+	if m.reg == nil {
+		return
+	}
+	const ns, sub = "dedupproxy", "produce"
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "pending_batches",
+			Help: "Batches sent upstream and not yet committed or released (waiting for the broker's answer)."},
+			func() float64 { return float64(pn.pending.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "waiting_retries",
+			Help: "Retries waiting for their in-flight original's outcome."},
+			func() float64 { return float64(pn.nWaiting.Load()) }),
+	)
 }
 
 // registerLegacy exports the legacy table's own counts.

@@ -35,19 +35,17 @@ import (
 // lag the broker (a second proxy, a producer path that bypasses this one);
 // so is everything the proxy cannot key or trust.
 type planner struct {
-	mode    string
-	table   *seqstate.Table
-	legacy  *seqstate.LegacyTable // nil when legacy dedup is off everywhere
-	keys    *seqstate.KeyTable    // nil when no topic has idempotency keys
+	table   *seqstate.Table       // nil in mode off
+	legacy  *seqstate.LegacyTable // nil in mode off
+	keys    *seqstate.KeyTable    // nil in mode off
 	metrics *Metrics
-	// keyHeader is dedup.topics[name].idempotency_key.header, for the
-	// topics that have one.
-	keyHeader map[string]string
 
-	legacyMatch  string            // dedup.legacy.match
-	legacyWindow time.Duration     // dedup.legacy.window
-	orphans      orphanStore       // candidates for re-batched retries (rebatch.go)
-	topicMatch   map[string]string // dedup.topics[name].legacy_match, where set
+	// settings are what SIGHUP may change (Server.SetDedup); a plan loads
+	// them once.
+	settings atomic.Pointer[dedupSettings]
+
+	legacyWindow time.Duration // dedup.legacy.window
+	orphans      orphanStore   // candidates for re-batched retries (rebatch.go)
 
 	// waitMu guards waiters, and the wait fields of every plan registered
 	// in it (produceDecision.waiting, producePlan.nWaits).
@@ -61,33 +59,51 @@ type planner struct {
 	// unknownTopics counts batches relayed for topics not yet interned;
 	// the server refreshes its topics when it moves.
 	unknownTopics atomic.Uint64
+	// pending counts batches registered in flight upstream and not yet
+	// committed or released (dedupproxy_produce_pending_batches).
+	pending atomic.Int64
 }
 
 func newPlanner(cfg *DedupConfig, table *seqstate.Table, legacy *seqstate.LegacyTable, keys *seqstate.KeyTable, m *Metrics) *planner {
-	pn := &planner{mode: cfg.Mode, table: table, legacy: legacy, keys: keys, metrics: m, waiters: map[waitKey][]waiter{},
-		legacyMatch: cfg.Legacy.Match, legacyWindow: cfg.Legacy.Window, topicMatch: map[string]string{}, keyHeader: map[string]string{}}
-	for name, tc := range cfg.Topics {
-		if tc.LegacyMatch != "" {
-			pn.topicMatch[name] = tc.LegacyMatch
-		}
-		if tc.IdempotencyKey != nil {
-			pn.keyHeader[name] = tc.IdempotencyKey.Header
-		}
-	}
+	pn := &planner{table: table, legacy: legacy, keys: keys, metrics: m, waiters: map[waitKey][]waiter{},
+		legacyWindow: cfg.Legacy.Window}
+	pn.settings.Store(newDedupSettings(cfg))
 	pn.logStart.init()
 	return pn
 }
 
+// dedupSettings are the dedup settings a running proxy can change.
+type dedupSettings struct {
+	mode        string            // dedup.mode
+	legacyMatch string            // dedup.legacy.match
+	topicMatch  map[string]string // dedup.topics[name].legacy_match, where set
+	keyHeader   map[string]string // dedup.topics[name].idempotency_key.header, where set
+}
+
+func newDedupSettings(cfg *DedupConfig) *dedupSettings {
+	ds := &dedupSettings{mode: cfg.Mode, legacyMatch: cfg.Legacy.Match, topicMatch: map[string]string{}, keyHeader: map[string]string{}}
+	for name, tc := range cfg.Topics {
+		if tc.LegacyMatch != "" {
+			ds.topicMatch[name] = tc.LegacyMatch
+		}
+		if tc.IdempotencyKey != nil {
+			ds.keyHeader[name] = tc.IdempotencyKey.Header
+		}
+	}
+	return ds
+}
+
 // matchFor returns the legacy match mode of an interned topic.
 func (pn *planner) matchFor(topic seqstate.TopicID) string {
-	if len(pn.topicMatch) > 0 {
+	ds := pn.settings.Load()
+	if len(ds.topicMatch) > 0 {
 		if name, ok := pn.table.TopicName(topic); ok {
-			if m, ok := pn.topicMatch[name]; ok {
+			if m, ok := ds.topicMatch[name]; ok {
 				return m
 			}
 		}
 	}
-	return pn.legacyMatch
+	return ds.legacyMatch
 }
 
 // action is what happens to one partition of a Produce request.
@@ -253,7 +269,7 @@ var timedOut = protocol.LocalPartitionResult{ErrorCode: kerr.RequestTimedOut.Cod
 // partition the planner could key.
 func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, conn uint64, trusted bool, now time.Time) *producePlan {
 	var pl *producePlan
-	enforce := pn.mode == DedupEnforce
+	enforce := pn.settings.Load().mode == DedupEnforce
 	acks := sc.Acks
 	for sc.Next() {
 		part := sc.Partition()
@@ -266,7 +282,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		case bh.Magic < 2:
 			pn.metrics.passthrough[passOldFormat].Inc()
 			continue
-		case bh.ProducerID < 0 && (pn.legacy == nil || acks == 0):
+		case bh.ProducerID < 0 && acks == 0:
 			// acks=0 gets no response: nothing to answer a retry with.
 			pn.metrics.passthrough[passLegacy].Inc()
 			continue
@@ -322,6 +338,9 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		case seqstate.Accept:
 			d.pending = acks != 0
 			d.commit = acks != 0
+			if d.pending {
+				pn.pending.Add(1)
+			}
 		case seqstate.Duplicate:
 			// Only acks=all appends are committed with their offset (see
 			// complete), so a known offset is a durable one. A duplicate
@@ -331,6 +350,9 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 			if r.BaseOffset >= 0 && answerable() {
 				d.act = actAnswer
 				d.local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.MaxTimestamp, LogStartOffset: pn.logStart.get(d.key)}
+				pn.metrics.dupAnswered[dupByProxy].Inc()
+			} else {
+				pn.metrics.dupAnswered[dupByBroker].Inc()
 			}
 		case seqstate.InFlight:
 			if d.waiting {
@@ -391,7 +413,7 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	d.batch.Count, d.size = bh.NumRecords, bh.Length-(61-12) // records section: Length less the header after it
 	d.first = protocol.FirstRecordHash(part.Records, bh)
 	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic))
-	enforce := pn.mode == DedupEnforce
+	enforce := pn.settings.Load().mode == DedupEnforce
 	d.lresult = pn.legacy.Check(d.ident, part.Partition, pl.conn, now)
 	if enforce && d.lresult.Decision == seqstate.LegacyInFlight {
 		testHook("inflight")
@@ -408,6 +430,9 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	switch r := d.lresult; r.Decision {
 	case seqstate.LegacyNew:
 		d.pending, d.commit = r.Tracked, true
+		if d.pending {
+			pn.pending.Add(1)
+		}
 		if header, ok := pn.keyHeaderFor(topic); ok && d.act == actForward {
 			pn.applyKeys(pl, i, part, bh, header, enforce, now)
 		}
@@ -424,6 +449,9 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 		if enforce && protocol.BatchValid(part.Records, bh) == 0 {
 			d.act = actAnswer
 			d.local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.LogAppendTime, LogStartOffset: pn.logStart.get(d.key)}
+			pn.metrics.dupAnswered[dupByProxy].Inc()
+		} else {
+			pn.metrics.dupAnswered[dupByBroker].Inc()
 		}
 	}
 	pl.account(d)
@@ -527,6 +555,7 @@ func (pn *planner) fail(pl *producePlan) {
 		d.commit = false
 		if d.pending {
 			d.pending = false
+			pn.pending.Add(-1)
 			if d.legacy {
 				pn.legacy.Release(d.ident, pl.conn)
 				// Its fate is unknown: the partition's log will tell,
@@ -622,6 +651,9 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 		}
 		wasPending := d.pending
 		d.pending, d.commit = false, false
+		if wasPending {
+			pn.pending.Add(-1)
+		}
 		if d.act == actRebatch {
 			outcome = d.local
 		}

@@ -146,9 +146,9 @@ func TestPlanLegacyMatchModes(t *testing.T) {
 	} {
 		h := newPlanHarness(t, DedupEnforce)
 		if tc.perTopic {
-			h.pn.topicMatch[planTopic] = tc.match
+			h.pn.settings.Load().topicMatch[planTopic] = tc.match
 		} else {
-			h.pn.legacyMatch = tc.match
+			h.pn.settings.Load().legacyMatch = tc.match
 		}
 		b := legacyBatch(t, 2, "x")
 		pl := h.plan(produce(7, -1, 1000, b), true)
@@ -160,7 +160,7 @@ func TestPlanLegacyMatchModes(t *testing.T) {
 		}
 	}
 	h := newPlanHarness(t, DedupEnforce)
-	h.pn.topicMatch[planTopic] = MatchOff
+	h.pn.settings.Load().topicMatch[planTopic] = MatchOff
 	if pl := h.plan(produce(7, -1, 1000, legacyBatch(t, 1, "x")), true); pl != nil {
 		t.Fatal("legacy batch planned on a topic with legacy_match off")
 	}
@@ -256,11 +256,7 @@ func keyedLegacyBatch(t *testing.T, keys, values []string) []byte {
 // counted.
 func TestPlanIdempotencyKeys(t *testing.T) {
 	h := newPlanHarness(t, DedupEnforce)
-	keys, err := seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: 1024})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.pn.keys, h.pn.keyHeader[planTopic] = keys, DefaultKeyHeader
+	h.pn.settings.Load().keyHeader[planTopic] = DefaultKeyHeader
 	pl := h.plan(produce(7, -1, 1000, keyedLegacyBatch(t, []string{"e1", "e2"}, []string{"pay 1", "pay 2"})), true)
 	h.complete(pl, map[int32]brokerResult{0: {offset: 5}})
 

@@ -501,3 +501,23 @@ func TestLogStartOffsetsBounded(t *testing.T) {
 		t.Fatalf("get %d, want 5 whatever the producer", got)
 	}
 }
+
+// TestPlanPendingGauge: the pending-batches count rises with each batch
+// sent upstream and falls when it is committed, released or failed.
+func TestPlanPendingGauge(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	a := h.plan(produce(9, -1, 1000, recordBatch(t, 1, 0, 0, 1, "a"), recordBatch(t, 1, 0, 0, 1, "b")), true)
+	l := h.plan(produce(7, -1, 1000, recordBatch(t, -1, -1, -1, 1, "legacy")), true)
+	if n := h.pn.pending.Load(); n != 3 {
+		t.Fatalf("pending %d, want 3", n)
+	}
+	h.complete(a, map[int32]brokerResult{0: {offset: 0}, 1: {err: kerr.NotLeaderForPartition.Code}})
+	h.pn.fail(l)
+	if n := h.pn.pending.Load(); n != 0 {
+		t.Fatalf("pending %d after commit, release and failure, want 0", n)
+	}
+	dup := h.plan(produce(9, -1, 1000, recordBatch(t, 1, 0, 0, 1, "a")), true)
+	if dup.decisions[0].act != actAnswer || testutil.ToFloat64(h.pn.metrics.dupAnswered[dupByProxy]) != 1 {
+		t.Fatal("duplicate answered by the proxy not counted")
+	}
+}

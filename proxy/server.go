@@ -145,6 +145,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	if pn.table != nil {
 		s.Metrics.registerTable(pn.table)
+		s.Metrics.registerPlanner(pn)
 		if pn.legacy != nil {
 			s.Metrics.registerLegacy(pn.legacy)
 		}

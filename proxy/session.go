@@ -388,6 +388,12 @@ var errCorrelation = errors.New("broker response out of order (correlation id mi
 
 func (c *session) upstreamFailed(err error, p *pending) {
 	m := c.s.Metrics
+	if c.stopping.Load() && errors.Is(err, net.ErrClosed) {
+		// Shutdown closed it (a connection with only long polls in flight
+		// is cut at once, drain.go): not a broker error.
+		c.log.Debug("connection closed for shutdown", "api", kmsg.NameForKey(p.key))
+		return
+	}
 	switch {
 	case errors.Is(err, errCorrelation), errors.Is(err, protocol.ErrMalformedResponse), errors.Is(err, protocol.ErrFrameTooLarge), errors.Is(err, protocol.ErrFrameSize):
 		m.brokerError(brokerProtocol)

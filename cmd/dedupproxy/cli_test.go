@@ -212,8 +212,9 @@ func startChild(t *testing.T, args ...string) (*exec.Cmd, *logWatcher, chan erro
 	return cmd, logs, exited
 }
 
-// TestSIGHUPReload: SIGHUP applies a new log level to the running process,
-// and names a changed dedup mode as needing a restart.
+// TestSIGHUPReload: SIGHUP applies a new log level and a new dedup mode
+// to the running process, and names a key it cannot apply live (the legacy
+// window) as needing a restart.
 func TestSIGHUPReload(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "c.yaml")
 	write := func(s string) {
@@ -225,12 +226,13 @@ func TestSIGHUPReload(t *testing.T) {
 	cmd, logs, _ := startChild(t, "--config", path)
 	addr := logs.await(t, `listener=bootstrap addr=(\S+)`)
 	logs.await(t, `msg=started`)
-	write("upstream: embedded\nlisten: 127.0.0.1:0\nadmin: \"off\"\nlog_level: debug\ndedup:\n  mode: observe\n")
+	write("upstream: embedded\nlisten: 127.0.0.1:0\nadmin: \"off\"\nlog_level: debug\ndedup:\n  mode: observe\n  legacy:\n    window: 1m\n")
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	logs.await(t, `msg="SIGHUP: log level changed" from=info to=debug`)
-	logs.await(t, `msg="SIGHUP: these keys changed but need a restart; the running values stay" keys=dedup.mode`)
+	logs.await(t, `msg="SIGHUP: dedup settings changed" keys=dedup.mode mode=observe`)
+	logs.await(t, `msg="SIGHUP: these keys changed but need a restart; the running values stay" keys=dedup.legacy`)
 	// Debug lines now appear: a client that connects and leaves.
 	c, err := net.Dial("tcp", addr)
 	if err != nil {

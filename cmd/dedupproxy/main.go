@@ -267,7 +267,8 @@ Usage:
 With neither --upstream nor --config the proxy starts an embedded in-memory
 cluster whose data is lost on exit: for trying it out. A config file must set
 upstream (a list, a comma-separated string, or "embedded"). Flags win over
-the file. SIGHUP reloads log_level and the certificate files; SIGTERM drains
+the file. SIGHUP reloads log_level, dedup.mode, dedup.legacy.match, dedup.topics
+and the certificate files; SIGTERM drains
 in-flight Produce requests (up to drain_timeout) and exits.
 
 Flags:

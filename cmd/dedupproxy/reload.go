@@ -9,9 +9,9 @@ import (
 )
 
 // reload is SIGHUP: it reads the config file and flags again, applies what
-// can change in a running proxy (log_level; certificate files are re-read
-// in place), logs what changed, and names every other changed key as
-// needing a restart. It returns the configuration now in effect, as
+// can change in a running proxy (log_level; dedup.mode, dedup.legacy.match
+// and dedup.topics; certificate files are re-read in place), logs what
+// changed, and names every other changed key as needing a restart. It returns the configuration now in effect, as
 // configured (the running one when the file does not load).
 func reload(log *slog.Logger, level *slog.LevelVar, srv *proxy.Server, fl *flags, args []string, running proxy.Config) proxy.Config {
 	if err := srv.ReloadTLS(); err != nil {
@@ -30,6 +30,7 @@ func reload(log *slog.Logger, level *slog.LevelVar, srv *proxy.Server, fl *flags
 	}
 	applied := running
 	var changed, restart []string
+	dedupLive := false // dedup.mode, dedup.legacy.match, dedup.topics changed
 	for _, key := range configDiff(running, next) {
 		switch key {
 		case "log_level":
@@ -38,8 +39,33 @@ func reload(log *slog.Logger, level *slog.LevelVar, srv *proxy.Server, fl *flags
 			applied.LogLevel = next.LogLevel
 			changed = append(changed, key)
 			log.Info("SIGHUP: log level changed", "from", strings.ToLower(old.String()), "to", next.LogLevel)
+		case "dedup.mode", "dedup.topics":
+			dedupLive = true
+		case "dedup.legacy":
+			// Only the match mode can change live; the window and the
+			// table's size need a restart.
+			a, b := running.Dedup.Legacy, next.Dedup.Legacy
+			a.Match = b.Match
+			if a != b {
+				restart = append(restart, "dedup.legacy")
+			}
+			if running.Dedup.Legacy.Match != next.Dedup.Legacy.Match {
+				dedupLive = true
+			}
 		default:
 			restart = append(restart, key)
+		}
+	}
+	if dedupLive {
+		want := running.Dedup
+		want.Mode, want.Legacy.Match, want.Topics = next.Dedup.Mode, next.Dedup.Legacy.Match, next.Dedup.Topics
+		keys, err := srv.SetDedup(want)
+		if err != nil {
+			log.Warn("SIGHUP: dedup settings not applied; the running ones stay", "err", err)
+		} else {
+			applied.Dedup = want
+			changed = append(changed, keys...)
+			log.Info("SIGHUP: dedup settings changed", "keys", strings.Join(keys, " "), "mode", want.Mode)
 		}
 	}
 	if len(restart) > 0 {
