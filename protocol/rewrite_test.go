@@ -31,8 +31,10 @@ func (m *nodeMapper) MapBroker(nodeID int32, host string, port int32) (string, i
 	return advertised(nodeID)
 }
 
+// advertised is a valid address for any node id (the fuzz targets make up
+// ids): a negative port would mean OmitBroker.
 func advertised(nodeID int32) (string, int32) {
-	return fmt.Sprintf("proxy-%d.test", nodeID), 19000 + nodeID
+	return fmt.Sprintf("proxy-%d.test", nodeID), 19000 + int32(uint32(nodeID)%10000)
 }
 
 // realHost is the upstream address of node id in every fixture.
