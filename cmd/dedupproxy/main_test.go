@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -233,25 +231,7 @@ func TestSIGTERMDrainsInflight(t *testing.T) {
 		}
 	}()
 
-	cmd := exec.Command(os.Args[0], "--upstream", strings.Join(c.ListenAddrs(), ","), "--listen", "127.0.0.1:0", "--admin", "off")
-	cmd.Env = append(os.Environ(), "DEDUPPROXY_RUN_MAIN=1")
-	logs := newLogWatcher()
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logs.Write([]byte(sc.Text() + "\n"))
-		}
-		exited <- cmd.Wait()
-	}()
-	defer cmd.Process.Kill()
+	cmd, logs, exited := startChild(t, "--upstream", strings.Join(c.ListenAddrs(), ","), "--listen", "127.0.0.1:0", "--admin", "off")
 	addr := logs.await(t, `listener=bootstrap addr=(\S+)`)
 
 	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)

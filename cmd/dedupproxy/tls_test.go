@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -113,30 +111,12 @@ func TestSASLSSLCommand(t *testing.T) {
 	}
 	defer c.Close()
 
-	cmd := exec.Command(os.Args[0], "--config", cfgFile, "--upstream", strings.Join(c.ListenAddrs(), ","),
+	cmd, logs, exited := startChild(t, "--config", cfgFile, "--upstream", strings.Join(c.ListenAddrs(), ","),
 		"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
 		"--tls-cert", certFile, "--tls-key", keyFile,
 		"--upstream-tls-ca", caFile,
 		"--upstream-sasl-mechanism", "SCRAM-SHA-512", "--upstream-sasl-user", "proxy", "--upstream-sasl-password-file", pwFile,
 		"--admin-tls-cert", adminCert, "--admin-tls-key", adminKey)
-	cmd.Env = append(os.Environ(), "DEDUPPROXY_RUN_MAIN=1")
-	logs := newLogWatcher()
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logs.Write([]byte(sc.Text() + "\n"))
-		}
-		exited <- cmd.Wait()
-	}()
-	defer cmd.Process.Kill()
 	addr := logs.await(t, `listener=bootstrap addr=(\S+)`)
 	admin := logs.await(t, `admin listening" addr=(\S+) scheme=https`)
 
