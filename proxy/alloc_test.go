@@ -43,15 +43,10 @@ func steadyProduceFrames(t testing.TB, n int) [][]byte {
 	return frames
 }
 
-var sinkPlan *producePlan
-
-// TestSteadyStateDecisionNoAllocs pins zero allocations per batch on the
-// steady-state path: scanning a Produce request, deciding each batch, and
-// committing each from the broker's response — for known producers.
-func TestSteadyStateDecisionNoAllocs(t *testing.T) {
-	c := newDecisionSession(t)
-	frames := steadyProduceFrames(t, 1200)
-	responses := make([][]byte, len(frames))
+// steadyResponses returns the broker's answers to n 4-partition requests
+// of topic "steady": request i appended at offset 10*i on each partition.
+func steadyResponses(n int) [][]byte {
+	responses := make([][]byte, n)
 	for i := range responses {
 		resp := kmsg.NewPtrProduceResponse()
 		resp.SetVersion(9)
@@ -65,6 +60,18 @@ func TestSteadyStateDecisionNoAllocs(t *testing.T) {
 		resp.Topics = append(resp.Topics, rt)
 		responses[i] = resp.AppendTo(nil)
 	}
+	return responses
+}
+
+var sinkPlan *producePlan
+
+// TestSteadyStateDecisionNoAllocs pins zero allocations per batch on the
+// steady-state path: scanning a Produce request, deciding each batch, and
+// committing each from the broker's response — for known producers.
+func TestSteadyStateDecisionNoAllocs(t *testing.T) {
+	c := newDecisionSession(t)
+	frames := steadyProduceFrames(t, 1200)
+	responses := steadyResponses(len(frames))
 	now := time.Now()
 	i := 0
 	run := func() {
@@ -141,25 +148,14 @@ func TestLegacySteadyStateNoAllocs(t *testing.T) {
 	c := newDecisionSession(t)
 	c.id = 1
 	frames := make([][]byte, 1200)
-	responses := make([][]byte, len(frames))
 	for i := range frames {
 		var parts []part
 		for p := int32(0); p < 4; p++ {
 			parts = append(parts, part{p, recordBatch(t, -1, -1, -1, 10, fmt.Sprintf("legacy record %d/%d", i, p))})
 		}
 		frames[i] = kmsg.NewRequestFormatter().AppendRequest(nil, produceParts("steady", -1, parts...), int32(i))[4:]
-		resp := kmsg.NewPtrProduceResponse()
-		resp.SetVersion(9)
-		rt := kmsg.NewProduceResponseTopic()
-		rt.Topic = "steady"
-		for p := int32(0); p < 4; p++ {
-			rp := kmsg.NewProduceResponseTopicPartition()
-			rp.Partition, rp.BaseOffset = p, int64(i*10)
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		resp.Topics = append(resp.Topics, rt)
-		responses[i] = resp.AppendTo(nil)
 	}
+	responses := steadyResponses(len(frames))
 	now := time.Now()
 	i := 0
 	run := func() {
