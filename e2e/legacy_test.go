@@ -204,8 +204,13 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	cluster := newCluster(t, topic)
 	target := cluster.ListenAddrs()[0]
 	var px *testProxy
-	var restartErr error
-	var restarted *testProxy
+	// restart: what the shim's goroutine did at the lost acknowledgement.
+	var restart struct {
+		sync.Mutex
+		done  bool
+		proxy *testProxy
+		err   error
+	}
 	switch mode {
 	case modeProxy:
 		px = startProxy(t, cluster)
@@ -214,22 +219,22 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		listen := freeListenPair(t)
 		px = startProxyOn(t, cluster, listen)
 		target = px.addr()
-		defer func() {
-			if restartErr != nil {
-				t.Errorf("restarting the proxy: %v", restartErr)
-			}
-		}()
 	}
 	shim := newAckShim(t, target, c.dropAt)
 	if mode == modeRestart {
 		listen := px.addr()
-		shim.onDrop = func() {
+		shim.setOnDrop(func() {
 			px.kill()
-			restarted, restartErr = startProxyOnErr(cluster, listen)
-		}
+			next, err := startProxyOnErr(cluster, listen)
+			restart.Lock()
+			restart.done, restart.proxy, restart.err = true, next, err
+			restart.Unlock()
+		})
 		t.Cleanup(func() {
-			if restarted != nil {
-				restarted.kill()
+			restart.Lock()
+			defer restart.Unlock()
+			if restart.proxy != nil {
+				restart.proxy.kill()
 			}
 		})
 	}
@@ -290,8 +295,15 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	if px != nil {
 		r.legacyPassthrough = px.metric("dedupproxy_batches_passthrough_total", "reason=legacy")
 	}
-	if mode == modeRestart && restarted == nil && restartErr == nil {
-		t.Errorf("the proxy was never restarted: the shim dropped no response")
+	if mode == modeRestart {
+		restart.Lock()
+		switch {
+		case restart.err != nil:
+			t.Errorf("restarting the proxy: %v", restart.err)
+		case !restart.done:
+			t.Errorf("the proxy was never restarted: the shim dropped no response")
+		}
+		restart.Unlock()
 	}
 	record(r)
 	t.Log(r)

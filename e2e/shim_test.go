@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,10 +40,10 @@ const maxShimFrame = 64 << 20
 // has none), so each connection keeps a FIFO of the requests awaiting one.
 type ackShim struct {
 	dropAt int64 // 1-based index among Produce requests with acks != 0; 0 never drops
-	// onDrop, when set, runs when the dropped response arrives, before the
-	// client's connection is closed (the restart mode kills the proxy
-	// there). Set it before the first connection.
-	onDrop func()
+	// onDrop, when set (setOnDrop), runs when the dropped response
+	// arrives, before the client's connection is closed (the restart mode
+	// kills the proxy there).
+	onDrop atomic.Pointer[func()]
 
 	mu        sync.Mutex
 	closed    bool
@@ -87,6 +88,9 @@ func newAckShim(t testing.TB, target string, dropAt int64) *ackShim {
 
 // Addr is the shim listener that forwards to the target given to newAckShim.
 func (s *ackShim) Addr() string { return s.bootstrap }
+
+// setOnDrop sets what runs when the dropped response arrives.
+func (s *ackShim) setOnDrop(f func()) { s.onDrop.Store(&f) }
 
 // Stats returns a copy of the counters.
 func (s *ackShim) Stats() shimStats {
@@ -253,8 +257,8 @@ func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting) {
 			s.mu.Lock()
 			s.stats.Dropped++
 			s.mu.Unlock()
-			if s.onDrop != nil {
-				s.onDrop()
+			if f := s.onDrop.Load(); f != nil {
+				(*f)()
 			}
 			return // the caller closes both connections
 		}
