@@ -280,6 +280,14 @@ func (p *testProxy) kill() {
 	p.srv.Shutdown(ctx)
 }
 
+// drain stops the proxy as SIGTERM does: stop accepting and reading,
+// let in-flight responses reach their clients (up to 10 s), then close.
+func (p *testProxy) drain() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p.srv.Shutdown(ctx)
+}
+
 // freeListenPair returns 127.0.0.1:P where P and P+1 (the proxy's bootstrap
 // and node 0 listeners) were both free a moment ago, for a proxy that must
 // come back on the same ports.

@@ -80,10 +80,14 @@ const (
 	// starts at once on the same ports: the retry reaches a proxy that never
 	// saw the original and must find it in the log (docs/warm.md).
 	modeRestart = "restart"
+	// drain: as restart, but the proxy is stopped gracefully (SIGTERM's
+	// Shutdown: in-flight responses drained, then closed) before the new
+	// one starts.
+	modeDrain = "drain"
 )
 
 // modes are the runs of each client, in the order of the results table.
-var modes = []string{modeControl, modeProxy, modeRestart}
+var modes = []string{modeControl, modeProxy, modeRestart, modeDrain}
 
 // tally is one run's figures.
 type tally struct {
@@ -215,16 +219,20 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	case modeProxy:
 		px = startProxy(t, cluster)
 		target = px.addr()
-	case modeRestart:
+	case modeRestart, modeDrain:
 		listen := freeListenPair(t)
 		px = startProxyOn(t, cluster, listen)
 		target = px.addr()
 	}
 	shim := newAckShim(t, target, c.dropAt)
-	if mode == modeRestart {
+	if mode == modeRestart || mode == modeDrain {
 		listen := px.addr()
 		shim.setOnDrop(func() {
-			px.kill()
+			if mode == modeDrain {
+				px.drain()
+			} else {
+				px.kill()
+			}
 			next, err := startProxyOnErr(cluster, listen)
 			restart.Lock()
 			restart.done, restart.proxy, restart.err = true, next, err
@@ -295,7 +303,7 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	if px != nil {
 		r.legacyPassthrough = px.metric("dedupproxy_batches_passthrough_total", "reason=legacy")
 	}
-	if mode == modeRestart {
+	if mode == modeRestart || mode == modeDrain {
 		restart.Lock()
 		switch {
 		case restart.err != nil:
@@ -342,7 +350,7 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 			t.Errorf("control run without duplicates: %s retries a lost acknowledgement (docs/clients.md §3), "+
 				"so the shim did not reproduce the problem this test is for", c.name)
 		}
-	case modeProxy, modeRestart:
+	case modeProxy, modeRestart, modeDrain:
 		if r.duplicated > 0 {
 			t.Errorf("through the proxy (%s), %d records were written twice", mode, r.duplicated)
 		}
@@ -354,12 +362,13 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 // results.mu held.
 func summaryTable(clients []legacyClient, date string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| client | client version | control: duplicated / lost | through the proxy: duplicated / lost | proxy restarted at the lost ack: duplicated / lost | date |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| client | client version | control: duplicated / lost | through the proxy: duplicated / lost | proxy killed and restarted at the lost ack | proxy drained (SIGTERM) and restarted | date |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|\n")
 	for _, c := range clients {
-		ctl, prx, rst := results.runs[c.name][modeControl], results.runs[c.name][modeProxy], results.runs[c.name][modeRestart]
-		fmt.Fprintf(&b, "| %s | %s | %d / %s | %d / %s | %d / %s | %s |\n", c.name, ctl.version,
-			ctl.duplicated, lostCell(ctl), prx.duplicated, lostCell(prx), rst.duplicated, lostCell(rst), date)
+		r := results.runs[c.name]
+		ctl, prx, rst, drn := r[modeControl], r[modeProxy], r[modeRestart], r[modeDrain]
+		fmt.Fprintf(&b, "| %s | %s | %d / %s | %d / %s | %d / %s | %d / %s | %s |\n", c.name, ctl.version,
+			ctl.duplicated, lostCell(ctl), prx.duplicated, lostCell(prx), rst.duplicated, lostCell(rst), drn.duplicated, lostCell(drn), date)
 	}
 	return b.String()
 }
@@ -400,6 +409,7 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	fmt.Fprintf(&b, "\"close\"). *control*: client → shim → kfake. *through the proxy*: client → shim → dedupproxy → kfake.\n")
 	fmt.Fprintf(&b, "*proxy restarted*: as through the proxy, but at the lost acknowledgement the proxy is killed (connections cut,\n")
 	fmt.Fprintf(&b, "tables gone) and a new one starts on the same ports: the retry must be recognised from the log (docs/warm.md).\n")
+	fmt.Fprintf(&b, "*proxy drained*: the same with a graceful stop (SIGTERM's drain) instead of a kill.\n")
 	fmt.Fprintf(&b, "The log is then read straight from kfake. *duplicated*: stored copies beyond the first of each value;\n")
 	fmt.Fprintf(&b, "*lost*: values the client reported delivered that are not in the log (≥: the client reports only a count).\n\n")
 	fmt.Fprintf(&b, "The figures vary from run to run: how many requests were in flight when the connection closed, and\n")
