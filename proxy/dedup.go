@@ -31,16 +31,21 @@ func newDedupPlanner(cfg *Config, m *Metrics) (*planner, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The legacy and key tables exist whatever the settings, so that a
-	// reload can turn legacy dedup or idempotency keys on; their memory is
-	// only touched as it fills.
+	// The legacy table exists whatever the settings, so that a reload can
+	// turn legacy dedup on. The key table (tens of MB at its default cap)
+	// only when some topic uses idempotency keys at start.
 	legacy, err := seqstate.NewLegacyTable(seqstate.LegacyConfig{MaxIdentities: dc.Legacy.MaxIdentities, Window: dc.Legacy.Window})
 	if err != nil {
 		return nil, err
 	}
-	keys, err := seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: dc.Keys.MaxKeys, TTL: dc.Keys.TTL})
-	if err != nil {
-		return nil, err
+	var keys *seqstate.KeyTable
+	for _, tc := range dc.Topics {
+		if tc.IdempotencyKey != nil {
+			if keys, err = seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: dc.Keys.MaxKeys, TTL: dc.Keys.TTL}); err != nil {
+				return nil, err
+			}
+			break
+		}
 	}
 	return newPlanner(dc, t, legacy, keys, m), nil
 }
@@ -377,6 +382,9 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 		return nil, err
 	}
 	next := newDedupSettings(&test.Dedup)
+	if len(next.keyHeader) > 0 && pn.keys == nil {
+		return nil, fmt.Errorf("%w: dedup.topics: idempotency keys were off for every topic at start, so there is no key table; restart to turn them on", ErrInvalidConfig)
+	}
 	old := pn.settings.Swap(next)
 	var applied []string
 	if old.mode != next.mode {

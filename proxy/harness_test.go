@@ -69,7 +69,10 @@ func startProxyWith(t testing.TB, c *kfake.Cluster, mod func(*Config), setup fun
 	t.Helper()
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
-	cfg := Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Admin: "off", DrainTimeout: 10 * time.Second}
+	cfg := Config{Listen: "127.0.0.1:0", Admin: "off", DrainTimeout: 10 * time.Second}
+	if c != nil { // nil: mod sets the upstream
+		cfg.Upstream = c.ListenAddrs()
+	}
 	if mod != nil {
 		mod(&cfg)
 	}

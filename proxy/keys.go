@@ -16,7 +16,7 @@ import (
 // keyHeaderFor returns the idempotency key header of an interned topic.
 func (pn *planner) keyHeaderFor(topic seqstate.TopicID) (string, bool) {
 	ds := pn.settings.Load()
-	if len(ds.keyHeader) == 0 {
+	if pn.keys == nil || len(ds.keyHeader) == 0 {
 		return "", false
 	}
 	name, ok := pn.table.TopicName(topic)

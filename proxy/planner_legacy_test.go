@@ -256,6 +256,11 @@ func keyedLegacyBatch(t *testing.T, keys, values []string) []byte {
 // counted.
 func TestPlanIdempotencyKeys(t *testing.T) {
 	h := newPlanHarness(t, DedupEnforce)
+	keys, err := seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.pn.keys = keys
 	h.pn.settings.Load().keyHeader[planTopic] = DefaultKeyHeader
 	pl := h.plan(produce(7, -1, 1000, keyedLegacyBatch(t, []string{"e1", "e2"}, []string{"pay 1", "pay 2"})), true)
 	h.complete(pl, map[int32]brokerResult{0: {offset: 5}})
