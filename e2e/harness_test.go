@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,9 +74,21 @@ func startProxy(t testing.TB, c *kfake.Cluster) *testProxy {
 // at its port + 1 + N).
 func startProxyOn(t testing.TB, c *kfake.Cluster, listen string) *testProxy {
 	t.Helper()
+	return startProxyWith(t, c, listen, nil)
+}
+
+// startProxyDial is startProxy with dial as the proxy's upstream dialer.
+func startProxyDial(t testing.TB, c *kfake.Cluster, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
+	t.Helper()
+	return startProxyWith(t, c, "127.0.0.1:0", dial)
+}
+
+func startProxyWith(t testing.TB, c *kfake.Cluster, listen string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
+	t.Helper()
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
 	srv := &proxy.Server{
+		Dial:    dial,
 		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: listen, Admin: "off"},
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Metrics: proxy.NewMetrics(reg),
@@ -325,4 +338,37 @@ func startProxyOnErr(c *kfake.Cluster, listen string) (*testProxy, error) {
 		return nil, err
 	}
 	return &testProxy{srv: srv, reg: reg}, nil
+}
+
+// cutAfterProduce is a dialer whose connections break right after the
+// n-th Produce request (counted across connections) is written to the
+// broker: the broker gets it, the proxy never reads an answer. fired counts
+// the cuts.
+func cutAfterProduce(n int64, fired *atomic.Int64) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	var produces atomic.Int64
+	var d net.Dialer
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &cutConn{Conn: conn, produces: &produces, at: n, fired: fired}, nil
+	}
+}
+
+type cutConn struct {
+	net.Conn
+	produces *atomic.Int64
+	at       int64
+	fired    *atomic.Int64
+}
+
+// Write sees whole frames: the proxy writes one request per call.
+func (c *cutConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err == nil && len(p) >= 6 && p[4] == 0 && p[5] == 0 && c.produces.Add(1) == c.at { // api key 0: Produce
+		c.fired.Add(1)
+		c.Conn.Close()
+	}
+	return n, err
 }

@@ -130,6 +130,8 @@ type produceDecision struct {
 	batch   seqstate.Batch
 	ident   uint64 // legacy: the batch's identity (protocol.MixIdentity)
 	keyDrop bool   // actRebatch by idempotency key, not by a re-batched prefix
+	// legacyAppended: complete committed this legacy batch as appended.
+	legacyAppended bool
 	// keysAt:keysEnd are this batch's records' idempotency keys in
 	// producePlan.keys (empty unless its topic has keys).
 	keysAt, keysEnd int
@@ -581,8 +583,10 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 		return err
 	}
 	cursor := 0
+	anyError := false // some partition of the response failed
 	for sc.Next() {
 		pr := sc.Partition()
+		anyError = anyError || pr.ErrorCode != 0
 		topic, ok := pn.lookupTopic(pl.version, pr.Topic, pr.TopicID)
 		if !ok {
 			continue
@@ -621,10 +625,14 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 				// another partition): nothing to commit but its keys.
 			case pl.acks == -1:
 				pn.legacy.Commit(d.ident, pl.conn, off, ts, now)
-				if off < 0 {
-					// Appended (REQUEST_TIMED_OUT and the like), offset
-					// unknown: the log has it; reading the partition again
-					// before the retry finds it (warm.go).
+				d.legacyAppended = true
+				if pr.ErrorCode != 0 {
+					// Appended (REQUEST_TIMED_OUT and the like), but the
+					// client got an error, not an acknowledgement: its
+					// retry, even on this connection, is a retry. The log
+					// has the offset; reading the partition again before
+					// the retry finds it (warm.go).
+					pn.disown(pl, d, now)
 					pn.warm.forget(d.key)
 				}
 			default:
@@ -662,8 +670,29 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 		}
 	}
 	err := sc.Err()
+	if anyError {
+		// kafkajs resends every record of a request when any partition
+		// of it failed, even those appended: their acknowledgement on
+		// this connection does not make a resend new data.
+		for i := range pl.decisions {
+			if d := &pl.decisions[i]; d.legacyAppended {
+				pn.disown(pl, d, now)
+			}
+		}
+	}
 	pn.fail(pl) // anything the response did not mention
 	return err
+}
+
+// disown records that legacy batch d, appended, may be sent again by a
+// client that holds no acknowledgement for it: an identical batch from any
+// connection is its retry (LegacyTable.Disown), and so is a bigger batch
+// that begins with its records — a client that puts failed records back in
+// its queue (sarama, librdkafka) re-batches them with newer ones.
+func (pn *planner) disown(pl *producePlan, d *produceDecision, now time.Time) {
+	pn.legacy.Disown(d.ident, pl.conn)
+	ref := legacyRef{id: d.ident, topic: d.key.Topic, partition: d.key.Partition, count: d.batch.Count, size: d.size, first: d.first}
+	pn.orphans.add([]legacyRef{ref}, now.Add(pn.legacyWindow).UnixNano())
 }
 
 // completeRebatch settles a re-batched retry whose new records the broker

@@ -304,3 +304,24 @@ func TestPlanIdempotencyKeys(t *testing.T) {
 		t.Fatalf("keys observed %v", n)
 	}
 }
+
+// TestPlanLegacyErrorAnswerIsNotAnAcknowledgement: a legacy batch appended
+// but answered with an error (REQUEST_TIMED_OUT), or appended in a request
+// where another partition failed, gave its client no acknowledgement: the
+// client retries on the same connection (kafkajs resends the whole
+// request), and that retry is answered, not written again.
+func TestPlanLegacyErrorAnswerIsNotAnAcknowledgement(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	a, b := legacyBatch(t, 2, "a"), legacyBatch(t, 2, "b")
+	pl := h.plan(produce(7, -1, 1000, a, b), true)
+	h.complete(pl, map[int32]brokerResult{0: {err: kerr.RequestTimedOut.Code}, 1: {offset: 9}})
+	pl = h.plan(produce(7, -1, 1000, a, b), true) // same connection
+	for i, d := range pl.decisions {
+		if d.act != actAnswer {
+			t.Fatalf("partition %d resent on the same connection after a partial error: act %v (%v)", i, d.act, d.lresult.Decision)
+		}
+	}
+	if r := h.answer(pl, nil); r[1].BaseOffset != 9 {
+		t.Fatalf("appended partition answered %+v, want its offset 9", r[1])
+	}
+}

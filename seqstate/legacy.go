@@ -315,6 +315,21 @@ func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimest
 	t.insert(s, id, legacyEntry{offset: baseOffset, ts: maxTimestamp, seen: seen, partition: partition, state: legacyAppended})
 }
 
+// Disown records that batch id, appended, was answered to conn with an
+// error (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND): the client
+// holds no acknowledgement for it, and will retry — usually on the same
+// connection — so an identical batch from any connection is its retry.
+func (t *LegacyTable) Disown(id, conn uint64) {
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot, ok := s.get(id); ok {
+		if e := &s.ring[slot]; e.conn == conn && e.inflight == 0 {
+			e.conn = 0
+		}
+	}
+}
+
 // Orphan records that connection conn has closed: batches whose
 // acknowledgement went there may now be retried to another partition (see
 // Check). ids are the identities conn registered recently; an entry that has
