@@ -62,33 +62,53 @@ func franzClient() legacyClient {
 	return legacyClient{
 		name: "franz-go", retries: true, dropAt: 10, available: goAvailable,
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
-			cl, err := kgo.NewClient(
-				kgo.SeedBrokers(bootstrap),
-				kgo.DefaultProduceTopic(topic),
-				kgo.DisableIdempotentWrite(),
-				kgo.RequiredAcks(kgo.AllISRAcks()),
-				kgo.ClientID("e2e-franz-go"),
-				kgo.MetadataMinAge(200*time.Millisecond),
-				kgo.ProduceRequestTimeout(time.Second),
-				kgo.RequestTimeoutOverhead(time.Second),
-				kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }),
-				kgo.ProducerBatchMaxBytes(2<<10),
-			)
-			if err != nil {
-				return produceResult{}, err
-			}
-			defer cl.Close()
-			var acks ackSet
-			for i := 0; i < n; i++ {
-				i := i
-				cl.Produce(ctx, &kgo.Record{Value: []byte(value(i))}, func(_ *kgo.Record, err error) { acks.done(i, err) })
-			}
-			if err := cl.Flush(ctx); err != nil {
-				return produceResult{}, fmt.Errorf("flush: %w", err)
-			}
-			return acks.result("franz-go " + moduleVersion("github.com/twmb/franz-go")), nil
+			return franzProduce(ctx, bootstrap, topic, n, false)
 		},
 	}
+}
+
+func franzProduce(ctx context.Context, bootstrap, topic string, n int, idempotent bool) (produceResult, error) {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(bootstrap),
+		kgo.DefaultProduceTopic(topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ClientID("e2e-franz-go"),
+		kgo.MetadataMinAge(200 * time.Millisecond),
+		kgo.ProduceRequestTimeout(time.Second),
+		kgo.RequestTimeoutOverhead(time.Second),
+		kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }),
+		kgo.ProducerBatchMaxBytes(2 << 10),
+	}
+	if !idempotent {
+		opts = append(opts, kgo.DisableIdempotentWrite())
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return produceResult{}, err
+	}
+	defer cl.Close()
+	var acks ackSet
+	for i := 0; i < n; i++ {
+		i := i
+		cl.Produce(ctx, &kgo.Record{Value: []byte(value(i))}, func(_ *kgo.Record, err error) { acks.done(i, err) })
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return produceResult{}, fmt.Errorf("flush: %w", err)
+	}
+	return acks.result("franz-go " + moduleVersion("github.com/twmb/franz-go")), nil
+}
+
+// franzIdempotentClient: franz-go with idempotence on (its default), the
+// same knobs as franzClient. Its retry carries the original's producer id
+// and sequence, so the proxy's idempotent path answers it (docs/produce-path.md)
+// or the broker does; the row shows the proxy never breaks that.
+func franzIdempotentClient() legacyClient {
+	c := franzClient()
+	c.name, c.idempotent = "franz-go idempotent", true
+	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
+		return franzProduce(ctx, bootstrap, topic, n, true)
+	}
+	return c
 }
 
 // saramaClient: sarama's async producer, idempotence off (its default).
