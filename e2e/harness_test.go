@@ -30,7 +30,16 @@ import (
 // topic seeded at 3 partitions.
 func newCluster(t testing.TB, topic string) *kfake.Cluster {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic))
+	return newClusterOf(t, 1, topic)
+}
+
+// legacyPartitions is how many partitions the clusters' topic has.
+const legacyPartitions = 3
+
+// newClusterOf is newCluster with brokers brokers.
+func newClusterOf(t testing.TB, brokers int, topic string) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.SeedTopics(legacyPartitions, topic))
 	if err != nil {
 		t.Fatal(err)
 	}

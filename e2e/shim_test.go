@@ -23,7 +23,7 @@ const maxShimFrame = 64 << 20
 // ackShim is a TCP hop between Kafka clients and whatever serves Kafka behind
 // it (kfake directly, or dedupproxy). It relays frames unchanged, except:
 //
-//   - Metadata and FindCoordinator responses: every broker address is
+//   - Metadata, FindCoordinator and Produce v10+ (KIP-951) responses: every broker address is
 //     rewritten to a shim listener that forwards to that address, created on
 //     first sight. In front of kfake that points clients back at the shim;
 //     in front of the proxy it maps each proxy node listener (which the
@@ -262,7 +262,11 @@ func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting) {
 			}
 			return // the caller closes both connections
 		}
-		if aw.key == int16(kmsg.Metadata) || aw.key == int16(kmsg.FindCoordinator) {
+		// Produce v10+ names the new leader's address in its NOT_LEADER
+		// answer (KIP-951); unrewritten, a client that moves there bypasses
+		// the shim.
+		if aw.key == int16(kmsg.Metadata) || aw.key == int16(kmsg.FindCoordinator) ||
+			aw.key == int16(kmsg.Produce) && aw.version >= 10 {
 			if frame, err = s.rewriteAddresses(frame, aw); err != nil {
 				return
 			}
@@ -341,8 +345,8 @@ func countBatches(b []byte) (records, batches, legacy int64) {
 	return records, batches, legacy
 }
 
-// rewriteAddresses points every broker address in a Metadata or
-// FindCoordinator response at a shim listener.
+// rewriteAddresses points every broker address in a Metadata,
+// FindCoordinator or Produce (v10+) response at a shim listener.
 func (s *ackShim) rewriteAddresses(frame []byte, aw awaiting) ([]byte, error) {
 	resp := kmsg.ResponseForKey(aw.key)
 	resp.SetVersion(aw.version)
@@ -376,6 +380,10 @@ func (s *ackShim) rewriteAddresses(frame []byte, aw awaiting) ([]byte, error) {
 	}
 	switch r := resp.(type) {
 	case *kmsg.MetadataResponse:
+		for i := range r.Brokers {
+			remap(&r.Brokers[i].Host, &r.Brokers[i].Port)
+		}
+	case *kmsg.ProduceResponse:
 		for i := range r.Brokers {
 			remap(&r.Brokers[i].Host, &r.Brokers[i].Port)
 		}
