@@ -132,6 +132,9 @@ type produceDecision struct {
 	keyDrop bool   // actRebatch by idempotency key, not by a re-batched prefix
 	// legacyAppended: complete committed this legacy batch as appended.
 	legacyAppended bool
+	// moved: a legacy batch Check found Moved, settled once the whole
+	// request is planned (settleMoved).
+	moved bool
 	// keysAt:keysEnd are this batch's records' idempotency keys in
 	// producePlan.keys (empty unless its topic has keys).
 	keysAt, keysEnd int
@@ -160,6 +163,8 @@ type producePlan struct {
 	anyLocal  bool // some partition is answered (or waited on) by the proxy
 	anyUp     bool // some partition goes upstream
 	reuse     bool // some partition was answered SequenceReuse (acks=0 closes the connection)
+	moved     bool // some legacy decision is moved (settleMoved)
+	retried   bool // some legacy batch was answered as a retry, or re-batched
 	// deadline bounds the waits: the request's own timeout_ms plus
 	// waitMargin after it was read. Past it a wait is answered
 	// REQUEST_TIMED_OUT, which every client retries.
@@ -188,7 +193,7 @@ var planPool = sync.Pool{New: func() any { return &producePlan{ready: make(chan 
 func getPlan() *producePlan {
 	pl := planPool.Get().(*producePlan)
 	pl.decisions = pl.decisions[:0]
-	pl.anyLocal, pl.anyUp, pl.reuse = false, false, false
+	pl.anyLocal, pl.anyUp, pl.reuse, pl.moved, pl.retried = false, false, false, false, false
 	pl.nWaits = 0
 	pl.body = pl.body[:0]
 	pl.rebuilt = pl.rebuilt[:0]
@@ -379,6 +384,9 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		}
 		pl.account(d)
 	}
+	if pl != nil && pl.moved {
+		pn.settleMoved(pl, now)
+	}
 	return pl
 }
 
@@ -424,9 +432,18 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	if enforce && !exact && d.lresult.Decision == seqstate.LegacyNew && d.lresult.Tracked && bh.NumRecords > 1 {
 		pn.matchRebatch(pl, i, part, bh, now)
 	}
-	if d.act == actRebatch {
+	if enforce && d.lresult.Decision == seqstate.LegacyNew && d.lresult.Moved && d.act == actForward {
+		// Keyed topics decide by key instead; an invalid batch is the
+		// broker's to reject.
+		if _, keyed := pn.keyHeaderFor(topic); !keyed && protocol.BatchValid(part.Records, bh) == 0 {
+			d.moved, pl.moved = true, true // counted by settleMoved
+		}
+	}
+	switch {
+	case d.act == actRebatch:
+		pl.retried = true
 		pn.metrics.legacyRebatched.Inc()
-	} else {
+	case !d.moved:
 		pn.metrics.countLegacy(d.lresult.Decision)
 	}
 	switch r := d.lresult; r.Decision {
@@ -452,11 +469,42 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 			d.act = actAnswer
 			d.local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.LogAppendTime, LogStartOffset: pn.logStart.get(d.key)}
 			pn.metrics.dupAnswered[dupByProxy].Inc()
+			pl.retried = true
 		} else {
 			pn.metrics.dupAnswered[dupByBroker].Inc()
 		}
 	}
 	pl.account(d)
+}
+
+// settleMoved decides the moved legacy batches of pl (Check's Moved: the
+// same records appended to another partition, acknowledged on a connection
+// still open). Alone they are new data, a record broadcast to every
+// partition. Beside a batch answered as a retry they are part of that
+// retry: kafkajs assigns partitions afresh on each attempt and resends only
+// to the brokers that did not answer, so its retry carries records another
+// broker acknowledged (docs/legacy.md, rule 4). They are answered like a
+// retry that moved: error 0, offset -1, since the records are in the
+// original's partition.
+func (pn *planner) settleMoved(pl *producePlan, now time.Time) {
+	pl.anyLocal, pl.anyUp = false, false
+	for i := range pl.decisions {
+		d := &pl.decisions[i]
+		if d.moved && pl.retried {
+			ts := d.lresult.LogAppendTime
+			pn.legacy.Commit(d.ident, pl.conn, -1, ts, now)
+			pn.pending.Add(-1)
+			d.pending, d.commit = false, false
+			d.act = actAnswer
+			d.lresult = seqstate.LegacyResult{Decision: seqstate.LegacyDuplicate, BaseOffset: -1, LogAppendTime: ts}
+			d.local = protocol.LocalPartitionResult{BaseOffset: -1, LogAppendTime: ts, LogStartOffset: pn.logStart.get(d.key)}
+			pn.metrics.dupAnswered[dupByProxy].Inc()
+		}
+		if d.moved {
+			pn.metrics.countLegacy(d.lresult.Decision)
+		}
+		pl.account(d)
+	}
 }
 
 // wait registers decision i of pl, found in flight, as waiting for its

@@ -325,3 +325,51 @@ func TestPlanLegacyErrorAnswerIsNotAnAcknowledgement(t *testing.T) {
 		t.Fatalf("appended partition answered %+v, want its offset 9", r[1])
 	}
 }
+
+// TestPlanLegacyMovedBesideARetry: kafkajs assigns partitions afresh on each
+// attempt and resends only to the brokers that did not answer, so one retry
+// request can carry records whose acknowledgement was lost (their connection
+// closed) and records another broker acknowledged on a connection still
+// open, each to another partition than before. Beside the recognised retry
+// the second are part of it; alone they are new data (a broadcast).
+func TestPlanLegacyMovedBesideARetry(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	a, b, c, d := legacyBatch(t, 3, "a"), legacyBatch(t, 3, "b"), legacyBatch(t, 2, "c"), legacyBatch(t, 2, "d")
+	// Broker X, connection 1: a to partition 0, acknowledgement lost.
+	pl := h.plan(produce(7, -1, 1000, a), true)
+	da := pl.decisions[0]
+	h.complete(pl, map[int32]brokerResult{0: {offset: 10}})
+	h.pn.orphanBatches(1, []legacyRef{{id: da.ident, topic: da.key.Topic, partition: 0, count: da.batch.Count, size: da.size, first: da.first}}, h.now)
+	// Broker Y, connection 2 (stays open): c to 0, b to 1, acknowledged.
+	h.conn = 2
+	pl = h.plan(produce(7, -1, 1000, c, b), true)
+	h.complete(pl, map[int32]brokerResult{0: {offset: 20}, 1: {offset: 30}})
+	pending := h.pn.pending.Load()
+	// The retry on connection 3: b now to 0 (moved, listed first), a to 1.
+	h.conn = 3
+	pl = h.plan(produce(7, -1, 1000, b, a), true)
+	if pl.anyUp {
+		t.Fatalf("a retry request sends something upstream: %+v", pl.decisions)
+	}
+	for i, r := range h.answer(pl, nil) {
+		if d := pl.decisions[i]; d.act != actAnswer || d.pending || r.ErrorCode != 0 || r.BaseOffset != -1 {
+			t.Fatalf("partition %d: act %v pending %v answer %+v", i, d.act, d.pending, r)
+		}
+	}
+	if got := h.pn.pending.Load(); got != pending {
+		t.Fatalf("pending batches %v after the retry, want %v", got, pending)
+	}
+	if n := testutil.ToFloat64(h.pn.metrics.legacy[seqstate.LegacyDuplicate]); n != 2 {
+		t.Fatalf("legacy_duplicate counted %v, want 2", n)
+	}
+	// b to another partition again, now from connection 4 beside new
+	// records only: a broadcast while connection 3 is open, forwarded.
+	h.conn = 4
+	pl = h.plan(produce(7, -1, 1000, d, b), true)
+	for i, dd := range pl.decisions {
+		if dd.act != actForward || dd.lresult.Decision != seqstate.LegacyNew || !dd.pending {
+			t.Fatalf("partition %d alone beside new records: act %v %+v", i, dd.act, dd.lresult)
+		}
+	}
+	h.complete(pl, map[int32]brokerResult{0: {offset: 40}, 1: {offset: 31}})
+}

@@ -79,6 +79,14 @@ type LegacyResult struct {
 	// Tracked is true when a LegacyNew batch was registered as in flight:
 	// Commit or Release it.
 	Tracked bool
+	// Moved marks a LegacyNew batch whose records were appended to another
+	// partition within the window and acknowledged on a connection still
+	// open: new data on its own, but a retry when it travels in one request
+	// with a recognised retry (a client that re-partitions its retry and
+	// resends only to the brokers that did not answer, docs/legacy.md).
+	// LogAppendTime is then the original's; Commit it with offset -1 to
+	// answer it as a retry.
+	Moved bool
 }
 
 // LegacyConfig configures a LegacyTable. The zero value means all defaults.
@@ -243,8 +251,11 @@ func (t *LegacyTable) Check(id uint64, partition int32, conn uint64, now time.Ti
 		return LegacyResult{Decision: LegacyDuplicate, BaseOffset: -1, LogAppendTime: e.ts}
 	}
 	// The same records to another partition from a live producer
-	// elsewhere (a record broadcast to every partition): new. The entry
-	// follows the newest.
+	// elsewhere (a record broadcast to every partition): new, unless the
+	// caller finds a retry beside it (Moved). The entry follows the newest.
+	if e.state == legacyAppended {
+		newResult.Moved, newResult.LogAppendTime = true, e.ts
+	}
 	*e = fresh
 	return newResult
 }

@@ -152,11 +152,11 @@ func TestLegacyRetryToAnotherPartition(t *testing.T) {
 	if r := lt.Check(id, 0, 1, now); r.Decision != LegacyNew || !r.Tracked {
 		t.Fatalf("first: %+v", r)
 	}
-	if r := lt.Check(id, 1, 2, now); r.Decision != LegacyNew || r.Tracked {
+	if r := lt.Check(id, 1, 2, now); r.Decision != LegacyNew || r.Tracked || r.Moved {
 		t.Fatalf("same records to another partition while in flight: %+v", r)
 	}
 	lt.Commit(id, 1, 40, 9, now)
-	if r := lt.Check(id, 2, 3, now); r.Decision != LegacyNew || !r.Tracked {
+	if r := lt.Check(id, 2, 3, now); r.Decision != LegacyNew || !r.Tracked || !r.Moved || r.LogAppendTime != 9 {
 		t.Fatalf("broadcast to another partition from a live producer: %+v", r)
 	}
 	lt.Commit(id, 3, 50, 9, now)
