@@ -187,9 +187,12 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 			return false
 		}
 	}
+	// Once queued, pl belongs to responseLoop, which may answer, release
+	// and reuse it at once (nothing goes upstream): read nothing of it after.
+	anyUp := pl.anyUp
 	c.queue <- p
 	c.unqueued = nil
-	if pl.anyUp {
+	if anyUp {
 		return c.forward(reduced)
 	}
 	return true

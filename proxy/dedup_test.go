@@ -438,3 +438,47 @@ func TestSetDedupLive(t *testing.T) {
 		t.Fatal("a proxy started with dedup off turned it on live")
 	}
 }
+
+// TestLocalAnswersAcrossSessions: Produce requests the proxy answers whole
+// (duplicates), pipelined on two connections at once, each answered with
+// the original's offset and none reaching the broker. Such a plan belongs to
+// the response loop as soon as it is queued, which answers it and returns it
+// to the pool for the other session to take. A session that read its plan
+// after queueing it was caught by -race in the e2e leader-move run; this
+// test exercises the same hand-over but did not reproduce that race on
+// demand (the window is a few instructions wide).
+func TestLocalAnswersAcrossSessions(t *testing.T) {
+	t.Parallel()
+	const topic = "local-answers"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	pc := countProduce(c)
+	p := startProxy(t, c, nil)
+	a, b := dialRaw(t, p.addr()), dialRaw(t, p.addr())
+	a.learnTopics(topic)
+	b.learnTopics(topic)
+	batch := recordBatch(t, 5151, 0, 0, 2, "once")
+	req := produceParts(topic, -1, part{0, batch})
+	if r := onlyPartition(t, a.roundTrip(req)); r.ErrorCode != 0 {
+		t.Fatalf("original: %+v", r)
+	}
+	const rounds, perConn = 100, 8
+	for round := 0; round < rounds; round++ {
+		var ca, cb [perConn]int32
+		for i := 0; i < perConn; i++ {
+			ca[i], cb[i] = a.send(req), b.send(req)
+		}
+		for i := 0; i < perConn; i++ {
+			for _, x := range []struct {
+				conn *rawConn
+				corr int32
+			}{{a, ca[i]}, {b, cb[i]}} {
+				if r := onlyPartition(t, x.conn.recv(req, x.corr)); r.ErrorCode != 0 || r.BaseOffset != 0 {
+					t.Fatalf("round %d: duplicate answered %+v, want error 0 at offset 0", round, r)
+				}
+			}
+		}
+	}
+	if n := pc.requests.Load(); n != 1 {
+		t.Fatalf("%d Produce requests reached the broker, want only the original", n)
+	}
+}
