@@ -373,3 +373,28 @@ func TestPlanLegacyMovedBesideARetry(t *testing.T) {
 	}
 	h.complete(pl, map[int32]brokerResult{0: {offset: 40}, 1: {offset: 31}})
 }
+
+// TestPlanLegacyRebatchedRetryAfterWarm: a proxy that learned a legacy batch
+// from the log (restarted between the append and the retry) recognises a
+// re-batched retry of it too: librdkafka resends the lost records with
+// newer ones behind them.
+func TestPlanLegacyRebatchedRetryAfterWarm(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	topic, ok := h.pn.table.LookupTopic([]byte(planTopic))
+	if !ok {
+		t.Fatal("plan topic not interned")
+	}
+	lost := legacyBatch(t, 3, "a")
+	binary.BigEndian.PutUint64(lost[0:8], 10) // at offset 10 in the log
+	if n, _ := h.pn.applyLog(seqstate.Key{ProducerID: -1, Topic: topic, Partition: 0}, lost, h.now); n != 1 {
+		t.Fatalf("applied %d batches from the log, want 1", n)
+	}
+	pl := h.plan(produce(7, -1, 1000, legacyBatch(t, 5, "a")), true)
+	d := pl.decisions[0]
+	if d.act != actRebatch || d.prefixResult.BaseOffset != 10 {
+		t.Fatalf("superset after warm-up: act %v prefix %+v", d.act, d.prefixResult)
+	}
+	if r := h.answer(pl, h.complete(pl, map[int32]brokerResult{0: {offset: 13}}))[0]; r.ErrorCode != 0 || r.BaseOffset != 10 {
+		t.Fatalf("answer %+v, want error 0 at the prefix's offset 10", r)
+	}
+}

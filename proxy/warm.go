@@ -387,6 +387,15 @@ func (pn *planner) applyLog(k seqstate.Key, records []byte, now time.Time) (n in
 		case pn.legacy != nil && match != MatchOff:
 			id := protocol.MixIdentity(protocol.RecordsIdentity(b, &bh, match == MatchExact), uint32(k.Topic))
 			pn.legacy.Remember(id, k.Partition, bh.BaseOffset, bh.MaxTimestamp, now)
+			if match == MatchRecords && bh.NumRecords > 0 {
+				// Also a candidate for a re-batched retry (rebatch.go):
+				// librdkafka resends a lost batch with newer records behind
+				// it, to a proxy restarted in between too.
+				seen := min(now.UnixNano(), bh.MaxTimestamp*int64(time.Millisecond))
+				ref := legacyRef{id: id, topic: k.Topic, partition: k.Partition, count: bh.NumRecords,
+					size: bh.Length - (61 - 12), first: protocol.FirstRecordHash(b, &bh)}
+				pn.orphans.add([]legacyRef{ref}, seen+int64(pn.legacyWindow))
+			}
 		}
 		if keyed {
 			var err error
