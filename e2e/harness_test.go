@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -67,8 +66,9 @@ func (s *syncBuffer) String() string {
 
 // testProxy is an in-process dedupproxy in front of a kfake cluster.
 type testProxy struct {
-	srv *proxy.Server
-	reg *prometheus.Registry
+	srv  *proxy.Server
+	reg  *prometheus.Registry
+	logs *syncBuffer // startProxyOnErr's log, for the caller to print
 }
 
 // startProxy runs the proxy on 127.0.0.1:0 in front of c. On cleanup it shuts
@@ -336,9 +336,10 @@ func freeListenPair(t testing.TB) string {
 // shim's goroutine (the restart mode); the caller kills it.
 func startProxyOnErr(c *kfake.Cluster, listen string) (*testProxy, error) {
 	reg := prometheus.NewRegistry()
+	logs := &syncBuffer{}
 	srv := &proxy.Server{
 		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: listen, Admin: "off"},
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Metrics: proxy.NewMetrics(reg),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -346,7 +347,7 @@ func startProxyOnErr(c *kfake.Cluster, listen string) (*testProxy, error) {
 	if err := srv.Start(ctx); err != nil {
 		return nil, err
 	}
-	return &testProxy{srv: srv, reg: reg}, nil
+	return &testProxy{srv: srv, reg: reg, logs: logs}, nil
 }
 
 // cutAfterProduce is a dialer whose connections break right after the

@@ -317,6 +317,9 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 			defer restart.Unlock()
 			if restart.proxy != nil {
 				restart.proxy.kill()
+				if t.Failed() {
+					t.Logf("restarted proxy log:\n%s", restart.proxy.logs.String())
+				}
 			}
 		})
 	}
