@@ -92,10 +92,26 @@ func (o *orphanStore) add(refs []legacyRef, until int64) {
 			l = &orphanList{}
 			o.parts[k] = l
 		}
+		if j := l.index(r.id); j >= 0 {
+			// Added again (a session orphans its batches when its client
+			// leaves and once more when its responses have drained).
+			l.refs[j], l.until[j] = r, until
+			continue
+		}
 		l.refs[l.next], l.until[l.next] = r, until
 		l.next = (l.next + 1) % orphansPerPartition
 	}
 	o.n.Store(int64(len(o.parts)))
+}
+
+// index returns the slot holding the ref of batch id, or -1.
+func (l *orphanList) index(id uint64) int {
+	for j := range l.refs {
+		if l.refs[j].id == id && id != 0 {
+			return j
+		}
+	}
+	return -1
 }
 
 // candidates copies into dst the live orphans of partition k holding fewer

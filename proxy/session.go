@@ -94,6 +94,12 @@ func (c *session) run() {
 	done := make(chan struct{})
 	go func() { defer close(done); c.responseLoop() }()
 	c.readLoop()
+	// The client is gone: what it was acknowledged here can be retried
+	// elsewhere at once, on a connection it already has to another broker,
+	// before the responses still due drain (legacy.md, rules 4 and
+	// re-batched retries). Batches still in flight are left to the second
+	// call.
+	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(), time.Now())
 	<-done
 	c.closeAll()
 	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(), time.Now())

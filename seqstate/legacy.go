@@ -344,13 +344,15 @@ func (t *LegacyTable) Disown(id, conn uint64) {
 // Orphan records that connection conn has closed: batches whose
 // acknowledgement went there may now be retried to another partition (see
 // Check). ids are the identities conn registered recently; an entry that has
-// moved on to another connection is left alone.
+// moved on to another connection is left alone, and so is one still in
+// flight from conn (its Commit or Release needs conn; call Orphan again once
+// conn's responses have drained).
 func (t *LegacyTable) Orphan(conn uint64, ids []uint64) {
 	for _, id := range ids {
 		s := t.shard(id)
 		s.mu.Lock()
 		if slot, ok := s.get(id); ok {
-			if e := &s.ring[slot]; e.conn == conn {
+			if e := &s.ring[slot]; e.conn == conn && e.inflight == 0 {
 				e.conn = 0
 			}
 		}

@@ -168,3 +168,25 @@ func TestLegacyRetryToAnotherPartition(t *testing.T) {
 		t.Fatalf("retry to the original partition: %+v", r)
 	}
 }
+
+// TestLegacyOrphanLeavesInFlight: a session orphans its batches as soon as
+// its client leaves, while some are still in flight upstream. Those keep
+// their connection, so their Commit still lands; the second Orphan, once
+// the responses have drained, hands them over.
+func TestLegacyOrphanLeavesInFlight(t *testing.T) {
+	lt := newLegacy(t, LegacyConfig{Shards: 1})
+	now := time.Unix(1700000000, 0)
+	const id = 0xbeef
+	lt.Check(id, 0, 1, now)
+	lt.Orphan(1, []uint64{id})
+	lt.Commit(id, 1, 40, 9, now)
+	if r := lt.Check(id, 0, 2, now); r.Decision != LegacyDuplicate || r.BaseOffset != 40 {
+		t.Fatalf("retry after an early orphan and the commit: %+v", r)
+	}
+	lt.Check(id, 1, 3, now) // conn 2 has it now and is open: new, elsewhere
+	lt.Commit(id, 3, 50, 9, now)
+	lt.Orphan(3, []uint64{id})
+	if r := lt.Check(id, 2, 4, now); r.Decision != LegacyDuplicate || r.BaseOffset != -1 {
+		t.Fatalf("moved retry after the connection's orphan: %+v", r)
+	}
+}
