@@ -380,6 +380,12 @@ func (h *BatchHeader) IsTransactional() bool { return h.Attributes&attrTransacti
 // transaction coordinators may set.
 func (h *BatchHeader) IsControl() bool { return h.Attributes&attrControl != 0 }
 
+// RecordsLen is the length of the records section: Length less the header
+// fields that follow it.
+func (h *BatchHeader) RecordsLen() int32 {
+	return h.Length - int32(batchHeaderSize-batchLogOverhead)
+}
+
 // ReadBatch decodes the header of the first batch in records into h and
 // reports how many batches records holds, walking only the Length fields (as
 // Kafka's ByteBufferLogInputStream does). A trailing piece too short to be a

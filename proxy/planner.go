@@ -420,7 +420,7 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	d := &pl.decisions[i]
 	d.legacy = true
 	d.key = seqstate.Key{ProducerID: -1, Topic: topic, Partition: part.Partition}
-	d.batch.Count, d.size = bh.NumRecords, bh.Length-(61-12) // records section: Length less the header after it
+	d.batch.Count, d.size = bh.NumRecords, bh.RecordsLen()
 	d.first = protocol.FirstRecordHash(part.Records, bh)
 	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic))
 	enforce := pn.settings.Load().mode == DedupEnforce

@@ -393,7 +393,7 @@ func (pn *planner) applyLog(k seqstate.Key, records []byte, now time.Time) (n in
 				// it, to a proxy restarted in between too.
 				seen := min(now.UnixNano(), bh.MaxTimestamp*int64(time.Millisecond))
 				ref := legacyRef{id: id, topic: k.Topic, partition: k.Partition, count: bh.NumRecords,
-					size: bh.Length - (61 - 12), first: protocol.FirstRecordHash(b, &bh)}
+					size: bh.RecordsLen(), first: protocol.FirstRecordHash(b, &bh)}
 				pn.orphans.add([]legacyRef{ref}, seen+int64(pn.legacyWindow))
 			}
 		}
