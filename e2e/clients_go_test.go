@@ -93,7 +93,7 @@ func franzProduce(ctx context.Context, bootstrap, topic string, n int, idempoten
 		cl.Produce(ctx, &kgo.Record{Value: []byte(value(i))}, func(_ *kgo.Record, err error) { acks.done(i, err) })
 	}
 	if err := cl.Flush(ctx); err != nil {
-		return produceResult{}, fmt.Errorf("flush: %w", err)
+		return acks.result("franz-go " + moduleVersion("github.com/twmb/franz-go")), fmt.Errorf("flush: %w", err)
 	}
 	return acks.result("franz-go " + moduleVersion("github.com/twmb/franz-go")), nil
 }
@@ -166,13 +166,20 @@ func saramaClient() legacyClient {
 			}
 			err = <-collected
 			p.AsyncClose()
-			// AsyncClose drains and closes both channels.
+			// AsyncClose closes both channels once every message is
+			// settled; both are drained at once, or a full one blocks it
+			// (a killed run fails thousands of messages).
+			errorsDrained := make(chan struct{})
+			go func() {
+				defer close(errorsDrained)
+				for range p.Errors() {
+				}
+			}()
 			for range p.Successes() {
 			}
-			for range p.Errors() {
-			}
+			<-errorsDrained
 			if err != nil {
-				return produceResult{}, err
+				return acks.result("sarama " + moduleVersion("github.com/IBM/sarama")), err
 			}
 			return acks.result("sarama " + moduleVersion("github.com/IBM/sarama")), nil
 		},
@@ -209,7 +216,15 @@ func kafkaGoClient() legacyClient {
 				WriteTimeout:    5 * time.Second,
 				Transport:       &kafkago.Transport{ClientID: "e2e-kafka-go", MetadataTTL: time.Second, DialTimeout: 5 * time.Second},
 			}
-			defer w.Close()
+			defer func() {
+				if ctx.Err() != nil {
+					// Killed (the abort mode): Close would retry what is
+					// in flight for half a minute; a dead process does not.
+					go w.Close()
+					return
+				}
+				w.Close()
+			}()
 			msgs := make([]kafkago.Message, n)
 			for i := range msgs {
 				msgs[i].Value = []byte(value(i))

@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+)
+
+// heldProduce is the Produce request the broker held (holdProduce), as it
+// arrived, so the abort mode can send it again.
+type heldProduce struct {
+	mu      sync.Mutex
+	encoded []byte
+	version int16
+}
+
+func (h *heldProduce) request() (*kmsg.ProduceRequest, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.encoded == nil {
+		return nil, false
+	}
+	req := kmsg.NewPtrProduceRequest()
+	req.SetVersion(h.version)
+	if err := req.ReadFrom(h.encoded); err != nil {
+		return nil, false
+	}
+	return req, true
+}
+
+// holdProduce makes the broker hold the n-th Produce request that expects
+// a response (counted from 1 as it reaches kfake) while during runs, then
+// handle it as usual: append it and answer. kfake's SleepControl lets the
+// cluster serve every other request meanwhile. fired counts the holds.
+func holdProduce(c *kfake.Cluster, n int64, fired *atomic.Int64, during func()) *heldProduce {
+	held := &heldProduce{}
+	var seen atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		preq := req.(*kmsg.ProduceRequest)
+		if preq.Acks == 0 || seen.Add(1) != n {
+			return nil, nil, false
+		}
+		held.mu.Lock()
+		held.encoded, held.version = preq.AppendTo(nil), preq.GetVersion()
+		held.mu.Unlock()
+		fired.Add(1)
+		c.SleepControl(during)
+		return nil, nil, false
+	})
+	return held
+}
+
+// eventually polls cond until it holds or d passes, and reports which.
+func eventually(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
+}
+
+// replayHeld sends the held request again, as it was, on a new connection
+// to the proxy, once the proxy has settled what its killed client left in
+// flight. The broker appended the original and the client never got the
+// answer, so the copy is a retry: it must be answered without error and
+// without being written again (the caller counts the log after this).
+func replayHeld(t *testing.T, px *testProxy, held *heldProduce, idempotent bool) {
+	t.Helper()
+	if !eventually(15*time.Second, func() bool { return px.metric("dedupproxy_produce_pending_batches", "") == 0 }) {
+		t.Errorf("the proxy still holds %v batches pending 15 s after its client was killed",
+			px.metric("dedupproxy_produce_pending_batches", ""))
+	}
+	req, ok := held.request()
+	if !ok {
+		t.Fatal("the held Produce request was not captured")
+	}
+	// At the held request's own version: kgo would otherwise send it at
+	// the newest the broker supports, where topics go by id (v13).
+	versions := kversion.Stable()
+	versions.SetMaxKeyVersion(int16(kmsg.Produce), req.GetVersion())
+	cl, err := kgo.NewClient(kgo.SeedBrokers(px.addr()), kgo.ClientID("e2e-replay"), kgo.MaxVersions(versions))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	before := px.metric("dedupproxy_produce_duplicates_total", "answered_by=proxy")
+	kresp, err := cl.Request(ctx, req)
+	if err != nil {
+		t.Fatalf("sending the killed client's in-flight request again: %v", err)
+	}
+	for _, tr := range kresp.(*kmsg.ProduceResponse).Topics {
+		for _, pr := range tr.Partitions {
+			if pr.ErrorCode != 0 {
+				t.Errorf("the killed client's in-flight request, sent again: %s[%d] answered error %d", tr.Topic, pr.Partition, pr.ErrorCode)
+			}
+		}
+	}
+	byProxy := px.metric("dedupproxy_produce_duplicates_total", "answered_by=proxy") - before
+	t.Logf("the killed client's in-flight request sent again: the proxy answered %v of its batches itself", byProxy)
+	if !idempotent && byProxy < 1 {
+		// Legacy batches only the proxy can recognise: the broker would
+		// append them again (the log count says so too).
+		t.Errorf("the proxy answered %v legacy batches of the replayed request itself, want at least 1", byProxy)
+	}
+}
