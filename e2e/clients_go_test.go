@@ -117,7 +117,7 @@ func franzIdempotentClient() legacyClient {
 // +2 then, +1798 with a 20 ms linger on 10,000).
 func saramaClient() legacyClient {
 	return legacyClient{
-		name: "sarama", retries: true, requeuesOnError: true, dropAt: 10, available: goAvailable,
+		name: "sarama", retries: true, dropAt: 10, available: goAvailable,
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
 			cfg := sarama.NewConfig()
 			cfg.ClientID = "e2e-sarama"

@@ -291,3 +291,45 @@ func MixIdentity(recordsID uint64, topic uint32) uint64 {
 	}
 	return x
 }
+
+// RecordStamps appends to dst, for each record of the uncompressed v2 batch
+// in records, a 128-bit hash of what the record is wherever it sits and
+// whenever it is sent: its key, value and headers. Its offset and timestamp
+// deltas are left out: a client that puts failed records back in its queue
+// resends them in other batches, at other positions (sarama behind newer
+// records, librdkafka at other boundaries), and sarama stamps them again
+// with the time of the resend (docs/legacy.md, "Records of an
+// unacknowledged append"). A compressed batch gives ErrCompressed.
+func RecordStamps(dst []RecordKey, records []byte, h *BatchHeader) ([]RecordKey, error) {
+	if h.Attributes&attrCompressionMask != 0 {
+		return dst, ErrCompressed
+	}
+	recs := recordsSection(records, h)
+	start := len(dst)
+	for off, i := 0, 0; off < len(recs); i++ {
+		l, n := binary.Varint(recs[off:])
+		if n <= 0 || l < 0 || int64(len(recs)-off-n) < l {
+			return dst[:start], fmt.Errorf("%w: record %d does not parse", ErrMalformedBatch, i)
+		}
+		r := recs[off+n : off+n+int(l)]
+		off += n + int(l)
+		// attributes (1 byte), timestampDelta, offsetDelta, then the
+		// record's own bytes.
+		_, m := binary.Varint(r[min(1, len(r)):])
+		if len(r) < 1 || m <= 0 {
+			return dst[:start], fmt.Errorf("%w: record %d does not parse", ErrMalformedBatch, i)
+		}
+		p := 1 + m
+		_, m = binary.Varint(r[p:])
+		if m <= 0 {
+			return dst[:start], fmt.Errorf("%w: record %d does not parse", ErrMalformedBatch, i)
+		}
+		p += m
+		s := xxh3.Hash128(r[p:])
+		dst = append(dst, RecordKey{Lo: s.Lo, Hi: s.Hi, Present: true})
+	}
+	if len(dst)-start != int(h.NumRecords) {
+		return dst[:start], fmt.Errorf("%w: %d records, header says %d", ErrMalformedBatch, len(dst)-start, h.NumRecords)
+	}
+	return dst, nil
+}

@@ -248,5 +248,71 @@ func FuzzRecordKeys(f *testing.F) {
 		if err == nil && len(keys) != int(h.NumRecords) {
 			t.Fatalf("%d keys for %d records", len(keys), h.NumRecords)
 		}
+		stamps, err := RecordStamps(nil, records, &h)
+		if err == nil && len(stamps) != int(h.NumRecords) {
+			t.Fatalf("%d stamps for %d records", len(stamps), h.NumRecords)
+		}
 	})
+}
+
+// stampedBatch builds an uncompressed legacy batch of values, record i
+// written at absolute time ts[i] (ms), the batch's first timestamp ts[0].
+func stampedBatch(tb testing.TB, values []string, ts []int64) ([]byte, BatchHeader) {
+	tb.Helper()
+	n := len(values)
+	b := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(n),
+		LastOffsetDelta: int32(n - 1), FirstTimestamp: ts[0], MaxTimestamp: ts[n-1]}
+	for i, v := range values {
+		rec := []byte{0}
+		rec = binary.AppendVarint(rec, ts[i]-ts[0])
+		rec = binary.AppendVarint(rec, int64(i))
+		rec = binary.AppendVarint(rec, -1)
+		rec = binary.AppendVarint(rec, int64(len(v)))
+		rec = append(rec, v...)
+		rec = binary.AppendVarint(rec, 0)
+		b.Records = append(binary.AppendVarint(b.Records, int64(len(rec))), rec...)
+	}
+	raw := b.AppendTo(nil)
+	binary.BigEndian.PutUint32(raw[8:], uint32(len(raw)-12))
+	binary.BigEndian.PutUint32(raw[17:], crc32.Checksum(raw[21:], castagnoli))
+	var h BatchHeader
+	if _, err := ReadBatch(raw, &h); err != nil {
+		tb.Fatal(err)
+	}
+	return raw, h
+}
+
+// TestRecordStamps: a record keeps its stamp when it is resent at another
+// position of another batch (sarama re-queues failed records behind newer
+// ones), stamped with another time; another value has another stamp.
+func TestRecordStamps(t *testing.T) {
+	orig, ho := stampedBatch(t, []string{"a", "b", "c"}, []int64{1000, 1001, 1003})
+	retry, hr := stampedBatch(t, []string{"x", "y", "a", "b", "c"}, []int64{1005, 1005, 1000, 1001, 1003})
+	later, hl := stampedBatch(t, []string{"a"}, []int64{1004})
+	so, err := RecordStamps(nil, orig, &ho)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr, err := RecordStamps(nil, retry, &hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(so) != 3 || len(sr) != 5 || sr[2] != so[0] || sr[3] != so[1] || sr[4] != so[2] {
+		t.Fatalf("resent records changed stamps: %v vs %v", so, sr)
+	}
+	if sr[0] == sr[1] || sr[0] == so[0] {
+		t.Fatal("different records share a stamp")
+	}
+	if sl, _ := RecordStamps(nil, later, &hl); sl[0] != so[0] {
+		t.Fatal("the same record resent at another time has another stamp")
+	}
+	buf := make([]RecordKey, 0, 8)
+	if n := testing.AllocsPerRun(100, func() { buf, _ = RecordStamps(buf[:0], retry, &hr) }); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+	hc := hr
+	hc.Attributes |= 1 // gzip
+	if _, err := RecordStamps(nil, retry, &hc); !errors.Is(err, ErrCompressed) {
+		t.Fatalf("compressed: %v", err)
+	}
 }

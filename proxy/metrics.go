@@ -41,6 +41,7 @@ type Metrics struct {
 	warmBytes       prometheus.Counter
 	warmSeconds     prometheus.Observer
 	keysDropped     prometheus.Counter
+	resentDropped   prometheus.Counter
 	keysObserved    prometheus.Counter
 	passthrough     [numPassReasons]prometheus.Counter
 	waitTimeouts    prometheus.Counter
@@ -148,6 +149,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Records whose idempotency key was written to their topic within dedup.keys.ttl: dropped (legacy batches) or observed (idempotent batches, which are never cut)."}, []string{"action"})
 	m.keysDropped = keyDups.WithLabelValues("dropped")
 	m.keysObserved = keyDups.WithLabelValues("observed")
+	m.resentDropped = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "legacy_resent_records_dropped_total",
+		Help: "Records of a legacy batch appended but answered with an error (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND) that the client sent again inside another batch: recognised one by one from the log and not written twice (docs/legacy.md)."})
 	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
 		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1 with legacy dedup off for its topic, or acks=0), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (before SASL succeeded), dedup_off (per request), keys_compressed (idempotency keys not checked in a compressed batch)."}, []string{"reason"})
 	for r, name := range passthroughReasons {
@@ -168,7 +171,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, dups, m.waitTimeouts, warmups, warmBytes, warmSeconds,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.resentDropped, dups, m.waitTimeouts, warmups, warmBytes, warmSeconds,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 

@@ -46,6 +46,12 @@ type planner struct {
 
 	legacyWindow time.Duration // dedup.legacy.window
 	orphans      orphanStore   // candidates for re-batched retries (rebatch.go)
+	// unacked holds the record stamps of legacy batches appended but
+	// answered with an error, read back from the log (resent.go); unackedUntil
+	// (ns) is when the last of them expires: until then forwarded legacy
+	// batches are checked record by record.
+	unacked      *seqstate.KeyTable
+	unackedUntil atomic.Int64
 
 	// waitMu guards waiters, and the wait fields of every plan registered
 	// in it (produceDecision.waiting, producePlan.nWaits).
@@ -69,6 +75,15 @@ func newPlanner(cfg *DedupConfig, table *seqstate.Table, legacy *seqstate.Legacy
 		legacyWindow: cfg.Legacy.Window}
 	pn.settings.Store(newDedupSettings(cfg))
 	pn.logStart.init()
+	if legacy != nil {
+		// Small: only records of appends answered with an error, for one
+		// window.
+		ttl := cfg.Legacy.Window
+		if ttl <= 0 {
+			ttl = seqstate.DefaultLegacyWindow
+		}
+		pn.unacked, _ = seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: maxUnackedRecords, TTL: ttl})
+	}
 	return pn
 }
 
@@ -454,6 +469,8 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 		}
 		if header, ok := pn.keyHeaderFor(topic); ok && d.act == actForward {
 			pn.applyKeys(pl, i, part, bh, header, enforce, now)
+		} else if enforce && !exact && !d.moved && d.act == actForward && pn.unackedLive(now) {
+			pn.applyResent(pl, i, part, bh, now)
 		}
 	case seqstate.LegacyInFlight:
 		if d.waiting {

@@ -398,3 +398,125 @@ func TestPlanLegacyRebatchedRetryAfterWarm(t *testing.T) {
 		t.Fatalf("answer %+v, want error 0 at the prefix's offset 10", r)
 	}
 }
+
+// stampedLegacyBatch is a legacy batch of values, record i written at
+// absolute time ts[i] (ms), as a client that keeps each record's timestamp
+// across resends builds it.
+func stampedLegacyBatch(t *testing.T, values []string, ts []int64) []byte {
+	t.Helper()
+	var recs []byte
+	for i, v := range values {
+		rec := []byte{0}
+		rec = binary.AppendVarint(rec, ts[i]-ts[0])
+		rec = binary.AppendVarint(rec, int64(i))
+		rec = binary.AppendVarint(rec, -1)
+		rec = binary.AppendVarint(rec, int64(len(v)))
+		rec = append(rec, v...)
+		rec = binary.AppendVarint(rec, 0)
+		recs = append(binary.AppendVarint(recs, int64(len(rec))), rec...)
+	}
+	b := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(len(values)),
+		LastOffsetDelta: int32(len(values) - 1), FirstTimestamp: ts[0], MaxTimestamp: ts[len(ts)-1], Records: recs}
+	return fixBatchLengthAndCRC(b.AppendTo(nil))
+}
+
+// TestPlanLegacyResentRecords: sarama answers a REQUEST_TIMED_OUT by
+// putting the batch's records back in its queue behind newer ones, so they
+// come back inside another batch. Once the partition's log is read again
+// (the error made the proxy forget it), those records are recognised one by
+// one and not written twice: the newer ones go upstream in a rebuilt batch;
+// a batch of only resent records is answered with their original offsets.
+func TestPlanLegacyResentRecords(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	topic, ok := h.pn.table.LookupTopic([]byte(planTopic))
+	if !ok {
+		t.Fatal("plan topic not interned")
+	}
+	const t0 = int64(1700000000000)
+	failed := stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{t0, t0 + 1, t0 + 2})
+	pl := h.plan(produce(7, -1, 1000, failed), true)
+	h.complete(pl, map[int32]brokerResult{0: {err: kerr.RequestTimedOut.Code}})
+	if h.pn.unackedLive(h.now) {
+		t.Fatal("records kept before the log was read")
+	}
+	logged := append([]byte(nil), failed...)
+	binary.BigEndian.PutUint64(logged[0:8], 10) // at offset 10 in the log
+	if n, _ := h.pn.applyLog(seqstate.Key{ProducerID: -1, Topic: topic, Partition: 0}, logged, h.now); n != 1 {
+		t.Fatalf("applied %d batches from the log, want 1", n)
+	}
+
+	// Same connection, as sarama resends: newer records first.
+	resent := stampedLegacyBatch(t, []string{"x", "y", "a", "b", "c"}, []int64{t0 + 5, t0 + 6, t0, t0 + 1, t0 + 2})
+	pl = h.plan(produce(7, -1, 1000, resent), true)
+	d := pl.decisions[0]
+	if d.act != actRebatch || !d.keyDrop {
+		t.Fatalf("batch carrying resent records: act %v", d.act)
+	}
+	var bh protocol.BatchHeader
+	rebuilt := pl.rebuilt[d.rebuiltAt:d.rebuiltEnd]
+	if _, err := protocol.ReadBatch(rebuilt, &bh); err != nil || bh.NumRecords != 2 || protocol.BatchValid(rebuilt, &bh) != 0 {
+		t.Fatalf("rebuilt batch: %v %+v", err, bh)
+	}
+	if r := h.answer(pl, h.complete(pl, map[int32]brokerResult{0: {offset: 13}}))[0]; r.ErrorCode != 0 || r.BaseOffset != -1 {
+		t.Fatalf("answer %+v, want error 0, offset -1", r)
+	}
+	if len(pl.keys) != 0 || len(pl.drops) != 0 {
+		t.Fatalf("record stamps left in the plan's key buffers: %d %d", len(pl.keys), len(pl.drops))
+	}
+
+	// Each record answers for one resend: the same records again are new.
+	pl = h.plan(produce(7, -1, 1000, stampedLegacyBatch(t, []string{"a", "b"}, []int64{t0 + 7, t0 + 7})), true)
+	if d := pl.decisions[0]; d.act != actForward {
+		t.Fatalf("records already resent once, sent again: act %v", d.act)
+	}
+
+	// Only resent records, in their order, restamped (sarama stamps a
+	// resend with its own time): their original offsets.
+	h = newPlanHarness(t, DedupEnforce)
+	pl = h.plan(produce(7, -1, 1000, failed), true)
+	h.complete(pl, map[int32]brokerResult{0: {err: kerr.RequestTimedOut.Code}})
+	h.pn.applyLog(seqstate.Key{ProducerID: -1, Topic: topic, Partition: 0}, logged, h.now)
+	h.conn = 2
+	pl = h.plan(produce(7, -1, 1000, stampedLegacyBatch(t, []string{"b", "c"}, []int64{t0 + 50, t0 + 50})), true)
+	if d := pl.decisions[0]; d.act != actAnswer || d.local.BaseOffset != 11 || d.pending {
+		t.Fatalf("only resent records: act %v %+v", d.act, d.local)
+	}
+	// Out of order: answered, but no single base offset is true.
+	h = newPlanHarness(t, DedupEnforce)
+	pl = h.plan(produce(7, -1, 1000, failed), true)
+	h.complete(pl, map[int32]brokerResult{0: {err: kerr.RequestTimedOut.Code}})
+	h.pn.applyLog(seqstate.Key{ProducerID: -1, Topic: topic, Partition: 0}, logged, h.now)
+	pl = h.plan(produce(7, -1, 1000, stampedLegacyBatch(t, []string{"c", "a"}, []int64{t0 + 2, t0})), true)
+	if d := pl.decisions[0]; d.act != actAnswer || d.local.BaseOffset != -1 {
+		t.Fatalf("resent records out of order: act %v %+v", d.act, d.local)
+	}
+	// Another value is another record.
+	pl = h.plan(produce(7, -1, 1000, stampedLegacyBatch(t, []string{"z"}, []int64{t0})), true)
+	if d := pl.decisions[0]; d.act != actForward {
+		t.Fatalf("another value: act %v", d.act)
+	}
+	if n := testutil.ToFloat64(h.pn.metrics.resentDropped); n != 2 {
+		t.Fatalf("legacy_resent_records_dropped_total %v, want 2", n)
+	}
+	// After the window nothing is checked.
+	if h.pn.unackedLive(h.now.Add(h.pn.legacyWindow)) {
+		t.Fatal("records still live after the window")
+	}
+}
+
+// TestPlanLegacyAcknowledgedRecordsNotStamped: a batch whose append was
+// acknowledged leaves nothing to check record by record, after a warm-up
+// too.
+func TestPlanLegacyAcknowledgedRecordsNotStamped(t *testing.T) {
+	h := newPlanHarness(t, DedupEnforce)
+	topic, _ := h.pn.table.LookupTopic([]byte(planTopic))
+	b := legacyBatch(t, 3, "ok")
+	pl := h.plan(produce(7, -1, 1000, b), true)
+	h.complete(pl, map[int32]brokerResult{0: {offset: 10}})
+	logged := append([]byte(nil), b...)
+	binary.BigEndian.PutUint64(logged[0:8], 10)
+	h.pn.applyLog(seqstate.Key{ProducerID: -1, Topic: topic, Partition: 0}, logged, h.now)
+	if h.pn.unackedLive(h.now) {
+		t.Fatal("an acknowledged batch's records are checked one by one")
+	}
+}

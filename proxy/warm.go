@@ -359,7 +359,7 @@ func (pn *planner) applyLog(k seqstate.Key, records []byte, now time.Time) (n in
 	next = -1
 	header, keyed := pn.keyHeaderFor(k.Topic)
 	match := pn.matchFor(k.Topic)
-	var keys []protocol.RecordKey
+	var keys, stamps []protocol.RecordKey
 	for len(records) > 0 {
 		var bh protocol.BatchHeader
 		if _, err := protocol.ReadBatch(records, &bh); err != nil {
@@ -386,7 +386,11 @@ func (pn *planner) applyLog(k seqstate.Key, records []byte, now time.Time) (n in
 			pn.table.Commit(key, batch, bh.BaseOffset, bh.MaxTimestamp, now)
 		case pn.legacy != nil && match != MatchOff:
 			id := protocol.MixIdentity(protocol.RecordsIdentity(b, &bh, match == MatchExact), uint32(k.Topic))
-			pn.legacy.Remember(id, k.Partition, bh.BaseOffset, bh.MaxTimestamp, now)
+			if pn.legacy.Remember(id, k.Partition, bh.BaseOffset, bh.MaxTimestamp, now) && match == MatchRecords {
+				// Appended, but its client was answered an error: it may
+				// resend these records inside other batches (resent.go).
+				stamps = pn.rememberUnacked(k, b, &bh, stamps, now)
+			}
 			if match == MatchRecords && bh.NumRecords > 0 {
 				// Also a candidate for a re-batched retry (rebatch.go):
 				// librdkafka resends a lost batch with newer records behind

@@ -110,6 +110,29 @@ func (t *KeyTable) Lookup(lo, hi uint64, now time.Time) (int64, bool) {
 	return e.offset, true
 }
 
+// Take is Lookup, except that a key found is forgotten: it answers for one
+// record only (the proxy's stamps of records resent after an error answer,
+// each matched once).
+func (t *KeyTable) Take(lo, hi uint64, now time.Time) (int64, bool) {
+	id := keyID(lo)
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slot, ok := s.get(id)
+	if !ok {
+		return -1, false
+	}
+	e := s.ring[slot]
+	if now.UnixNano()-e.seen >= t.ttl || e.hi != hi {
+		if e.hi == hi {
+			s.forget(id)
+		}
+		return -1, false
+	}
+	s.forget(id)
+	return e.offset, true
+}
+
 // Commit records that a record with key (lo, hi) was written at offset. A
 // key already remembered keeps its first offset.
 func (t *KeyTable) Commit(lo, hi uint64, offset int64, now time.Time) {

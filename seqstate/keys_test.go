@@ -43,3 +43,33 @@ func TestKeyTable(t *testing.T) {
 		t.Fatalf("%v allocations", n)
 	}
 }
+
+// TestKeyTableTake: a key taken answers once; another key sharing its low
+// half is left alone; an expired key is not taken.
+func TestKeyTableTake(t *testing.T) {
+	kt, err := NewKeyTable(KeyConfig{MaxKeys: 64, TTL: time.Hour, Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1700000000, 0)
+	kt.Commit(1, 2, 10, now)
+	if _, ok := kt.Take(1, 3, now); ok {
+		t.Fatal("took another key with the same low half")
+	}
+	if off, ok := kt.Take(1, 2, now); !ok || off != 10 {
+		t.Fatalf("take: %d %v", off, ok)
+	}
+	if _, ok := kt.Take(1, 2, now); ok {
+		t.Fatal("a key answered twice")
+	}
+	kt.Commit(5, 6, 20, now)
+	if _, ok := kt.Take(5, 6, now.Add(time.Hour)); ok {
+		t.Fatal("took a key after its TTL")
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		kt.Commit(77, 1, 1, now)
+		kt.Take(77, 1, now)
+	}); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}

@@ -305,12 +305,14 @@ func (t *LegacyTable) Adopt(id, conn uint64, now time.Time) {
 // max timestamp (ms). Its acknowledgement belongs to no connection, so an
 // identical batch from any connection within the window of that timestamp
 // is a retry. A batch the table already holds keeps its state, but learns
-// its offset if its response had none.
-func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimestamp int64, now time.Time) {
+// its offset if its response had none. unacked reports that case when the
+// client was answered an error for it (Disown): it holds no
+// acknowledgement and may resend those records in other batches.
+func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimestamp int64, now time.Time) (unacked bool) {
 	ns := now.UnixNano()
 	seen := min(ns, maxTimestamp*int64(time.Millisecond))
 	if ns-seen >= t.window {
-		return
+		return false
 	}
 	s := t.shard(id)
 	s.mu.Lock()
@@ -320,10 +322,12 @@ func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimest
 		// learns it from the log.
 		if e.state == legacyAppended && e.offset < 0 && e.partition == partition {
 			e.offset = baseOffset
+			unacked = e.conn == 0 && e.inflight == 0
 		}
-		return
+		return unacked
 	}
 	t.insert(s, id, legacyEntry{offset: baseOffset, ts: maxTimestamp, seen: seen, partition: partition, state: legacyAppended})
+	return false
 }
 
 // Disown records that batch id, appended, was answered to conn with an
