@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -59,6 +60,11 @@ type session struct {
 	legacyIDs legacyRing                      // readLoop's: legacy batches whose acknowledgement goes here
 	respScan  protocol.ProduceResponseScanner // responseLoop's, reused
 	current   *pending                        // responseLoop's: taken from the queue, not yet released
+
+	// Large Fetch responses are spliced socket to socket (relay.go) when
+	// both legs are plain TCP; nil otherwise.
+	rawClient, rawUp syscall.RawConn
+	splice           *splicer // responseLoop's, made on first use
 }
 
 // pending is one request awaiting its response.
@@ -71,6 +77,7 @@ type pending struct {
 	failed       bool         // no response will come; the connection closes
 	plan         *producePlan // Produce decided by the planner, else nil
 	initTxn      bool         // InitProducerId for a transactional id: feeds fencing
+	relayed      bool         // the response went to the client as it was read (relayLarge)
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{} }}
@@ -83,11 +90,19 @@ const readBufferSize = 32 << 10
 const maxPooledFrame = 1 << 20
 
 func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
-	return &session{
+	c := &session{
 		s: s, id: id, client: client, upstream: upstream, log: log,
 		queue:  make(chan *pending, s.Config.MaxInflight),
 		closed: make(chan struct{}),
 	}
+	if !s.copyOnly {
+		inner := client
+		if tr, ok := client.(*requestTracker); ok {
+			inner = tr.Conn
+		}
+		c.rawClient, c.rawUp, _ = rawConns(inner, upstream)
+	}
+	return c
 }
 
 func (c *session) run() {
@@ -285,6 +300,9 @@ func (c *session) responseLoop() {
 		// release their batches and abandon their waits, so nothing stays
 		// pending in the table.
 		c.upstream.Close()
+		if c.splice != nil {
+			c.splice.close()
+		}
 		if p := c.current; p != nil {
 			c.current = nil
 			c.fail(p)
@@ -305,7 +323,16 @@ func (c *session) responseLoop() {
 		case failed:
 			c.fail(p)
 		default:
-			if err := c.readResponse(upstream, p); err != nil {
+			var err error
+			if !dead {
+				var alive bool
+				p.relayed, alive, err = c.relayLarge(upstream, p)
+				dead = !alive
+			}
+			if !p.relayed && err == nil {
+				err = c.readResponse(upstream, p)
+			}
+			if err != nil {
 				failed = true
 				c.upstreamFailed(err, p)
 				c.fail(p)
@@ -319,7 +346,7 @@ func (c *session) responseLoop() {
 			dead = true
 			c.closeAll()
 		}
-		if !dead {
+		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
 		}
 		c.current = nil

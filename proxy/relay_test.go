@@ -1,0 +1,236 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// fetchBody encodes a Fetch response body (after the header) of version
+// v: partition 0 carries recordsLen bytes of made-up record batches
+// (kmsg keeps them as bytes), partition 1 none; with nodes (v16+) it
+// carries KIP-951 NodeEndpoints naming the real broker, as a broker does
+// beside NOT_LEADER_OR_FOLLOWER.
+func fetchBody(v int16, recordsLen int, nodes ...kmsg.FetchResponseBroker) []byte {
+	resp := kmsg.NewPtrFetchResponse()
+	resp.SetVersion(v)
+	t := kmsg.NewFetchResponseTopic()
+	t.Topic = "relay"
+	t.TopicID = [16]byte{0xfa, 0xce}
+	for i := int32(0); i < 2; i++ {
+		p := kmsg.NewFetchResponseTopicPartition()
+		p.Partition, p.HighWatermark = i, 1000
+		if i == 0 {
+			p.RecordBatches = make([]byte, recordsLen)
+			for j := range p.RecordBatches {
+				p.RecordBatches[j] = byte(j * 7)
+			}
+		} else if len(nodes) > 0 {
+			p.ErrorCode = 6 // NOT_LEADER_OR_FOLLOWER
+			p.CurrentLeader.LeaderID, p.CurrentLeader.LeaderEpoch = nodes[0].NodeID, 3
+		}
+		t.Partitions = append(t.Partitions, p)
+	}
+	resp.Topics = append(resp.Topics, t)
+	resp.Brokers = nodes
+	return resp.AppendTo(nil)
+}
+
+func fetchRequest(v int16) *kmsg.FetchRequest {
+	req := kmsg.NewPtrFetchRequest()
+	req.SetVersion(v)
+	req.MaxBytes = 64 << 20
+	ft := kmsg.NewFetchRequestTopic()
+	ft.Topic, ft.TopicID = "relay", [16]byte{0xfa, 0xce}
+	fp := kmsg.NewFetchRequestTopicPartition()
+	fp.PartitionMaxBytes = 64 << 20
+	ft.Partitions = append(ft.Partitions, fp)
+	req.Topics = append(req.Topics, ft)
+	return req
+}
+
+// TestFetchRelayLarge relays Fetch responses of every size class through
+// the proxy, on the splice path and the copy path, pipelined so that
+// small and large frames follow each other on one connection, with
+// requests of other APIs between them: every response arrives whole, in
+// order, byte for byte as the broker sent it (these versions carry no
+// broker address).
+func TestFetchRelayLarge(t *testing.T) {
+	t.Parallel()
+	sizes := []int{100, spliceMinFrame - 200, spliceMinFrame + 1, 200 << 10, 3 << 20}
+	bodies := map[int16]map[int][]byte{}
+	for _, v := range []int16{4, 11, 12, 15} {
+		bodies[v] = map[int][]byte{}
+		for _, n := range sizes {
+			bodies[v][n] = fetchBody(v, n)
+		}
+	}
+	for _, copyOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("copyOnly=%v", copyOnly), func(t *testing.T) {
+			t.Parallel()
+			for _, v := range []int16{4, 11, 12, 15} {
+				next := make(chan int, 64)
+				sb := newSinkBrokerWith(t, "relay", 2, func(int16) []byte { return bodies[v][<-next] })
+				p := startProxyWith(t, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} },
+					func(s *Server) { s.copyOnly = copyOnly })
+				raw := dialRaw(t, p.addr())
+				order := []int{3 << 20, 100, 200 << 10, spliceMinFrame + 1, spliceMinFrame - 200, 3 << 20, 100, 100, 200 << 10}
+				var corrs []int32
+				var reqs []kmsg.Request
+				for i, n := range order {
+					next <- n
+					corrs = append(corrs, raw.send(fetchRequest(v)))
+					reqs = append(reqs, nil)
+					if i%3 == 1 { // another API between the fetches
+						req := kmsg.NewPtrApiVersionsRequest()
+						corrs = append(corrs, raw.send(req))
+						reqs = append(reqs, req)
+					}
+				}
+				k := 0
+				for i, corr := range corrs {
+					if reqs[i] != nil {
+						raw.recv(reqs[i], corr)
+						continue
+					}
+					n := order[k]
+					k++
+					frame, err := readFrame(raw.conn)
+					if err != nil {
+						t.Fatalf("v%d fetch %d (%d bytes): %v", v, k, n, err)
+					}
+					off := 4
+					if v >= 12 {
+						off++
+					}
+					if got := int32(frame[0])<<24 | int32(frame[1])<<16 | int32(frame[2])<<8 | int32(frame[3]); got != corr {
+						t.Fatalf("v%d fetch %d: correlation id %d, want %d", v, k, got, corr)
+					}
+					if !bytes.Equal(frame[off:], bodies[v][n]) {
+						t.Fatalf("v%d fetch %d (%d bytes): body differs from the broker's (%d bytes)", v, k, n, len(frame)-off)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestFetchRelayClientGone: a client that stops reading and leaves in the
+// middle of a spliced frame does not make the proxy lose its place in the
+// broker's responses: the Produce pipelined behind the Fetch is still read
+// and committed, so its retry on a new connection is answered by the proxy.
+func TestFetchRelayClientGone(t *testing.T) {
+	t.Parallel()
+	big := fetchBody(15, 16<<20)
+	sb := newSinkBrokerWith(t, "relay", 2, func(int16) []byte { return big })
+	p := startProxyWith(t, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} }, nil)
+	raw := dialRaw(t, p.addr())
+	raw.learnTopics("relay")
+	// A tiny receive buffer, so the proxy's splice blocks on the client.
+	raw.conn.(*net.TCPConn).SetReadBuffer(4 << 10)
+	raw.send(fetchRequest(15))
+	batch := recordBatch(t, 77, 0, 0, 1, "x")
+	produce := produceParts("relay", -1, part{0, batch})
+	raw.send(produce)
+	// Read a little of the fetch, then hang up with an RST.
+	buf := make([]byte, 1024)
+	if _, err := raw.conn.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	raw.conn.(*net.TCPConn).SetLinger(0)
+	raw.conn.Close()
+
+	again := dialRaw(t, p.addr())
+	again.learnTopics("relay")
+	resp := again.roundTrip(produceParts("relay", -1, part{0, batch})).(*kmsg.ProduceResponse)
+	if code := resp.Topics[0].Partitions[0].ErrorCode; code != 0 {
+		t.Fatalf("retry answered with error %d", code)
+	}
+	if !strings.Contains(p.logs.String(), "duplicate prevented") {
+		t.Fatal("the retry was not answered by the proxy")
+	}
+}
+
+// TestSpliceOnlyPlainTCP: the splice path is taken only between two plain
+// TCP connections.
+func TestSpliceOnlyPlainTCP(t *testing.T) {
+	t.Parallel()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if _, _, ok := rawConns(a, b); ok {
+		t.Fatal("net.Pipe connections taken for splicing")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, ok := rawConns(c, c); ok != spliceSupported {
+		t.Fatalf("plain TCP: splicing %v, want %v", ok, spliceSupported)
+	}
+}
+
+// BenchmarkFetchRelay measures relaying Fetch responses through the proxy
+// on the splice path and on the copy path, one request at a time on one
+// connection, against a broker that writes a prebuilt response. The
+// broker and the reading client run in the same process, so cpu-ms/MB is
+// the whole process's CPU (getrusage) per MB fetched: compare the two
+// paths' figures, not the absolute ones. Run with -count and alternate.
+func BenchmarkFetchRelay(b *testing.B) {
+	for _, size := range []int{8 << 10, 64 << 10, 1 << 20} {
+		for _, v := range []int16{15, 16} {
+			body := fetchBody(v, size)
+			for _, copyOnly := range []bool{true, false} {
+				path := "splice"
+				if copyOnly {
+					path = "copy"
+				}
+				b.Run(fmt.Sprintf("size=%dKiB/v%d/%s", size>>10, v, path), func(b *testing.B) {
+					sb := newSinkBrokerWith(b, "relay", 2, func(int16) []byte { return body })
+					p := startProxyWith(b, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} },
+						func(s *Server) { s.copyOnly = copyOnly })
+					raw := dialRaw(b, p.addr())
+					req := kmsg.NewRequestFormatter(kmsg.FormatterClientID("bench")).AppendRequest(nil, fetchRequest(v), 1)
+					buf := make([]byte, 0, len(body)+64)
+					frameLen := 4 + 4 + 1 + len(body)
+					if v < 12 {
+						frameLen--
+					}
+					b.SetBytes(int64(frameLen))
+					b.ReportAllocs()
+					cpu0 := cpuTime()
+					for b.Loop() {
+						if _, err := raw.conn.Write(req); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := io.ReadFull(raw.conn, buf[:frameLen]); err != nil {
+							b.Fatal(err)
+						}
+					}
+					cpu := cpuTime() - cpu0
+					b.ReportMetric(cpu.Seconds()*1e3/(float64(b.N)*float64(frameLen)/1e6), "cpu-ms/MB")
+				})
+			}
+		}
+	}
+}
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
