@@ -24,14 +24,22 @@ const spliceMinFrame = 16 << 10
 // socket to socket (see splicer). It reports handled false, having consumed
 // nothing, when the response should take the copy path instead: a small
 // frame, a TLS or wrapped connection, a frame that fails the checks
-// readResponse makes (which then reports them), or a response that may carry
-// broker addresses to rewrite (Fetch v16+ NodeEndpoints, KIP-951).
+// readResponse makes (which then reports them), or a version newer than the
+// proxy knows. Fetch v16+, which may carry broker addresses to rewrite
+// (NodeEndpoints, KIP-951), is walked as it passes (relayFetchStream).
 //
 // alive is false when the client could not be written to; the frame is
 // still consumed whole from upstream, so the responses behind it (a
 // Produce's outcome among them) are still read and committed.
 func (c *session) relayLarge(upstream *bufio.Reader, p *pending) (handled, alive bool, err error) {
-	if c.rawClient == nil || p.key != int16(kmsg.Fetch) || p.plan != nil || p.version >= 16 {
+	if c.rawClient == nil || p.key != int16(kmsg.Fetch) || p.plan != nil {
+		return false, true, nil
+	}
+	// v16+ may carry NodeEndpoints: walked as it passes (fetchstream.go).
+	// A version newer than the proxy can walk takes the copy path, where
+	// the rewrite refuses it.
+	stream := p.version >= 16
+	if mv, _ := protocol.MaxVersion(int16(kmsg.Fetch)); p.version > mv {
 		return false, true, nil
 	}
 	head, err := upstream.Peek(8)
@@ -53,6 +61,14 @@ func (c *session) relayLarge(upstream *bufio.Reader, p *pending) (handled, alive
 	m.BrokerReadBytes.Add(float64(frameLen))
 	if c.s.Config.WriteTimeout > 0 {
 		c.client.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
+	}
+	if stream {
+		alive, err := c.relayFetchStream(upstream, p, frameLen)
+		if err == nil && alive {
+			m.ClientWrittenBytes.Add(float64(frameLen))
+			p.api.duration.Observe(time.Since(p.start).Seconds())
+		}
+		return true, alive && err == nil, err
 	}
 	// What the buffered reader holds goes first, in one write led by the
 	// size and correlation id (requestTracker reads the id there).

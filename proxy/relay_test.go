@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
 // fetchBody encodes a Fetch response body (after the header) of version
@@ -60,13 +62,17 @@ func fetchRequest(v int16) *kmsg.FetchRequest {
 // the proxy, on the splice path and the copy path, pipelined so that
 // small and large frames follow each other on one connection, with
 // requests of other APIs between them: every response arrives whole, in
-// order, byte for byte as the broker sent it (these versions carry no
-// broker address).
+// order, byte for byte as the broker sent it (no NodeEndpoints here: v16+
+// is walked and passed unchanged).
 func TestFetchRelayLarge(t *testing.T) {
 	t.Parallel()
 	sizes := []int{100, spliceMinFrame - 200, spliceMinFrame + 1, 200 << 10, 3 << 20}
 	bodies := map[int16]map[int][]byte{}
-	for _, v := range []int16{4, 11, 12, 15} {
+	versions := []int16{4, 11, 12, 15, 16}
+	if mv, _ := protocol.MaxVersion(int16(kmsg.Fetch)); mv > 16 {
+		versions = append(versions, mv)
+	}
+	for _, v := range versions {
 		bodies[v] = map[int][]byte{}
 		for _, n := range sizes {
 			bodies[v][n] = fetchBody(v, n)
@@ -75,7 +81,7 @@ func TestFetchRelayLarge(t *testing.T) {
 	for _, copyOnly := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copyOnly=%v", copyOnly), func(t *testing.T) {
 			t.Parallel()
-			for _, v := range []int16{4, 11, 12, 15} {
+			for _, v := range versions {
 				next := make(chan int, 64)
 				sb := newSinkBrokerWith(t, "relay", 2, func(int16) []byte { return bodies[v][<-next] })
 				p := startProxyWith(t, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} },
@@ -128,14 +134,23 @@ func TestFetchRelayLarge(t *testing.T) {
 // and committed, so its retry on a new connection is answered by the proxy.
 func TestFetchRelayClientGone(t *testing.T) {
 	t.Parallel()
-	big := fetchBody(15, 16<<20)
+	for _, v := range []int16{15, 16} {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
+			t.Parallel()
+			testFetchRelayClientGone(t, v)
+		})
+	}
+}
+
+func testFetchRelayClientGone(t *testing.T, v int16) {
+	big := fetchBody(v, 16<<20)
 	sb := newSinkBrokerWith(t, "relay", 2, func(int16) []byte { return big })
 	p := startProxyWith(t, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} }, nil)
 	raw := dialRaw(t, p.addr())
 	raw.learnTopics("relay")
 	// A tiny receive buffer, so the proxy's splice blocks on the client.
 	raw.conn.(*net.TCPConn).SetReadBuffer(4 << 10)
-	raw.send(fetchRequest(15))
+	raw.send(fetchRequest(v))
 	batch := recordBatch(t, 77, 0, 0, 1, "x")
 	produce := produceParts("relay", -1, part{0, batch})
 	raw.send(produce)
@@ -153,9 +168,11 @@ func TestFetchRelayClientGone(t *testing.T) {
 	if code := resp.Topics[0].Partitions[0].ErrorCode; code != 0 {
 		t.Fatalf("retry answered with error %d", code)
 	}
-	if !strings.Contains(p.logs.String(), "duplicate prevented") {
-		t.Fatal("the retry was not answered by the proxy")
-	}
+	// The retry may have waited for the original, still in flight behind
+	// the fetch, and been answered when it committed; the log line follows.
+	waitFor(t, 10*time.Second, "the retry answered by the proxy", func() bool {
+		return strings.Contains(p.logs.String(), "duplicate prevented")
+	})
 }
 
 // TestSpliceOnlyPlainTCP: the splice path is taken only between two plain
@@ -233,4 +250,68 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestFetchRelayLargeNodeEndpoints: a large Fetch v16+ response carrying
+// KIP-951 NodeEndpoints (beside a NOT_LEADER_OR_FOLLOWER partition) is
+// relayed with its records spliced, and the client sees only the proxy's
+// address for the node: the rewritten endpoint when the proxy's address
+// fits in the broker's bytes, no endpoint (the client falls back to
+// Metadata) when it does not; never the broker's. The copy path, for
+// comparison, always rewrites.
+func TestFetchRelayLargeNodeEndpoints(t *testing.T) {
+	t.Parallel()
+	mv, _ := protocol.MaxVersion(int16(kmsg.Fetch))
+	for _, v := range []int16{16, mv} {
+		for _, brokerHost := range []string{"broker-0.kafka.internal.example", "b"} {
+			for _, copyOnly := range []bool{false, true} {
+				name := fmt.Sprintf("v%d/host=%s/copyOnly=%v", v, brokerHost, copyOnly)
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					node := kmsg.NewFetchResponseBroker()
+					node.NodeID, node.Host, node.Port = 0, brokerHost, 9092
+					body := fetchBody(v, 3<<20, node)
+					sb := newSinkBrokerWith(t, "relay", 2, func(int16) []byte { return body })
+					p := startProxyWith(t, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} },
+						func(s *Server) { s.copyOnly = copyOnly })
+					raw := dialRaw(t, p.addr())
+					raw.learnTopics("relay")
+					want, ok := p.nodes.advertised(0)
+					if !ok {
+						t.Fatal("no proxy listener for node 0")
+					}
+					for i := 0; i < 3; i++ {
+						resp := raw.roundTrip(fetchRequest(v)).(*kmsg.FetchResponse)
+						if got := resp.Topics[0].Partitions[0].RecordBatches; !bytes.Equal(got, fetchBodyRecords(3<<20)) {
+							t.Fatalf("records changed (%d bytes)", len(got))
+						}
+						if resp.Topics[0].Partitions[1].ErrorCode != 6 {
+							t.Fatalf("partition 1 error %d", resp.Topics[0].Partitions[1].ErrorCode)
+						}
+						wantNodes := 1
+						if !copyOnly && len(brokerHost) < len(want) {
+							wantNodes = 0 // spliced, and the proxy's address does not fit
+						}
+						if len(resp.Brokers) != wantNodes {
+							t.Fatalf("%d nodes in NodeEndpoints, want %d", len(resp.Brokers), wantNodes)
+						}
+						for _, b := range resp.Brokers {
+							if got := addrString(b.Host, b.Port); got != want {
+								t.Fatalf("node 0 is %s, want the proxy's %s", got, want)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// fetchBodyRecords is the record bytes fetchBody puts in partition 0.
+func fetchBodyRecords(n int) []byte {
+	b := make([]byte, n)
+	for j := range b {
+		b[j] = byte(j * 7)
+	}
+	return b
 }

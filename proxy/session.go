@@ -64,7 +64,8 @@ type session struct {
 	// Large Fetch responses are spliced socket to socket (relay.go) when
 	// both legs are plain TCP; nil otherwise.
 	rawClient, rawUp syscall.RawConn
-	splice           *splicer // responseLoop's, made on first use
+	splice           *splicer    // responseLoop's, made on first use
+	stream           fetchStream // responseLoop's, for Fetch v16+ (fetchstream.go)
 }
 
 // pending is one request awaiting its response.
