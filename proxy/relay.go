@@ -59,9 +59,7 @@ func (c *session) relayLarge(upstream *bufio.Reader, p *pending) (handled, alive
 	frameLen := 4 + int64(size)
 	m := c.s.Metrics
 	m.BrokerReadBytes.Add(float64(frameLen))
-	if c.s.Config.WriteTimeout > 0 {
-		c.client.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
-	}
+	c.extendClientWrite()
 	if stream {
 		alive, err := c.relayFetchStream(upstream, p, frameLen)
 		if err == nil && alive {

@@ -315,3 +315,51 @@ func fetchBodyRecords(n int) []byte {
 	}
 	return b
 }
+
+// TestIdleResponseLoopWokenForLocalAnswers: on an idle connection the
+// response loop waits on the broker (waitUpstream); a request the proxy
+// answers alone (an ApiVersions newer than it knows, KIP-511), between and
+// after forwarded ones, is still answered at once, in order, and the
+// connection then closes cleanly.
+func TestIdleResponseLoopWokenForLocalAnswers(t *testing.T) {
+	t.Parallel()
+	sb := newSinkBroker(t, "relay", 1)
+	p := startProxyWith(t, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} }, nil)
+	raw := dialRaw(t, p.addr())
+	newer := func() []byte {
+		// ApiVersions v99: header v1 (api key, version, correlation id,
+		// client id), an empty body.
+		raw.corr++
+		b := []byte{0, 0, 0, 0, 0, 18, 0, 99}
+		b = append(b, byte(raw.corr>>24), byte(raw.corr>>16), byte(raw.corr>>8), byte(raw.corr))
+		b = append(b, 0, 3, 'r', 'a', 'w')
+		b[3] = byte(len(b) - 4)
+		return b
+	}
+	for round := 0; round < 20; round++ {
+		// Let the response loop go idle on the broker first.
+		time.Sleep(time.Millisecond)
+		raw.conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := raw.conn.Write(newer()); err != nil {
+			t.Fatal(err)
+		}
+		want := raw.corr
+		body, err := readFrame(raw.conn)
+		if err != nil {
+			t.Fatalf("round %d: no answer to the local request: %v", round, err)
+		}
+		if got := int32(body[0])<<24 | int32(body[1])<<16 | int32(body[2])<<8 | int32(body[3]); got != want {
+			t.Fatalf("round %d: correlation id %d, want %d", round, got, want)
+		}
+		// A forwarded request, then a local one pipelined behind it.
+		req := kmsg.NewPtrMetadataRequest()
+		corr := raw.send(req)
+		if _, err := raw.conn.Write(newer()); err != nil {
+			t.Fatal(err)
+		}
+		raw.recv(req, corr)
+		if body, err = readFrame(raw.conn); err != nil {
+			t.Fatalf("round %d: no answer to the pipelined local request: %v", round, err)
+		}
+	}
+}

@@ -66,6 +66,13 @@ type session struct {
 	rawClient, rawUp syscall.RawConn
 	splice           *splicer    // responseLoop's, made on first use
 	stream           fetchStream // responseLoop's, for Fetch v16+ (fetchstream.go)
+
+	// waitUpstream's hand-shake with readLoop, under upMu.
+	upMu        sync.Mutex
+	upWaiting   bool      // responseLoop waits on the broker with nothing queued
+	upKicked    bool      // readLoop set a past read deadline to wake it
+	upRestore   time.Time // the broker read deadline to put back (the drain deadline, or none)
+	queueClosed bool      // readLoop closed the queue
 }
 
 // pending is one request awaiting its response.
@@ -152,8 +159,15 @@ func (c *session) readLoop() {
 		// No more requests: let responseLoop drain what was forwarded, but
 		// not forever. A client that disconnected never abandons its
 		// in-flight requests (docs/produce-path.md).
-		c.upstream.SetReadDeadline(time.Now().Add(c.s.Config.DrainTimeout))
+		drainAt := time.Now().Add(c.s.Config.DrainTimeout)
+		c.upMu.Lock()
+		c.upRestore, c.queueClosed = drainAt, true
+		if !c.upKicked { // else responseLoop sets upRestore when it wakes
+			c.upstream.SetReadDeadline(drainAt)
+		}
+		c.upMu.Unlock()
 		close(c.queue)
+		c.kickResponseLoop()
 	}()
 	defer func() {
 		// A plan decided but not queued (a panic in between) still holds
@@ -316,7 +330,18 @@ func (c *session) responseLoop() {
 	}()
 	defer c.recoverPanic("response")
 	upstream := bufio.NewReaderSize(c.upstream, readBufferSize)
-	for p := range c.queue {
+	// Idle, wait on the broker rather than on the queue (waitUpstream);
+	// only on a plain TCP broker connection (a TLS one is left to the
+	// simpler wait), and not once that connection has failed.
+	_, waitUp := c.upstream.(*net.TCPConn)
+	for {
+		if waitUp && !failed && len(c.queue) == 0 {
+			waitUp = c.waitUpstream(upstream)
+		}
+		p, ok := <-c.queue
+		if !ok {
+			break
+		}
 		c.current = p
 		switch {
 		case !c.awaitsUpstream(p):
@@ -353,6 +378,51 @@ func (c *session) responseLoop() {
 		c.current = nil
 		c.release(p)
 	}
+}
+
+// waitUpstream blocks while nothing is queued until the broker sends
+// something or readLoop kicks (kickResponseLoop), and reports whether it
+// may be used again (false once the broker connection failed; the error
+// is met again by the read that follows).
+//
+// Why: a request and its response used to take two wake-ups of this
+// goroutine, one when readLoop queued the request and one when the
+// response arrived; each wake-up of a parked goroutine on an idle CPU costs
+// a futex and scheduler work. Parked on the broker connection instead, it
+// wakes once, when the response arrives; the request is queued by then,
+// since readLoop queues before it forwards. What readLoop queues for the
+// proxy to answer alone (nothing will arrive from the broker), and the end
+// of the queue, it announces with a kick: a read deadline in the past,
+// which this function undoes under upMu before anything else reads.
+func (c *session) waitUpstream(upstream *bufio.Reader) bool {
+	c.upMu.Lock()
+	if len(c.queue) > 0 || c.queueClosed {
+		c.upMu.Unlock()
+		return true
+	}
+	c.upWaiting = true
+	c.upMu.Unlock()
+	_, err := upstream.Peek(1)
+	c.upMu.Lock()
+	kicked := c.upKicked
+	c.upWaiting, c.upKicked = false, false
+	if kicked {
+		c.upstream.SetReadDeadline(c.upRestore)
+	}
+	c.upMu.Unlock()
+	return err == nil || (kicked && errors.Is(err, os.ErrDeadlineExceeded))
+}
+
+// kickResponseLoop wakes responseLoop from waitUpstream, if it is there.
+// readLoop calls it after queueing a request no broker response answers,
+// and after closing the queue.
+func (c *session) kickResponseLoop() {
+	c.upMu.Lock()
+	if c.upWaiting && !c.upKicked {
+		c.upKicked = true
+		c.upstream.SetReadDeadline(time.Now())
+	}
+	c.upMu.Unlock()
 }
 
 // awaitsUpstream reports whether a response for p comes from the broker.
@@ -400,9 +470,7 @@ func (c *session) readResponse(upstream io.Reader, p *pending) error {
 // client can still be written to.
 func (c *session) writeResponse(p *pending) bool {
 	frame := *p.resp
-	if c.s.Config.WriteTimeout > 0 {
-		c.client.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
-	}
+	c.extendClientWrite()
 	if _, err := c.client.Write(frame); err != nil {
 		if !c.stopping.Load() {
 			c.s.Metrics.clientError(clientWrite)
@@ -416,6 +484,13 @@ func (c *session) writeResponse(p *pending) bool {
 	c.s.Metrics.ClientWrittenBytes.Add(float64(len(frame)))
 	p.api.duration.Observe(time.Since(p.start).Seconds())
 	return true
+}
+
+// extendClientWrite sets the client's write deadline for one response.
+func (c *session) extendClientWrite() {
+	if c.s.Config.WriteTimeout > 0 {
+		c.client.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
+	}
 }
 
 var errCorrelation = errors.New("broker response out of order (correlation id mismatch)")
@@ -528,4 +603,5 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 	p := c.newPending(h, start, api)
 	p.resp = bp
 	c.queue <- p
+	c.kickResponseLoop()
 }
