@@ -35,6 +35,8 @@ type fetchStream struct {
 	sent  bool   // the first write (size prefix, correlation id) went out
 	alive bool   // the client can be written to
 	err   error  // first broker-side error: read failure or malformed
+
+	mapper *responseMapper // kept across frames
 }
 
 // errMalformedFetch is a Fetch response whose lengths do not add up.
@@ -49,7 +51,7 @@ const fetchStreamFlush = 32 << 10
 // broker-side error after which the connection cannot continue.
 func (c *session) relayFetchStream(r *bufio.Reader, p *pending, frameLen int64) (alive bool, err error) {
 	s := &c.stream
-	*s = fetchStream{c: c, r: r, left: frameLen, out: s.out[:0], alive: true}
+	*s = fetchStream{c: c, r: r, left: frameLen, out: s.out[:0], alive: true, mapper: s.mapper}
 	s.pass(4 + 4) // size, correlation id
 	s.skipTags()  // response header v1
 	s.pass(4 + 2 + 4)
@@ -231,7 +233,10 @@ func (s *fetchStream) tail(p *pending) {
 	if s.err != nil {
 		return
 	}
-	out, changed, err := protocol.RewriteTopTagsSameSize(nil, tags, &responseMapper{&s.c.s.nodes, s.c.s.planner.table})
+	if s.mapper == nil { // made once: as an interface value it would be allocated per frame
+		s.mapper = &responseMapper{&s.c.s.nodes, s.c.s.planner.table}
+	}
+	out, changed, err := protocol.RewriteTopTagsSameSize(nil, tags, s.mapper)
 	if err != nil {
 		s.err = fmt.Errorf("rewrite fetch v%d: %w", p.version, err)
 		return

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -361,5 +363,86 @@ func TestIdleResponseLoopWokenForLocalAnswers(t *testing.T) {
 		if body, err = readFrame(raw.conn); err != nil {
 			t.Fatalf("round %d: no answer to the pipelined local request: %v", round, err)
 		}
+	}
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t testing.TB) (a, b *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close(); acc.Close() })
+	return d.(*net.TCPConn), acc.(*net.TCPConn)
+}
+
+// TestRelayLargeNoAllocs pins zero allocations per large Fetch response
+// relayed on the splice path, whole (v15) and walked (v16), in steady
+// state: a broker goroutine writes one prebuilt frame per run, a client
+// goroutine drains what the session relays.
+func TestRelayLargeNoAllocs(t *testing.T) {
+	for _, v := range []int16{15, 16} {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
+			if !spliceSupported {
+				t.Skip("no splice here")
+			}
+			body := fetchBody(v, 64<<10)
+			frame := binary.BigEndian.AppendUint32(nil, 0)
+			frame = binary.BigEndian.AppendUint32(frame, 7) // correlation id
+			if v >= 12 {
+				frame = append(frame, 0)
+			}
+			frame = append(frame, body...)
+			binary.BigEndian.PutUint32(frame, uint32(len(frame)-4))
+
+			brokerSide, upSide := tcpPair(t)
+			clientSide, peer := tcpPair(t)
+			c := newDecisionSession(t)
+			c.client, c.upstream = clientSide, upSide
+			c.rawClient, c.rawUp, _ = rawConns(clientSide, upSide)
+			up := bufio.NewReaderSize(upSide, readBufferSize)
+
+			next := make(chan struct{})
+			go func() {
+				for range next {
+					if _, err := brokerSide.Write(frame); err != nil {
+						return
+					}
+				}
+			}()
+			defer close(next)
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					if _, err := peer.Read(buf); err != nil {
+						return
+					}
+				}
+			}()
+			api := c.s.Metrics.api(int16(kmsg.Fetch))
+			p := &pending{key: int16(kmsg.Fetch), version: v, corrID: 7, api: api}
+			run := func() {
+				next <- struct{}{}
+				p.start = time.Now()
+				handled, alive, err := c.relayLarge(up, p)
+				if !handled || !alive || err != nil {
+					t.Fatalf("handled %v alive %v err %v", handled, alive, err)
+				}
+			}
+			run()
+			if allocs := testing.AllocsPerRun(200, run); allocs != 0 && !raceEnabled {
+				t.Fatalf("%v allocations per relayed frame", allocs)
+			}
+		})
 	}
 }
