@@ -359,9 +359,13 @@ func TestIdleResponseLoopWokenForLocalAnswers(t *testing.T) {
 		if _, err := raw.conn.Write(newer()); err != nil {
 			t.Fatal(err)
 		}
+		local := raw.corr
 		raw.recv(req, corr)
 		if body, err = readFrame(raw.conn); err != nil {
 			t.Fatalf("round %d: no answer to the pipelined local request: %v", round, err)
+		}
+		if got := int32(binary.BigEndian.Uint32(body)); got != local {
+			t.Fatalf("round %d: correlation id %d, want %d", round, got, local)
 		}
 	}
 }
