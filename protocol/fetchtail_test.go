@@ -104,3 +104,58 @@ func TestRewriteTopTagsSameSizeNoNodes(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRewriteTopTagsSameSize holds the same-size rewrite of a Fetch v16+
+// top-level tag section to its invariants: it never panics; when it
+// succeeds, the section keeps its length, still walks, decodes with kmsg
+// inside a Fetch response, and every node it names carries the mapper's
+// address (never the input's); a section it leaves unchanged names no
+// node.
+func FuzzRewriteTopTagsSameSize(f *testing.F) {
+	for _, host := range []string{"b", "broker-0.kafka.internal.example"} {
+		resp := kmsg.NewPtrFetchResponse()
+		resp.SetVersion(16)
+		b := kmsg.NewFetchResponseBroker()
+		b.NodeID, b.Host, b.Port = 3, host, 9092
+		resp.Brokers = append(resp.Brokers, b)
+		resp.UnknownTags.Set(9, []byte("x"))
+		body := resp.AppendTo(nil)
+		f.Add(body[4+2+4+1:]) // after ThrottleMillis, ErrorCode, SessionID, empty Topics
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0})
+	f.Add([]byte{1, 0, 1, 1})
+	f.Add([]byte{1, 0, 12, 2, 0, 0, 0, 1, 2, 'h', 0, 0, 0, 1, 0, 0})
+	mapHost := func(id int32) (string, int32) {
+		return strings.Repeat("p", int(uint32(id)%40)+1), 30000 + int32(uint32(id)%1000)
+	}
+	m := mapperFunc(func(id int32, _ string, _ int32) (string, int32) { return mapHost(id) })
+	f.Fuzz(func(t *testing.T, tags []byte) {
+		out, changed, err := RewriteTopTagsSameSize(nil, tags, m)
+		if err != nil {
+			return
+		}
+		if len(out) != len(tags) {
+			t.Fatalf("length %d, want %d", len(out), len(tags))
+		}
+		w := newRespWalker(out)
+		hasNodes := w.walkTopTags()
+		if !w.Ok() || len(w.Src) != 0 {
+			t.Fatal("the result does not walk")
+		}
+		if !changed && hasNodes {
+			t.Fatal("unchanged, yet it names nodes")
+		}
+		body := append([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, out...)
+		resp := kmsg.NewPtrFetchResponse()
+		resp.SetVersion(16)
+		if err := resp.ReadFrom(body); err != nil {
+			t.Fatalf("kmsg cannot decode the result: %v", err)
+		}
+		for _, b := range resp.Brokers {
+			if h, p := mapHost(b.NodeID); b.Host != h || b.Port != p {
+				t.Fatalf("node %d is %s:%d, not the mapper's %s:%d", b.NodeID, b.Host, b.Port, h, p)
+			}
+		}
+	})
+}
