@@ -450,3 +450,105 @@ func TestRelayLargeNoAllocs(t *testing.T) {
 		})
 	}
 }
+
+// richFetchBody is a Fetch response of version v with every shape the
+// walk must pass: several topics and partitions, aborted transactions,
+// every partition-level tagged field, null, empty, small and large record
+// sets, unknown tags at every level, and, with nodes, NodeEndpoints.
+func richFetchBody(v int16, nodes ...kmsg.FetchResponseBroker) *kmsg.FetchResponse {
+	resp := kmsg.NewPtrFetchResponse()
+	resp.SetVersion(v)
+	resp.ThrottleMillis, resp.SessionID = 3, 77
+	sizes := []int{-1, 0, 300, 20 << 10, 200 << 10, 16<<10 - 1, 1 << 20}
+	for ti := 0; ti < 3; ti++ {
+		t := kmsg.NewFetchResponseTopic()
+		t.TopicID = [16]byte{byte(ti + 1)}
+		t.UnknownTags.Set(4, []byte("topic tag"))
+		for pi, n := range sizes {
+			p := kmsg.NewFetchResponseTopicPartition()
+			p.Partition, p.HighWatermark, p.LastStableOffset, p.LogStartOffset = int32(pi), 100, 90, 1
+			if n >= 0 {
+				p.RecordBatches = fetchBodyRecords(n)
+			}
+			if pi%2 == 0 {
+				a := kmsg.NewFetchResponseTopicPartitionAbortedTransaction()
+				a.ProducerID, a.FirstOffset = 5, 6
+				a.UnknownTags.Set(2, []byte("aborted tag"))
+				p.AbortedTransactions = append(p.AbortedTransactions, a)
+			}
+			if pi == 1 {
+				p.ErrorCode = 6
+				p.CurrentLeader.LeaderID, p.CurrentLeader.LeaderEpoch = 0, 9
+				p.DivergingEpoch.Epoch, p.DivergingEpoch.EndOffset = 2, 3
+				p.SnapshotID.EndOffset, p.SnapshotID.Epoch = 4, 5
+			}
+			p.UnknownTags.Set(7, []byte("partition tag"))
+			t.Partitions = append(t.Partitions, p)
+		}
+		resp.Topics = append(resp.Topics, t)
+	}
+	resp.Brokers = nodes
+	resp.UnknownTags.Set(3, []byte("top tag"))
+	return resp
+}
+
+// TestFetchRelayWalkRich relays richFetchBody through the splice path's
+// walk (v16+): without NodeEndpoints byte for byte as the broker sent it;
+// with them, equal to the broker's response in everything but the
+// endpoints, which name only the proxy.
+func TestFetchRelayWalkRich(t *testing.T) {
+	t.Parallel()
+	mv, _ := protocol.MaxVersion(int16(kmsg.Fetch))
+	for _, v := range []int16{16, mv} {
+		for _, withNodes := range []bool{false, true} {
+			t.Run(fmt.Sprintf("v%d/nodes=%v", v, withNodes), func(t *testing.T) {
+				t.Parallel()
+				var nodes []kmsg.FetchResponseBroker
+				if withNodes {
+					n := kmsg.NewFetchResponseBroker()
+					n.NodeID, n.Host, n.Port = 0, "broker-0.kafka.internal.example", 9092
+					nodes = append(nodes, n)
+				}
+				sent := richFetchBody(v, nodes...)
+				body := sent.AppendTo(nil)
+				sb := newSinkBrokerWith(t, "relay", 2, func(int16) []byte { return body })
+				p := startProxyWith(t, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} }, nil)
+				raw := dialRaw(t, p.addr())
+				raw.learnTopics("relay")
+				corr := raw.send(fetchRequest(v))
+				frame, err := readFrame(raw.conn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := int32(binary.BigEndian.Uint32(frame)); got != corr {
+					t.Fatalf("correlation id %d, want %d", got, corr)
+				}
+				got := frame[5:]
+				if !withNodes {
+					if !bytes.Equal(got, body) {
+						t.Fatal("body differs from the broker's")
+					}
+					return
+				}
+				if len(got) != len(body) {
+					t.Fatalf("%d bytes, the broker sent %d", len(got), len(body))
+				}
+				resp := kmsg.NewPtrFetchResponse()
+				resp.SetVersion(v)
+				if err := resp.ReadFrom(got); err != nil {
+					t.Fatalf("decode: %v", err)
+				}
+				want, _ := p.nodes.advertised(0)
+				if len(resp.Brokers) != 1 || addrString(resp.Brokers[0].Host, resp.Brokers[0].Port) != want {
+					t.Fatalf("NodeEndpoints %+v, want the proxy's %s", resp.Brokers, want)
+				}
+				// All but the top-level tags is the broker's, byte for byte.
+				sent.Brokers, resp.Brokers = nil, nil
+				sent.UnknownTags, resp.UnknownTags = kmsg.Tags{}, kmsg.Tags{}
+				if !bytes.Equal(sent.AppendTo(nil), resp.AppendTo(nil)) {
+					t.Fatal("the relayed response differs from the broker's beyond NodeEndpoints")
+				}
+			})
+		}
+	}
+}
