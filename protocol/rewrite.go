@@ -400,8 +400,14 @@ func rewriteTaggedNodes(dst, body []byte, key kmsg.Key, version int16, m AddrMap
 		return body, false, nil
 	}
 
+	return rewriteTopTags(dst, body, tagsAt, m)
+}
+
+// rewriteTopTags is pass two of rewriteTaggedNodes: body[tagsAt:] is a
+// top-level tag section that pass one validated and found to hold nodes.
+func rewriteTopTags(dst, body []byte, tagsAt int, m AddrMapper) ([]byte, bool, error) {
 	s := addrSplice{src: body, dst: dst}
-	w = respWalker{Reader: kbin.Reader{Src: body[tagsAt:]}, end: len(body)}
+	w := respWalker{Reader: kbin.Reader{Src: body[tagsAt:]}, end: len(body)}
 	for n := w.Uvarint(); n > 0 && w.Ok(); n-- {
 		key := w.Uvarint()
 		sizeAt := w.pos()

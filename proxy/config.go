@@ -64,6 +64,12 @@ type Config struct {
 	// listener binds (see Server.AdminAddr).
 	Admin string `yaml:"admin"`
 
+	// AdminPprof serves Go's net/http/pprof profiles under /debug/pprof/
+	// on the admin listener. Off (false) by default: a profile shows
+	// internals and costs CPU while taken, so it is served only when an
+	// operator asks for it.
+	AdminPprof bool `yaml:"admin_pprof"`
+
 	// MaxFrameBytes caps one request or response frame. Default 100 MiB,
 	// Kafka's socket.request.max.bytes.
 	MaxFrameBytes int32 `yaml:"max_frame_bytes"`

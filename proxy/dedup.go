@@ -195,6 +195,7 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 	if anyUp {
 		return c.forward(reduced)
 	}
+	c.kickResponseLoop() // no broker response will wake it
 	return true
 }
 

@@ -141,6 +141,7 @@ type produceDecision struct {
 	pending bool // registered as pending (in flight) in its table: Commit or Release it
 	commit  bool // forwarded: commit it if the broker appends it
 	waiting bool // actWait, not yet resolved (guarded by planner.waitMu)
+	waited  bool // registered by wait: plan's own copy, read without the lock (a resolve may clear waiting at once)
 	key     seqstate.Key
 	batch   seqstate.Batch
 	ident   uint64 // legacy: the batch's identity (protocol.MixIdentity)
@@ -377,7 +378,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 				pn.metrics.dupAnswered[dupByBroker].Inc()
 			}
 		case seqstate.InFlight:
-			if d.waiting {
+			if d.waited {
 				d.act = actWait
 			} else {
 				d.commit = acks != 0 // acks=1: the broker decides; it may commit the original
@@ -473,7 +474,7 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 			pn.applyResent(pl, i, part, bh, now)
 		}
 	case seqstate.LegacyInFlight:
-		if d.waiting {
+		if d.waited {
 			d.act = actWait
 		}
 	case seqstate.LegacyDuplicate:
@@ -548,7 +549,7 @@ func (pn *planner) wait(pl *producePlan, i int, now time.Time) {
 	}
 	wk := waitKeyOf(d)
 	pn.waiters[wk] = append(pn.waiters[wk], waiter{pl, i})
-	d.waiting = true
+	d.waiting, d.waited = true, true
 	pl.nWaits++
 }
 

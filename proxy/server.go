@@ -69,6 +69,10 @@ type Server struct {
 	dialCtx    context.Context
 	cancelDial context.CancelFunc
 
+	// copyOnly turns off splicing large Fetch responses (relay.go), so
+	// tests and benchmarks can compare the two paths.
+	copyOnly bool
+
 	refusals refusalLog // connections refused for a limit, logged sparingly
 
 	// mu guards the fields below, and makes "not closing" and registering

@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -59,6 +60,19 @@ type session struct {
 	legacyIDs legacyRing                      // readLoop's: legacy batches whose acknowledgement goes here
 	respScan  protocol.ProduceResponseScanner // responseLoop's, reused
 	current   *pending                        // responseLoop's: taken from the queue, not yet released
+
+	// Large Fetch responses are spliced socket to socket (relay.go) when
+	// both legs are plain TCP; nil otherwise.
+	rawClient, rawUp syscall.RawConn
+	splice           *splicer    // responseLoop's, made on first use
+	stream           fetchStream // responseLoop's, for Fetch v16+ (fetchstream.go)
+
+	// waitUpstream's hand-shake with readLoop, under upMu.
+	upMu        sync.Mutex
+	upWaiting   bool      // responseLoop waits on the broker with nothing queued
+	upKicked    bool      // readLoop set a past read deadline to wake it
+	upRestore   time.Time // the broker read deadline to put back (the drain deadline, or none)
+	queueClosed bool      // readLoop closed the queue
 }
 
 // pending is one request awaiting its response.
@@ -71,6 +85,7 @@ type pending struct {
 	failed       bool         // no response will come; the connection closes
 	plan         *producePlan // Produce decided by the planner, else nil
 	initTxn      bool         // InitProducerId for a transactional id: feeds fencing
+	relayed      bool         // the response went to the client as it was read (relayLarge)
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{} }}
@@ -83,11 +98,19 @@ const readBufferSize = 32 << 10
 const maxPooledFrame = 1 << 20
 
 func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
-	return &session{
+	c := &session{
 		s: s, id: id, client: client, upstream: upstream, log: log,
 		queue:  make(chan *pending, s.Config.MaxInflight),
 		closed: make(chan struct{}),
 	}
+	if !s.copyOnly {
+		inner := client
+		if tr, ok := client.(*requestTracker); ok {
+			inner = tr.Conn
+		}
+		c.rawClient, c.rawUp, _ = rawConns(inner, upstream)
+	}
+	return c
 }
 
 func (c *session) run() {
@@ -136,8 +159,15 @@ func (c *session) readLoop() {
 		// No more requests: let responseLoop drain what was forwarded, but
 		// not forever. A client that disconnected never abandons its
 		// in-flight requests (docs/produce-path.md).
-		c.upstream.SetReadDeadline(time.Now().Add(c.s.Config.DrainTimeout))
+		drainAt := time.Now().Add(c.s.Config.DrainTimeout)
+		c.upMu.Lock()
+		c.upRestore, c.queueClosed = drainAt, true
+		if !c.upKicked { // else responseLoop sets upRestore when it wakes
+			c.upstream.SetReadDeadline(drainAt)
+		}
+		c.upMu.Unlock()
 		close(c.queue)
+		c.kickResponseLoop()
 	}()
 	defer func() {
 		// A plan decided but not queued (a panic in between) still holds
@@ -285,6 +315,9 @@ func (c *session) responseLoop() {
 		// release their batches and abandon their waits, so nothing stays
 		// pending in the table.
 		c.upstream.Close()
+		if c.splice != nil {
+			c.splice.close()
+		}
 		if p := c.current; p != nil {
 			c.current = nil
 			c.fail(p)
@@ -297,7 +330,18 @@ func (c *session) responseLoop() {
 	}()
 	defer c.recoverPanic("response")
 	upstream := bufio.NewReaderSize(c.upstream, readBufferSize)
-	for p := range c.queue {
+	// Idle, wait on the broker rather than on the queue (waitUpstream);
+	// only on a plain TCP broker connection (a TLS one is left to the
+	// simpler wait), and not once that connection has failed.
+	_, waitUp := c.upstream.(*net.TCPConn)
+	for {
+		if waitUp && !failed && len(c.queue) == 0 {
+			waitUp = c.waitUpstream(upstream)
+		}
+		p, ok := <-c.queue
+		if !ok {
+			break
+		}
 		c.current = p
 		switch {
 		case !c.awaitsUpstream(p):
@@ -305,7 +349,16 @@ func (c *session) responseLoop() {
 		case failed:
 			c.fail(p)
 		default:
-			if err := c.readResponse(upstream, p); err != nil {
+			var err error
+			if !dead {
+				var alive bool
+				p.relayed, alive, err = c.relayLarge(upstream, p)
+				dead = !alive
+			}
+			if !p.relayed && err == nil {
+				err = c.readResponse(upstream, p)
+			}
+			if err != nil {
 				failed = true
 				c.upstreamFailed(err, p)
 				c.fail(p)
@@ -319,12 +372,57 @@ func (c *session) responseLoop() {
 			dead = true
 			c.closeAll()
 		}
-		if !dead {
+		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
 		}
 		c.current = nil
 		c.release(p)
 	}
+}
+
+// waitUpstream blocks while nothing is queued until the broker sends
+// something or readLoop kicks (kickResponseLoop), and reports whether it
+// may be used again (false once the broker connection failed; the error
+// is met again by the read that follows).
+//
+// Why: a request and its response used to take two wake-ups of this
+// goroutine, one when readLoop queued the request and one when the
+// response arrived; each wake-up of a parked goroutine on an idle CPU costs
+// a futex and scheduler work. Parked on the broker connection instead, it
+// wakes once, when the response arrives; the request is queued by then,
+// since readLoop queues before it forwards. What readLoop queues for the
+// proxy to answer alone (nothing will arrive from the broker), and the end
+// of the queue, it announces with a kick: a read deadline in the past,
+// which this function undoes under upMu before anything else reads.
+func (c *session) waitUpstream(upstream *bufio.Reader) bool {
+	c.upMu.Lock()
+	if len(c.queue) > 0 || c.queueClosed {
+		c.upMu.Unlock()
+		return true
+	}
+	c.upWaiting = true
+	c.upMu.Unlock()
+	_, err := upstream.Peek(1)
+	c.upMu.Lock()
+	kicked := c.upKicked
+	c.upWaiting, c.upKicked = false, false
+	if kicked {
+		c.upstream.SetReadDeadline(c.upRestore)
+	}
+	c.upMu.Unlock()
+	return err == nil || (kicked && errors.Is(err, os.ErrDeadlineExceeded))
+}
+
+// kickResponseLoop wakes responseLoop from waitUpstream, if it is there.
+// readLoop calls it after queueing a request no broker response answers,
+// and after closing the queue.
+func (c *session) kickResponseLoop() {
+	c.upMu.Lock()
+	if c.upWaiting && !c.upKicked {
+		c.upKicked = true
+		c.upstream.SetReadDeadline(time.Now())
+	}
+	c.upMu.Unlock()
 }
 
 // awaitsUpstream reports whether a response for p comes from the broker.
@@ -372,9 +470,7 @@ func (c *session) readResponse(upstream io.Reader, p *pending) error {
 // client can still be written to.
 func (c *session) writeResponse(p *pending) bool {
 	frame := *p.resp
-	if c.s.Config.WriteTimeout > 0 {
-		c.client.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
-	}
+	c.extendClientWrite()
 	if _, err := c.client.Write(frame); err != nil {
 		if !c.stopping.Load() {
 			c.s.Metrics.clientError(clientWrite)
@@ -388,6 +484,13 @@ func (c *session) writeResponse(p *pending) bool {
 	c.s.Metrics.ClientWrittenBytes.Add(float64(len(frame)))
 	p.api.duration.Observe(time.Since(p.start).Seconds())
 	return true
+}
+
+// extendClientWrite sets the client's write deadline for one response.
+func (c *session) extendClientWrite() {
+	if c.s.Config.WriteTimeout > 0 {
+		c.client.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
+	}
 }
 
 var errCorrelation = errors.New("broker response out of order (correlation id mismatch)")
@@ -500,4 +603,5 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 	p := c.newPending(h, start, api)
 	p.resp = bp
 	c.queue <- p
+	c.kickResponseLoop()
 }

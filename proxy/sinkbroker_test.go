@@ -24,15 +24,26 @@ type sinkBroker struct {
 	mu         sync.Mutex
 	next       map[int32]int64
 	wg         sync.WaitGroup
+	// fetchBody, when set, answers every Fetch with the body it returns
+	// for the request's version (the bytes after the response header),
+	// written as it is without encoding: a Fetch relay benchmark measures
+	// the proxy, not kmsg.
+	fetchBody func(version int16) []byte
 }
 
 func newSinkBroker(t testing.TB, topic string, partitions int32) *sinkBroker {
+	t.Helper()
+	return newSinkBrokerWith(t, topic, partitions, nil)
+}
+
+// newSinkBrokerWith is newSinkBroker whose Fetch answers are fetchBody's.
+func newSinkBrokerWith(t testing.TB, topic string, partitions int32, fetchBody func(version int16) []byte) *sinkBroker {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &sinkBroker{ln: ln, topic: topic, partitions: partitions, next: map[int32]int64{}}
+	b := &sinkBroker{ln: ln, topic: topic, partitions: partitions, next: map[int32]int64{}, fetchBody: fetchBody}
 	b.wg.Add(1)
 	go b.accept()
 	t.Cleanup(func() { ln.Close(); b.wg.Wait() })
@@ -68,6 +79,19 @@ func (b *sinkBroker) serve(c net.Conn) {
 		h, err := protocol.ParseRequestHeader(body)
 		if err != nil || h.BodyOffset == 0 {
 			return
+		}
+		if h.APIKey == int16(kmsg.Fetch) && b.fetchBody != nil {
+			body := b.fetchBody(h.APIVersion)
+			head := binary.BigEndian.AppendUint32(nil, 0)
+			head = binary.BigEndian.AppendUint32(head, uint32(h.CorrelationID))
+			if h.APIVersion >= 12 {
+				head = append(head, 0) // empty header tags
+			}
+			binary.BigEndian.PutUint32(head, uint32(len(head)-4+len(body)))
+			if _, err := (&net.Buffers{head, body}).WriteTo(c); err != nil {
+				return
+			}
+			continue
 		}
 		req := kmsg.RequestForKey(h.APIKey)
 		req.SetVersion(h.APIVersion)

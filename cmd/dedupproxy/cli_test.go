@@ -85,7 +85,7 @@ func TestConfigErrors(t *testing.T) {
 		{"upstream: embedded\ndedup:\n  legacy:\n    window: two minutes\n", `dedup.legacy.window: "two minutes" is not a duration`},
 		{"upstream: embedded\ndedup:\n  mdoe: observe\n", "dedup.mdoe: unknown key; did you mean mode?"},
 		{"upstream: embedded\ndedup:\n  topics:\n    t:\n      legacy_mach: exact\n", "dedup.topics.t.legacy_mach: unknown key; did you mean legacy_match?"},
-		{"upstream: embedded\nzzz: 1\n", "zzz: unknown key; known keys here: admin, admin_tls,"},
+		{"upstream: embedded\nzzz: 1\n", "zzz: unknown key; known keys here: admin, admin_pprof, admin_tls,"},
 		{"listen: 127.0.0.1:9092\n", "upstream is not set"},
 		{"", "upstream is not set"},
 		{"upstream: embedded\nlog_format: xml\n", `log_format "xml": want text or json`},

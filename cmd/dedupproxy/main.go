@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	httppprof "net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime"
@@ -159,14 +160,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var admin *http.Server
 	adminAddr := "off"
 	if adminLn != nil {
-		admin = &http.Server{Handler: adminHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
+		admin = &http.Server{Handler: adminHandler(srv, reg, cfg.AdminPprof), ReadHeaderTimeout: 5 * time.Second}
 		scheme := "http"
 		if tc := srv.AdminTLSConfig(); tc != nil {
 			adminLn = tls.NewListener(adminLn, tc)
 			scheme = "https"
 		}
 		adminAddr = scheme + "://" + adminLn.Addr().String()
-		log.Info("admin listening", "addr", adminLn.Addr().String(), "scheme", scheme, "paths", "/metrics /healthz /readyz")
+		paths := "/metrics /healthz /readyz"
+		if cfg.AdminPprof {
+			paths += " /debug/pprof/"
+		}
+		log.Info("admin listening", "addr", adminLn.Addr().String(), "scheme", scheme, "paths", paths)
 		go func() {
 			if err := admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin server failed", "err", err)
@@ -200,6 +205,7 @@ type flags struct {
 	advertise, admin           *string
 	logLevel, logFormat, dedup *string
 	upstreamTLS, version       *bool
+	adminPprof                 *bool
 	strFlags                   map[string]strFlag
 	parseErr                   bool // the error is the command line's
 }
@@ -250,6 +256,7 @@ func newFlags() *flags {
 	def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
 		func(c *proxy.Config, v string) { c.AdminTLS.Cert = v })
 	def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
+	f.adminPprof = fs.Bool("admin-pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener")
 	f.upstreamTLS = fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
 	return f
 }
@@ -311,6 +318,8 @@ func (f *flags) load(args []string) (proxy.Config, error) {
 			cfg.Admin = *f.admin
 		case "upstream-tls":
 			cfg.UpstreamTLS.Enabled = *f.upstreamTLS
+		case "admin-pprof":
+			cfg.AdminPprof = *f.adminPprof
 		case "log-level":
 			cfg.LogLevel = *f.logLevel
 		case "log-format":
@@ -356,8 +365,19 @@ func splitList(s string) []string {
 	return out
 }
 
-func adminHandler(srv *proxy.Server, reg *prometheus.Registry) http.Handler {
+// adminHandler serves /metrics, /healthz, /readyz and, only when pprof is
+// set, Go's profiles under /debug/pprof/. The handlers are registered on
+// this mux, never on http.DefaultServeMux (importing net/http/pprof
+// registers there, but nothing serves that mux).
+func adminHandler(srv *proxy.Server, reg *prometheus.Registry, pprof bool) http.Handler {
 	mux := http.NewServeMux()
+	if pprof {
+		mux.HandleFunc("/debug/pprof/", httppprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")

@@ -1,0 +1,284 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+)
+
+// fetchStream relays a large Fetch v16+ response while it arrives. Such a
+// response may end with KIP-951 NodeEndpoints (the top-level tag 0), which
+// names real brokers and must be rewritten, so unlike relayLarge's v15 and
+// older frames it cannot go through blind. Instead the response is walked
+// as its bytes pass, by the lengths kmsg decodes it with: the fields
+// between record sets are copied through a small buffer, each record set
+// of 16 KiB or more is spliced, and the top-level tag section, the last
+// bytes of the frame, is read whole and rewritten in place at its own size
+// (protocol.RewriteTopTagsSameSize), since the frame's size prefix left
+// first. No byte of the tag section reaches the client before it is
+// rewritten, so no broker address leaks.
+//
+// The copy path validates a whole response before sending any of it; here
+// a malformed response is found part way, after its start was sent, and
+// the connection is closed (the client sees it cut, as after a broker
+// failure). Partition-level tags are passed by their sizes, not decoded:
+// they name no address.
+type fetchStream struct {
+	c     *session
+	r     *bufio.Reader
+	left  int64  // frame bytes not yet consumed from r
+	out   []byte // consumed, not yet written to the client
+	sent  bool   // the first write (size prefix, correlation id) went out
+	alive bool   // the client can be written to
+	err   error  // first broker-side error: read failure or malformed
+
+	mapper *responseMapper // kept across frames
+}
+
+// errMalformedFetch is a Fetch response whose lengths do not add up.
+var errMalformedFetch = fmt.Errorf("%w: fetch lengths do not match the frame", protocol.ErrMalformedResponse)
+
+// fetchStreamFlush is how much copied data is gathered per write.
+const fetchStreamFlush = 32 << 10
+
+// relayFetchStream relays p's response, a frame of frameLen bytes led by
+// its size prefix and correlation id (already checked), as fetchStream
+// describes. It reports whether the client can still be written to, and a
+// broker-side error after which the connection cannot continue.
+func (c *session) relayFetchStream(r *bufio.Reader, p *pending, frameLen int64) (alive bool, err error) {
+	s := &c.stream
+	*s = fetchStream{c: c, r: r, left: frameLen, out: s.out[:0], alive: true, mapper: s.mapper}
+	s.pass(4 + 4) // size, correlation id
+	s.skipTags()  // response header v1
+	s.pass(4 + 2 + 4)
+	nt := s.arrayLen(18)
+	for i := int32(0); i < nt && s.err == nil; i++ {
+		s.pass(16) // topic ID (v13+)
+		np := s.arrayLen(37)
+		for j := int32(0); j < np && s.err == nil; j++ {
+			s.pass(4 + 2 + 8 + 8 + 8) // Partition, ErrorCode, HighWatermark, LastStableOffset, LogStartOffset
+			na := s.arrayLen(16)
+			for k := int32(0); k < na && s.err == nil; k++ {
+				s.pass(8 + 8) // ProducerID, FirstOffset
+				s.skipTags()
+			}
+			s.pass(4) // PreferredReadReplica
+			if n := int64(s.uvarint()) - 1; n > 0 {
+				s.records(n)
+			}
+			s.skipTags()
+		}
+		s.skipTags()
+	}
+	s.tail(p)
+	if s.err != nil {
+		return false, s.err
+	}
+	s.flush()
+	if len(s.out) > maxPooledFrame {
+		s.out = nil
+	}
+	return s.alive, nil
+}
+
+// take consumes n bytes of the frame from the broker into out.
+func (s *fetchStream) take(n int64) []byte {
+	if s.err != nil {
+		return nil
+	}
+	if n < 0 || n > s.left {
+		s.err = errMalformedFetch
+		return nil
+	}
+	start := len(s.out)
+	s.out = append(s.out, make([]byte, n)...)[:start+int(n)]
+	if _, err := io.ReadFull(s.r, s.out[start:]); err != nil {
+		s.err = readErr(err)
+		return nil
+	}
+	s.left -= n
+	return s.out[start:]
+}
+
+func readErr(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// pass copies n bytes of the frame toward the client.
+func (s *fetchStream) pass(n int64) {
+	for n > 0 && s.err == nil {
+		k := min(n, fetchStreamFlush)
+		s.take(k)
+		n -= k
+		if len(s.out) >= fetchStreamFlush {
+			s.flush()
+		}
+	}
+}
+
+func (s *fetchStream) uvarint() uint32 {
+	var x uint32
+	for shift := uint(0); shift < 35 && s.err == nil; shift += 7 {
+		b := s.take(1)
+		if b == nil {
+			return 0
+		}
+		x |= uint32(b[0]&0x7f) << shift
+		if b[0] < 0x80 {
+			return x
+		}
+	}
+	if s.err == nil {
+		s.err = errMalformedFetch
+	}
+	return 0
+}
+
+// arrayLen reads a compact array length; like kmsg, null is empty, and a
+// length the rest of the frame cannot hold at minSize bytes per element
+// is malformed.
+func (s *fetchStream) arrayLen(minSize int64) int32 {
+	n := int64(s.uvarint()) - 1
+	if n < 0 {
+		return 0
+	}
+	if n*minSize > s.left {
+		s.err = errMalformedFetch
+		return 0
+	}
+	return int32(n)
+}
+
+func (s *fetchStream) skipTags() {
+	for n := s.uvarint(); n > 0 && s.err == nil; n-- {
+		s.uvarint() // key
+		s.pass(int64(s.uvarint()))
+	}
+}
+
+// records relays one partition's record set of n bytes: spliced when large
+// and the legs allow it, else copied.
+func (s *fetchStream) records(n int64) {
+	if n > s.left {
+		s.err = errMalformedFetch
+		return
+	}
+	c := s.c
+	if n < spliceMinFrame || c.rawClient == nil || !s.alive {
+		if !s.alive {
+			s.discard(n)
+			return
+		}
+		s.pass(n)
+		return
+	}
+	s.flush()
+	// What the buffered reader holds goes first.
+	if b := s.r.Buffered(); b > 0 && s.alive {
+		head, _ := s.r.Peek(int(min(int64(b), n)))
+		s.write(head)
+		s.r.Discard(len(head))
+		s.left -= int64(len(head))
+		n -= int64(len(head))
+	}
+	if !s.alive {
+		s.discard(n)
+		return
+	}
+	taken, srcErr, dstErr := c.splice.move(c.rawClient, c.rawUp, n)
+	s.left -= taken
+	switch {
+	case srcErr != nil:
+		s.err = srcErr
+	case dstErr != nil:
+		if !c.hungUpWrite(dstErr) {
+			c.clientGone(dstErr)
+		}
+		s.alive = false
+		s.discard(n - taken)
+	}
+}
+
+// discard consumes n bytes of the frame without relaying them.
+func (s *fetchStream) discard(n int64) {
+	if s.err != nil {
+		return
+	}
+	if err := s.c.skip(s.r, n); err != nil {
+		s.err = readErr(err)
+		return
+	}
+	s.left -= n
+}
+
+// tail reads the top-level tag section, the rest of the frame, and
+// rewrites its broker addresses at its own size.
+func (s *fetchStream) tail(p *pending) {
+	if s.err != nil {
+		return
+	}
+	if s.left > int64(s.c.s.Config.MaxFrameBytes) {
+		s.err = errMalformedFetch
+		return
+	}
+	start := len(s.out)
+	tags := s.take(s.left)
+	if s.err != nil {
+		return
+	}
+	if s.mapper == nil { // made once: as an interface value it would be allocated per frame
+		s.mapper = &responseMapper{&s.c.s.nodes, s.c.s.planner.table}
+	}
+	out, changed, err := protocol.RewriteTopTagsSameSize(nil, tags, s.mapper)
+	if err != nil {
+		s.err = fmt.Errorf("rewrite fetch v%d: %w", p.version, err)
+		return
+	}
+	if changed {
+		copy(s.out[start:], out)
+	}
+}
+
+// flush writes what out holds to the client.
+func (s *fetchStream) flush() {
+	if len(s.out) > 0 && s.alive {
+		s.write(s.out)
+	}
+	s.out = s.out[:0]
+}
+
+// write sends b to the client. The first write, led by the size prefix and
+// correlation id, goes through requestTracker (which reads the id there);
+// the rest of the frame goes to the connection beneath it.
+func (s *fetchStream) write(b []byte) {
+	c := s.c
+	var err error
+	first := !s.sent
+	s.sent = true
+	if first {
+		_, err = c.client.Write(b) // requestTracker forgives a hung-up client itself
+	} else {
+		_, err = c.clientConn().Write(b)
+	}
+	if err != nil {
+		if first || !c.hungUpWrite(err) {
+			c.clientGone(err)
+		}
+		s.alive = false
+	}
+}
+
+// clientConn is the client connection beneath requestTracker.
+func (c *session) clientConn() net.Conn {
+	if tr, ok := c.client.(*requestTracker); ok {
+		return tr.Conn
+	}
+	return c.client
+}

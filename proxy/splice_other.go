@@ -1,0 +1,25 @@
+//go:build !linux
+
+package proxy
+
+import (
+	"errors"
+	"net"
+	"syscall"
+)
+
+// splicer is Linux-only (splice(2)); elsewhere large responses take the
+// copy path.
+type splicer struct{}
+
+func newSplicer() *splicer      { return &splicer{} }
+func (sp *splicer) close()      {}
+func (sp *splicer) open() error { return errors.ErrUnsupported }
+
+func rawConns(dst, src net.Conn) (d, s syscall.RawConn, ok bool) { return nil, nil, false }
+
+func (sp *splicer) move(dst, src syscall.RawConn, n int64) (int64, error, error) {
+	return 0, nil, errors.ErrUnsupported
+}
+
+const spliceSupported = false
