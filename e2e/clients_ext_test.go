@@ -74,7 +74,7 @@ func pythonModule(module string) func() error {
 // would otherwise exit with records still queued.
 func kcatClient() legacyClient {
 	return legacyClient{
-		name: "kcat", retries: true, resplitsTimedOut: true, dropAt: 10,
+		name: "kcat", retries: true, dropAt: 10,
 		available: func() error { _, err := exec.LookPath("kcat"); return err },
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
 			var in bytes.Buffer
@@ -130,7 +130,7 @@ func kcatVersion() string {
 // idempotence off, acks=all.
 func confluentPythonClient() legacyClient {
 	return legacyClient{
-		name: "confluent-kafka-python", retries: true, resplitsTimedOut: true, dropAt: 10,
+		name: "confluent-kafka-python", retries: true, dropAt: 10,
 		available: pythonModule("confluent_kafka"),
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
 			return runReporting(ctx, t, debianPython, filepath.Join("testdata", "confluent_producer.py"), bootstrap, topic, fmt.Sprint(n))

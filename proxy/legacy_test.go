@@ -254,3 +254,61 @@ func TestLegacySlowBroker(t *testing.T) {
 		t.Fatalf("the log holds %d records, want 1 (%d produce requests reached the broker)", end, reached.Load())
 	}
 }
+
+// TestLegacyResplitAfterClientLeft: a client gives up on a Produce the
+// broker is still holding, closes its connection and sends the records
+// again on a new one, cut at another boundary behind newer records
+// (librdkafka after a request timeout). The new request waits until the
+// original settles, the partition is read back from the log, and the
+// records already appended are not written twice.
+func TestLegacyResplitAfterClientLeft(t *testing.T) {
+	t.Parallel()
+	const topic = "resplit"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() {
+			close(entered)
+			c.SleepControl(func() { <-release })
+		})
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	t0 := time.Now().UnixMilli()
+	first := dialRaw(t, p.addr())
+	first.learnTopics(topic)
+	first.send(produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{t0, t0, t0})}))
+	<-entered
+	first.conn.Close() // the client timed the request out
+	// The proxy notices at once (a read returns EOF); the test waits for
+	// it, a real client's reconnect usually takes longer.
+	waitFor(t, 10*time.Second, "the proxy to see the client leave", func() bool { return p.planner.settling.n.Load() >= 1 })
+
+	second := dialRaw(t, p.addr())
+	second.learnTopics(topic)
+	req := produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"b", "c", "d"}, []int64{t0, t0, t0 + 1})})
+	corr := second.send(req)
+	waitFor(t, 10*time.Second, "the resent records to wait for the original", func() bool {
+		return p.planner.nWaiting.Load() >= 1
+	})
+	close(release)
+	if r := onlyPartition(t, second.recv(req, corr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
+		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
+	}
+	if n := testutil.ToFloat64(p.Metrics.resentDropped); n != 2 {
+		t.Fatalf("legacy_resent_records_dropped_total %v, want 2", n)
+	}
+	lo := kmsg.NewPtrListOffsetsRequest()
+	lo.SetVersion(4)
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewListOffsetsRequestTopicPartition()
+	rp.Timestamp = -1
+	rt.Partitions = append(rt.Partitions, rp)
+	lo.Topics = append(lo.Topics, rt)
+	if end := dialRaw(t, c.ListenAddrs()[0]).roundTrip(lo).(*kmsg.ListOffsetsResponse).Topics[0].Partitions[0].Offset; end != 4 {
+		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
+	}
+}

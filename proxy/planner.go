@@ -46,6 +46,7 @@ type planner struct {
 
 	legacyWindow time.Duration // dedup.legacy.window
 	orphans      orphanStore   // candidates for re-batched retries (rebatch.go)
+	settling     settling      // batches in flight from clients that have gone (settle.go)
 	// unacked holds the record stamps of legacy batches appended but
 	// answered with an error, read back from the log (resent.go); unackedUntil
 	// (ns) is when the last of them expires: until then forwarded legacy

@@ -153,12 +153,49 @@ func (pn *planner) orphanBatches(conn uint64, refs []legacyRef, now time.Time) {
 	if pn.legacy == nil || len(refs) == 0 {
 		return
 	}
-	var ids [legacyRingSize]uint64
+	var ids, buf [legacyRingSize]uint64
 	for i, r := range refs {
 		ids[i] = r.id
 	}
-	pn.legacy.Orphan(conn, ids[:len(refs)])
+	inflight := pn.legacy.Orphan(conn, ids[:len(refs)], buf[:0])
 	pn.orphans.add(refs, now.Add(pn.legacyWindow).UnixNano())
+	// Batches still in flight: their partition waits for them (settle.go).
+	for _, id := range inflight {
+		for _, r := range refs {
+			if r.id != id {
+				continue
+			}
+			k := seqstate.Key{Topic: r.topic, Partition: r.partition}
+			pn.settling.add(k, id)
+			pn.warm.forget(k)
+			if !pn.legacy.InFlightFrom(id, conn) { // settled meanwhile
+				pn.settling.settled(k, id)
+			}
+			break
+		}
+	}
+}
+
+// undelivered is called for a Produce plan whose answer did not reach its
+// client (the client had gone, or its connection failed): the legacy
+// batches it appended are unacknowledged, so the partition is read again
+// before the next decision and their records are stamped (resent.go); and
+// none of its batches is in flight any longer (settle.go).
+func (pn *planner) undelivered(pl *producePlan) {
+	if pn.legacy == nil {
+		return
+	}
+	for i := range pl.decisions {
+		d := &pl.decisions[i]
+		if !d.legacy {
+			continue
+		}
+		if d.legacyAppended {
+			pn.legacy.Disown(d.ident, pl.conn)
+			pn.warm.forget(d.key)
+		}
+		pn.settling.settled(d.key, d.ident)
+	}
 }
 
 // matchRebatch looks for a re-batched retry: a prefix of decision i's batch

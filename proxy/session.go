@@ -43,9 +43,10 @@ type session struct {
 
 	queue chan *pending
 
-	stopping  atomic.Bool // Shutdown: stop reading, drain, close
-	closeOnce sync.Once
-	closed    chan struct{} // closed by closeAll: waits give up
+	stopping   atomic.Bool // Shutdown: stop reading, drain, close
+	clientLeft atomic.Bool // readLoop has ended: answers from now on reach no one
+	closeOnce  sync.Once
+	closed     chan struct{} // closed by closeAll: waits give up
 
 	// SASL (see trusted): saslStarted is set by readLoop when the client
 	// sends SaslHandshake or SaslAuthenticate, saslDone by responseLoop
@@ -117,6 +118,7 @@ func (c *session) run() {
 	done := make(chan struct{})
 	go func() { defer close(done); c.responseLoop() }()
 	c.readLoop()
+	c.clientLeft.Store(true)
 	// The client is gone: what it was acknowledged here can be retried
 	// elsewhere at once, on a connection it already has to another broker,
 	// before the responses still due drain (legacy.md, rules 4 and
@@ -321,10 +323,12 @@ func (c *session) responseLoop() {
 		if p := c.current; p != nil {
 			c.current = nil
 			c.fail(p)
+			c.undelivered(p)
 			c.release(p)
 		}
 		for p := range c.queue {
 			c.fail(p)
+			c.undelivered(p)
 			c.release(p)
 		}
 	}()
@@ -374,6 +378,9 @@ func (c *session) responseLoop() {
 		}
 		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
+		}
+		if dead || p.failed || c.clientLeft.Load() {
+			c.undelivered(p)
 		}
 		c.current = nil
 		c.release(p)
@@ -569,6 +576,13 @@ func (c *session) fail(p *pending) {
 		c.s.planner.fail(pl)
 	}
 	p.failed = true
+}
+
+// undelivered tells the planner that p's answer did not reach the client.
+func (c *session) undelivered(p *pending) {
+	if pl := p.plan; pl != nil {
+		c.s.planner.undelivered(pl)
+	}
 }
 
 func (c *session) release(p *pending) {

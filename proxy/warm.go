@@ -121,6 +121,7 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 		return
 	}
 	var waits []*warmState
+	settling := false // some partition waits for batches a gone client left in flight
 	for sc.Next() {
 		part := sc.Partition()
 		topic, ok := pn.lookupTopic(h.APIVersion, part.Topic, part.TopicID)
@@ -131,6 +132,7 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 		if pn.warm.isWarm(k) {
 			continue
 		}
+		settling = settling || pn.settling.wait(k) != nil
 		st, run := pn.warm.begin(k)
 		if run {
 			name, _ := pn.table.TopicName(topic)
@@ -143,7 +145,16 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 	if len(waits) == 0 {
 		return
 	}
-	timer := time.NewTimer(cfg.Timeout)
+	bound := cfg.Timeout
+	if settling {
+		// Waiting for originals still in flight is waiting for their
+		// outcome, as a retry of one would (planner.wait): bounded by
+		// the request's own timeout, and counted with those retries.
+		bound = max(bound, min(time.Duration(max(sc.TimeoutMillis, 0))*time.Millisecond, maxWaitTimeout)+waitMargin)
+		pn.nWaiting.Add(1)
+		defer pn.nWaiting.Add(-1)
+	}
+	timer := time.NewTimer(bound)
 	defer timer.Stop()
 	for _, st := range waits {
 		select {
@@ -172,6 +183,18 @@ var warmResults = [numWarmResults]string{warmOK: "ok", warmFailed: "failed", war
 func (s *Server) warmPartition(st *warmState, topic string, k seqstate.Key) {
 	defer close(st.done)
 	cfg := &s.Config.Dedup.Warm
+	if ch := s.planner.settling.wait(k); ch != nil {
+		// Read the log once the batches a gone client left in flight
+		// have settled (settle.go); a session gives up on them after
+		// drain_timeout, and then they are settled too.
+		t := time.NewTimer(s.Config.DrainTimeout)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-s.dialCtx.Done():
+		}
+		t.Stop()
+	}
 	ctx, cancel := context.WithTimeout(s.dialCtx, cfg.Timeout)
 	defer cancel()
 	start := time.Now()

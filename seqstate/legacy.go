@@ -132,6 +132,10 @@ type legacyEntry struct {
 	partition int32
 	inflight  uint16 // copies in flight upstream from conn
 	state     uint8
+	// unacked: appended, and its client got an error or nothing for it
+	// (Disown): it may resend the records inside other batches. Cleared
+	// once reported by Remember, or once a retry is answered (Adopt).
+	unacked bool
 }
 
 const (
@@ -296,7 +300,7 @@ func (t *LegacyTable) Adopt(id, conn uint64, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.lookup(id, now.UnixNano(), t.window); e != nil && e.inflight == 0 {
-		e.conn, e.seen = conn, now.UnixNano()
+		e.conn, e.seen, e.unacked = conn, now.UnixNano(), false
 	}
 }
 
@@ -305,9 +309,9 @@ func (t *LegacyTable) Adopt(id, conn uint64, now time.Time) {
 // max timestamp (ms). Its acknowledgement belongs to no connection, so an
 // identical batch from any connection within the window of that timestamp
 // is a retry. A batch the table already holds keeps its state, but learns
-// its offset if its response had none. unacked reports that case when the
-// client was answered an error for it (Disown): it holds no
-// acknowledgement and may resend those records in other batches.
+// its offset if its response had none. unacked reports, once, a batch its
+// client holds no acknowledgement for (Disown): it may resend those records
+// in other batches.
 func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimestamp int64, now time.Time) (unacked bool) {
 	ns := now.UnixNano()
 	seen := min(ns, maxTimestamp*int64(time.Millisecond))
@@ -320,9 +324,11 @@ func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimest
 	if e := s.lookup(id, ns, t.window); e != nil {
 		// An append whose response carried no offset (REQUEST_TIMED_OUT)
 		// learns it from the log.
-		if e.state == legacyAppended && e.offset < 0 && e.partition == partition {
-			e.offset = baseOffset
-			unacked = e.conn == 0 && e.inflight == 0
+		if e.state == legacyAppended && e.partition == partition {
+			if e.offset < 0 {
+				e.offset = baseOffset
+			}
+			unacked, e.unacked = e.unacked, false
 		}
 		return unacked
 	}
@@ -331,18 +337,27 @@ func (t *LegacyTable) Remember(id uint64, partition int32, baseOffset, maxTimest
 }
 
 // Disown records that batch id, appended, was answered to conn with an
-// error (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND): the client
-// holds no acknowledgement for it, and will retry — usually on the same
-// connection — so an identical batch from any connection is its retry.
+// error (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND), or that its
+// answer could not be delivered (conn's client had gone): the client holds
+// no acknowledgement for it, and will retry — so an identical batch from
+// any connection is its retry.
 func (t *LegacyTable) Disown(id, conn uint64) {
 	s := t.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if slot, ok := s.get(id); ok {
-		if e := &s.ring[slot]; e.conn == conn && e.inflight == 0 {
-			e.conn = 0
+		if e := &s.ring[slot]; e.conn == conn && e.inflight == 0 && e.state == legacyAppended {
+			e.conn, e.unacked = 0, true
 		}
 	}
+}
+
+// InFlightFrom reports whether batch id is in flight upstream from conn.
+func (t *LegacyTable) InFlightFrom(id, conn uint64) bool {
+	s := t.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inFlightFrom(id, conn) != nil
 }
 
 // Orphan records that connection conn has closed: batches whose
@@ -350,18 +365,23 @@ func (t *LegacyTable) Disown(id, conn uint64) {
 // Check). ids are the identities conn registered recently; an entry that has
 // moved on to another connection is left alone, and so is one still in
 // flight from conn (its Commit or Release needs conn; call Orphan again once
-// conn's responses have drained).
-func (t *LegacyTable) Orphan(conn uint64, ids []uint64) {
+// conn's responses have drained). The ids still in flight from conn are
+// appended to inflight, which is returned.
+func (t *LegacyTable) Orphan(conn uint64, ids []uint64, inflight []uint64) []uint64 {
 	for _, id := range ids {
 		s := t.shard(id)
 		s.mu.Lock()
 		if slot, ok := s.get(id); ok {
-			if e := &s.ring[slot]; e.conn == conn && e.inflight == 0 {
+			switch e := &s.ring[slot]; {
+			case e.conn == conn && e.inflight == 0:
 				e.conn = 0
+			case e.conn == conn:
+				inflight = append(inflight, id)
 			}
 		}
 		s.mu.Unlock()
 	}
+	return inflight
 }
 
 // Release records that a batch Check registered from conn was not appended,

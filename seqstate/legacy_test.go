@@ -160,7 +160,7 @@ func TestLegacyRetryToAnotherPartition(t *testing.T) {
 		t.Fatalf("broadcast to another partition from a live producer: %+v", r)
 	}
 	lt.Commit(id, 3, 50, 9, now)
-	lt.Orphan(3, []uint64{id})
+	lt.Orphan(3, []uint64{id}, nil)
 	if r := lt.Check(id, 0, 4, now); r.Decision != LegacyDuplicate || r.BaseOffset != -1 || r.LogAppendTime != 9 {
 		t.Fatalf("moved retry after the connection closed: %+v", r)
 	}
@@ -178,14 +178,14 @@ func TestLegacyOrphanLeavesInFlight(t *testing.T) {
 	now := time.Unix(1700000000, 0)
 	const id = 0xbeef
 	lt.Check(id, 0, 1, now)
-	lt.Orphan(1, []uint64{id})
+	lt.Orphan(1, []uint64{id}, nil)
 	lt.Commit(id, 1, 40, 9, now)
 	if r := lt.Check(id, 0, 2, now); r.Decision != LegacyDuplicate || r.BaseOffset != 40 {
 		t.Fatalf("retry after an early orphan and the commit: %+v", r)
 	}
 	lt.Check(id, 1, 3, now) // conn 2 has it now and is open: new, elsewhere
 	lt.Commit(id, 3, 50, 9, now)
-	lt.Orphan(3, []uint64{id})
+	lt.Orphan(3, []uint64{id}, nil)
 	if r := lt.Check(id, 2, 4, now); r.Decision != LegacyDuplicate || r.BaseOffset != -1 {
 		t.Fatalf("moved retry after the connection's orphan: %+v", r)
 	}
