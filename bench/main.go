@@ -4,11 +4,11 @@
 // its proxy/direct ratio. See bench/README.md.
 //
 //	go run ./bench [flags]          # end-to-end run; writes bench/results/
+//	go run ./bench micro [flags]    # hot-path micro-benchmarks, summarized
+//	go run ./bench tls [flags]      # what TLS on both legs costs the proxy
 //
 // The end-to-end run re-executes this binary for its upstream, floor relay
 // and load-generator processes (child.go).
-//	go run ./bench micro [flags]    # hot-path micro-benchmarks, summarized
-//	go run ./bench tls [flags]      # what TLS on both legs costs the proxy
 package main
 
 import (

@@ -299,10 +299,10 @@ const (
 )
 
 type svgBar struct {
-	value    float64
-	lo, hi   float64 // whisker; both 0 for none
-	color    string
-	note     string // drawn above the bar
+	value  float64
+	lo, hi float64 // whisker; both 0 for none
+	color  string
+	note   string // drawn above the bar
 }
 
 type svgGroup struct {

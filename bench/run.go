@@ -8,8 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strings"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,8 +89,8 @@ type Report struct {
 	Rows    []Row         `json:"rows"`
 	Memory  *MemoryResult `json:"memory,omitempty"`
 	Targets []Target      `json:"targets"`
-	Started         time.Time        `json:"started"`
-	Took            string           `json:"took"`
+	Started time.Time     `json:"started"`
+	Took    string        `json:"took"`
 }
 
 // Machine describes where the numbers come from.
