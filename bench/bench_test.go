@@ -46,6 +46,9 @@ func TestPipelineTiny(t *testing.T) {
 	cfg.Duration = 3 * time.Second // a bound; the record count ends each phase first
 	cfg.Records = 300
 	cfg.Reps = 2 // both orders
+	if raceOn {
+		cfg.Reps = 1
+	}
 	cfg.LostAckRate = 0.2
 	cfg.Recovery = 10 * time.Millisecond
 	cfg.RoundTrip = 256

@@ -219,7 +219,10 @@ func startChild(role string, args ...string) (*child, error) {
 		return nil, err
 	}
 	cmd := exec.Command(exe, append([]string{role}, args...)...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
+	// A -race build sleeps 1s at exit by default (atexit_sleep_ms) to let
+	// reports flush; each phase's load child exits, so that would add a
+	// second per phase under go test -race. Reports still reach stderr.
+	cmd.Env = append(os.Environ(), childEnv+"=1", "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
