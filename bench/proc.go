@@ -89,6 +89,8 @@ func startProxy(ctx context.Context, bin, dir string, upstream []string, mode st
 		return nil, err
 	}
 	cmd := exec.Command(bin, "--config", cfgPath)
+	// Killed with the bench, even if the bench itself is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
