@@ -62,7 +62,7 @@ func defaultConfig() Config {
 		Upstreams: []string{"kfake"}, Sizes: []int{100, 1024, 10240},
 		Producers: 4, Topics: 1, Partitions: 6, Linger: 5 * time.Millisecond,
 		BatchBytes: 1_000_012, BufferBytes: 8 << 20, Acks: "all", Idempotent: true,
-		Dedup: "enforce", LostAckRate: 0.01, Duration: 2 * time.Second, Reps: 5,
+		Dedup: "enforce", LostAckRate: 0.05, Duration: 2 * time.Second, Reps: 5,
 		RoundTrip: 1024, MemProducers: 2000, MemPartitions: 100, Recovery: 100 * time.Millisecond,
 		DedupCostSize: 1024, DedupCostUpstream: "kfake", ConsumeMB: 200, ConsumeSize: 1024,
 	}
