@@ -349,15 +349,16 @@ func writeSVG(w io.Writer, r *Report) {
 		x += 90
 	}
 	fmt.Fprintln(w)
-	svgPanel(w, 60, 90, 600, 250, "throughput ÷ direct (target: proxy ≥ 0.90)", tput, false)
-	svgPanel(w, 740, 90, 340, 250, "added round-trip latency, µs", lat, false)
+	svgPanel(w, 60, 90, 600, 250, "throughput ÷ direct (dashed: proxy target 0.90)", tput, false, targetThroughput)
+	svgPanel(w, 740, 90, 340, 250, "added round-trip latency, µs (dashed: p50 target 40)", lat, false, targetAddedP50)
 	fmt.Fprintln(w, "</svg>")
 }
 
 // svgPanel draws grouped bars in the box (x, y, w, h) with a linear axis
-// from 0, or a log axis over whole decades. A group label "a|b" puts b
+// from 0, or a log axis over whole decades, and a dashed line at ref when
+// it is above 0. A group label "a|b" puts b
 // under the group and a once under each run of groups sharing it.
-func svgPanel(w io.Writer, x, y, wd, ht int, title string, groups []svgGroup, logScale bool) {
+func svgPanel(w io.Writer, x, y, wd, ht int, title string, groups []svgGroup, logScale bool, ref float64) {
 	fmt.Fprintf(w, `<text x="%d" y="%d" font-weight="bold">%s</text>`+"\n", x, y-10, html.EscapeString(title))
 	fmt.Fprintf(w, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", x, y+ht, x+wd, y+ht)
 	fmt.Fprintf(w, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", x, y, x, y+ht)
@@ -365,7 +366,7 @@ func svgPanel(w io.Writer, x, y, wd, ht int, title string, groups []svgGroup, lo
 	for _, g := range groups {
 		for _, b := range g.bars {
 			if b.value > 0 {
-				lo, hi = math.Min(lo, b.value), math.Max(hi, b.value)
+				lo, hi = math.Min(lo, b.value), math.Max(hi, math.Max(b.value, b.hi))
 			}
 		}
 	}
@@ -388,12 +389,16 @@ func svgPanel(w io.Writer, x, y, wd, ht int, title string, groups []svgGroup, lo
 			svgTick(w, x, y+ht-int(scale(math.Pow(10, d))), wd, fmtNum(math.Pow(10, d)))
 		}
 	} else {
-		top := niceCeil(hi)
+		top := niceCeil(math.Max(hi, ref))
 		scale = func(v float64) float64 { return v / top * float64(ht) }
 		for i := 0; i <= 4; i++ {
 			v := top * float64(i) / 4
 			svgTick(w, x, y+ht-int(scale(v)), wd, fmtNum(v))
 		}
+	}
+	if ref > 0 {
+		ry := float64(y+ht) - scale(ref)
+		fmt.Fprintf(w, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#d62728" stroke-dasharray="6,4"/>`+"\n", x, ry, x+wd, ry)
 	}
 	slot := float64(wd) / float64(len(groups))
 	barW := math.Min(28, slot*0.8/2)
