@@ -10,7 +10,8 @@ import (
 // with dedup off (the reference) and one with dedup enforce, under the same
 // batched load (idempotent or legacy producers), reps alternated pairs:
 // what deciding every batch costs, as the per-pair ratio of their CPU per
-// MB.
+// MB. The off proxy is also measured twice per repetition (A/A), for the
+// noise of that ratio.
 func runDedupCost(ctx context.Context, cfg Config, dir string, base loadSpec, idempotent bool, reps int, log *slog.Logger) (Row, error) {
 	kind := cfg.DedupCostUpstream
 	l := base
@@ -30,6 +31,10 @@ func runDedupCost(ctx context.Context, cfg Config, dir string, base loadSpec, id
 		defer px.stop()
 		eps = append(eps, endpoint{name: mode, seeds: []string{px.bootstrap}, pid: px.pid, admin: px.admin})
 	}
+	// A/A: the off proxy against itself, the noise of a CPU-per-MB ratio.
+	aa := eps[0]
+	aa.name = "A/A"
+	eps = []endpoint{eps[0], aa, eps[1]}
 	producers := "idempotent"
 	if !idempotent {
 		producers = "legacy"

@@ -195,8 +195,10 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 	row.CPURatio, row.CPUmsPerMB = map[string]Spread{}, map[string]Spread{}
 	row.Targets = nil
 	mbps := func(ph phase) float64 { return float64(ph.res.Bytes) / 1e6 / ph.res.Elapsed.Seconds() }
+	// A phase with no CPU tick (10 ms) or no byte has no CPU per MB:
+	// it is left out of the spreads, never reported as 0.
 	cpuPerMB := func(ph phase) float64 {
-		if ph.res.Bytes == 0 {
+		if ph.res.Bytes == 0 || ph.cpu == 0 {
 			return math.NaN()
 		}
 		return ph.cpu.Seconds() * 1e3 / (float64(ph.res.Bytes) / 1e6)

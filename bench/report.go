@@ -23,6 +23,28 @@ type Target struct {
 	AA       string `json:"aa,omitempty"`
 	Limit    string `json:"limit"`
 	Result   string `json:"result"` // met, NOT met, reported
+	// Inconclusive says why the result may be noise: the measured figure
+	// is closer to the limit than the A/A row's largest departure from
+	// direct. Empty when the run was quiet enough to decide.
+	Inconclusive string `json:"inconclusive,omitempty"`
+}
+
+// inconclusive compares how far measured is from limit with the A/A
+// noise: the largest departure of an A/A pair from what identical targets
+// must give (ideal: 1 for ratios, 0 for added latency). A measurement
+// closer to its limit than that could fall either side in another run.
+func inconclusive(measured, aa Spread, limit, ideal float64, unit string) string {
+	if measured.N == 0 || aa.N == 0 {
+		return ""
+	}
+	noise := math.Max(math.Abs(aa.Max-ideal), math.Abs(aa.Min-ideal))
+	if math.Abs(measured.Median-limit) >= noise {
+		return ""
+	}
+	if unit == "×" {
+		return fmt.Sprintf("inconclusive: %.2f× from the limit, A/A departs up to %.2f×", math.Abs(measured.Median-limit), noise)
+	}
+	return fmt.Sprintf("inconclusive: %.0f%s from the limit, A/A departs up to %.0f%s", math.Abs(measured.Median-limit), unit, noise, unit)
 }
 
 func metStr(ok bool) string {
@@ -85,9 +107,10 @@ func evaluateTargets(r *Report) []Target {
 		case "batched":
 			ts = append(ts, Target{"produce throughput proxy ÷ direct", where, fmtX(row.Throughput["proxy"]),
 				fmtX(row.Throughput["floor"]), fmtX(row.Throughput["A/A"]), "≥ 0.90×",
-				metStr(row.Throughput["proxy"].N > 0 && row.Throughput["proxy"].Median >= targetThroughput)})
+				metStr(row.Throughput["proxy"].N > 0 && row.Throughput["proxy"].Median >= targetThroughput),
+				inconclusive(row.Throughput["proxy"], row.Throughput["A/A"], targetThroughput, 1, "×")})
 			t := Target{"proxy CPU per MB produced", where, fmt.Sprintf("%.3f ms/MB", px.CPUmsPerMB),
-				fmt.Sprintf("%.3f ms/MB", fl.CPUmsPerMB), "", "≤ 0.30 ms/MB (dedup enforce)", "reported"}
+				fmt.Sprintf("%.3f ms/MB", fl.CPUmsPerMB), "", "≤ 0.30 ms/MB (dedup enforce)", "reported", ""}
 			if row.Dedup == "enforce" {
 				t.Result = metStr(px.CPUmsPerMB <= targetProduceCPU)
 			}
@@ -100,18 +123,21 @@ func evaluateTargets(r *Report) []Target {
 			ts = append(ts,
 				Target{"consume throughput proxy ÷ direct", where, fmtX(row.Throughput["proxy"]),
 					fmtX(row.Throughput["floor"]), fmtX(row.Throughput["A/A"]), "≥ 0.90×",
-					metStr(row.Throughput["proxy"].N > 0 && row.Throughput["proxy"].Median >= targetThroughput)},
+					metStr(row.Throughput["proxy"].N > 0 && row.Throughput["proxy"].Median >= targetThroughput),
+					inconclusive(row.Throughput["proxy"], row.Throughput["A/A"], targetThroughput, 1, "×")},
 				Target{"proxy CPU per MB fetched", where, fmt.Sprintf("%.3f ms/MB", px.CPUmsPerMB),
-					fmt.Sprintf("%.3f ms/MB", fl.CPUmsPerMB), "", "≤ 0.20 ms/MB", metStr(px.CPUmsPerMB <= targetConsumeCPU)})
+					fmt.Sprintf("%.3f ms/MB", fl.CPUmsPerMB), "", "≤ 0.20 ms/MB", metStr(px.CPUmsPerMB <= targetConsumeCPU), ""})
 		case "roundtrip":
 			p50, p99 := row.AddedP50us["proxy"], row.AddedP99us["proxy"]
 			ts = append(ts,
 				Target{"added latency p50, 1 record per round trip", where, fmtUs(p50),
 					fmtUs(row.AddedP50us["floor"]), fmtUs(row.AddedP50us["A/A"]), "≤ 40 µs",
-					metStr(p50.N > 0 && p50.Median <= targetAddedP50)},
+					metStr(p50.N > 0 && p50.Median <= targetAddedP50),
+					inconclusive(p50, row.AddedP50us["A/A"], targetAddedP50, 0, " µs")},
 				Target{"added latency p99, 1 record per round trip", where, fmtUs(p99),
 					fmtUs(row.AddedP99us["floor"]), fmtUs(row.AddedP99us["A/A"]), "≤ 100 µs",
-					metStr(p99.N > 0 && p99.Median <= targetAddedP99)})
+					metStr(p99.N > 0 && p99.Median <= targetAddedP99),
+					inconclusive(p99, row.AddedP99us["A/A"], targetAddedP99, 0, " µs")})
 		case "dedupcost":
 			prod := "idempotent"
 			if !row.Idempotent {
@@ -120,17 +146,18 @@ func evaluateTargets(r *Report) []Target {
 			c := row.CPURatio["enforce"]
 			ts = append(ts, Target{"proxy CPU per MB, dedup enforce ÷ off, " + prod + " producers", where,
 				fmtX(c) + fmt.Sprintf("; %.3f ÷ %.3f ms/MB overall", row.Sides["enforce"].CPUmsPerMB, row.Sides["off"].CPUmsPerMB),
-				"", "", "≤ 1.05×", metStr(c.N > 0 && c.Median <= targetDedupCPURatio)})
+				"", fmtX(row.CPURatio["A/A"]), "≤ 1.05×", metStr(c.N > 0 && c.Median <= targetDedupCPURatio),
+				inconclusive(c, row.CPURatio["A/A"], targetDedupCPURatio, 1, "×")})
 		}
 	}
 	if len(peakWhere) > 0 {
 		ts = append(ts, Target{"proxy peak RSS under produce", "batched " + strings.Join(peakWhere, ", "),
-			fmt.Sprintf("%.1f MiB", peak), "", "", "≤ 24 MiB", metStr(peak <= targetPeakRSSMiB)})
+			fmt.Sprintf("%.1f MiB", peak), "", "", "≤ 24 MiB", metStr(peak <= targetPeakRSSMiB), ""})
 	}
 	if m := r.Memory; m != nil {
 		ts = append(ts, Target{"proxy RSS growth per tracked (producer, partition)",
 			fmt.Sprintf("sink, %d producers × %d partitions, %.0f entries", m.Producers, m.Partitions, m.Entries),
-			fmt.Sprintf("%.0f B/entry RSS (%.0f B/entry Go heap in use)", m.RSSPerEntry, m.HeapPerEntry), "", "", "report", "reported"})
+			fmt.Sprintf("%.0f B/entry RSS (%.0f B/entry Go heap in use)", m.RSSPerEntry, m.HeapPerEntry), "", "", "report", "reported", ""})
 	}
 	return ts
 }
@@ -190,7 +217,11 @@ func writeMarkdown(w io.Writer, r *Report) {
 
 	p("## Targets (issue #13)\n\n| target | where | proxy | floor relay | A/A (noise) | limit | result |\n|---|---|---|---|---|---|---|\n")
 	for _, t := range r.Targets {
-		p("| %s | %s | %s | %s | %s | %s | **%s** |\n", t.Name, t.Where, t.Measured, t.Floor, t.AA, t.Limit, t.Result)
+		res := "**" + t.Result + "**"
+		if t.Inconclusive != "" {
+			res += " (" + t.Inconclusive + ")"
+		}
+		p("| %s | %s | %s | %s | %s | %s | %s |\n", t.Name, t.Where, t.Measured, t.Floor, t.AA, t.Limit, res)
 	}
 
 	p("\n## Throughput\n\nMB = 10⁶ bytes of record values acknowledged (produce) or read (consume), ÷ the phases' wall time. " +
@@ -227,9 +258,9 @@ func writeMarkdown(w io.Writer, r *Report) {
 		}
 		if first {
 			p("\n## What deduplication costs\n\nTwo proxy processes in front of one upstream, `dedup: off` and `dedup: enforce`, the same batched load; " +
-				"per pair, enforce ÷ off of the proxy's CPU per MB and of throughput. Legacy producers (idempotence off) write records that each carry a unique header: " +
+				"per pair, enforce ÷ off of the proxy's CPU per MB and of throughput; A/A is the off proxy measured twice per repetition. Legacy producers (idempotence off) write records that each carry a unique header: " +
 				"the proxy deduplicates legacy batches by content (docs/legacy.md).\n\n")
-			p("| producers | upstream | record | pairs | off MB/s | enforce ÷ off MB/s | off CPU ms/MB | enforce CPU ms/MB | enforce ÷ off CPU per MB | batches decided |\n|---|---|---|---|---|---|---|---|---|---|\n")
+			p("| producers | upstream | record | pairs | off MB/s | enforce ÷ off MB/s | off CPU ms/MB | enforce CPU ms/MB | enforce ÷ off CPU per MB | A/A: off ÷ off CPU per MB | batches decided |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 			first = false
 		}
 		prod := "idempotent"
@@ -237,8 +268,9 @@ func writeMarkdown(w io.Writer, r *Report) {
 			prod = "legacy"
 		}
 		off, enf := row.Sides["off"], row.Sides["enforce"]
-		p("| %s | %s | %s | %d | %s | %s | %.3f | %.3f | %s | %.0f |\n", prod, row.Upstream, sizeLabel(row.RecordSize), row.Pairs,
-			fmtNum(off.MBPerSec), fmtX(row.Throughput["enforce"]), off.CPUmsPerMB, enf.CPUmsPerMB, fmtX(row.CPURatio["enforce"]), row.Decided)
+		p("| %s | %s | %s | %d | %s | %s | %.3f | %.3f | %s | %s | %.0f |\n", prod, row.Upstream, sizeLabel(row.RecordSize), row.Pairs,
+			fmtNum(off.MBPerSec), fmtX(row.Throughput["enforce"]), off.CPUmsPerMB, enf.CPUmsPerMB, fmtX(row.CPURatio["enforce"]),
+			fmtX(row.CPURatio["A/A"]), row.Decided)
 	}
 
 	first = true
