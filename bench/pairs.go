@@ -27,6 +27,7 @@ type Side struct {
 	// The target's own process (floor, proxy), from /proc during its
 	// timed phases; zero for direct.
 	CPUSeconds float64 `json:"cpu_seconds"`
+	SysSeconds float64 `json:"sys_seconds"` // of CPUSeconds, in the kernel
 	CPUmsPerMB float64 `json:"cpu_ms_per_mb"`
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
 }
@@ -99,6 +100,7 @@ type phase struct {
 	res     loadResult
 	dropped int64
 	cpu     time.Duration
+	sys     time.Duration // of which in the kernel
 	hwm     int64
 	metrics map[string]float64 // batches_total deltas by outcome
 }
@@ -131,7 +133,7 @@ func runPairs(ctx context.Context, spec loadSpec, eps []endpoint, reps int, log 
 			log.Info("phase", "row", label, "rep", rep, "target", ep.name, "acked", r.Acked, "failed", r.Failed,
 				"mb_per_s", fmt.Sprintf("%.1f", float64(r.Bytes)/1e6/r.Elapsed.Seconds()),
 				"p50", r.Hist.quantile(0.5).Round(time.Microsecond), "p99", r.Hist.quantile(0.99).Round(time.Microsecond),
-				"cpu_ms", ph.cpu.Milliseconds())
+				"cpu_ms", ph.cpu.Milliseconds(), "sys_ms", ph.sys.Milliseconds())
 			if r.Failed > 0 {
 				log.Warn("records failed", "target", ep.name, "first_err", r.FirstErr)
 			}
@@ -149,15 +151,17 @@ func runPhase(ctx context.Context, spec loadSpec, ep endpoint) (phase, error) {
 	}
 	var before procStats
 	var mBefore string
-	if ep.pid != 0 {
-		resetPeak(ep.pid)
-		if before, err = readProc(ep.pid); err != nil {
+	// Scrape first: serving /metrics costs the proxy CPU, which must stay
+	// outside the timed window.
+	if ep.admin != "" {
+		if mBefore, err = scrape(ctx, ep.admin); err != nil {
 			l.c.kill()
 			return ph, err
 		}
 	}
-	if ep.admin != "" {
-		if mBefore, err = scrape(ctx, ep.admin); err != nil {
+	if ep.pid != 0 {
+		resetPeak(ep.pid)
+		if before, err = readProc(ep.pid); err != nil {
 			l.c.kill()
 			return ph, err
 		}
@@ -172,7 +176,7 @@ func runPhase(ctx context.Context, spec loadSpec, ep endpoint) (phase, error) {
 		if err != nil {
 			return ph, fmt.Errorf("read /proc of %s: %w", ep.name, err)
 		}
-		ph.cpu, ph.hwm = after.cpu-before.cpu, after.hwm
+		ph.cpu, ph.sys, ph.hwm = after.cpu-before.cpu, after.sys-before.sys, after.hwm
 	}
 	if ep.admin != "" {
 		mAfter, err := scrape(ctx, ep.admin)
@@ -208,7 +212,7 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 		var s Side
 		var hist histogram
 		var bytes int64
-		var cpu time.Duration
+		var cpu, sys time.Duration
 		var hwm int64
 		var thr, p50, p99, cpuR, cpuMB []float64
 		for _, rep := range phases {
@@ -221,6 +225,7 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 			s.AcksDropped += ph.dropped
 			bytes += ph.res.Bytes
 			cpu += ph.cpu
+			sys += ph.sys
 			hwm = max(hwm, ph.hwm)
 			hist.merge(ph.res.Hist)
 			if ep.pid != 0 {
@@ -249,7 +254,7 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 		}
 		s.P50us, s.P99us, s.P999us = us(hist.quantile(0.5)), us(hist.quantile(0.99)), us(hist.quantile(0.999))
 		if ep.pid != 0 {
-			s.CPUSeconds = cpu.Seconds()
+			s.CPUSeconds, s.SysSeconds = cpu.Seconds(), sys.Seconds()
 			if bytes > 0 {
 				s.CPUmsPerMB = cpu.Seconds() * 1e3 / (float64(bytes) / 1e6)
 			}
