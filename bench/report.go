@@ -398,7 +398,7 @@ func svgPanel(w io.Writer, x, y, wd, ht int, title string, groups []svgGroup, lo
 	for _, g := range groups {
 		for _, b := range g.bars {
 			if b.value > 0 {
-				lo, hi = math.Min(lo, b.value), math.Max(hi, math.Max(b.value, b.hi))
+				lo, hi = math.Min(lo, b.value), math.Max(hi, b.value)
 			}
 		}
 	}
@@ -421,7 +421,9 @@ func svgPanel(w io.Writer, x, y, wd, ht int, title string, groups []svgGroup, lo
 			svgTick(w, x, y+ht-int(scale(math.Pow(10, d))), wd, fmtNum(math.Pow(10, d)))
 		}
 	} else {
-		top := niceCeil(math.Max(hi, ref))
+		// Scaled to the medians, not the whiskers: one wild pair would
+		// flatten every bar. A whisker past the top ends in an arrow.
+		top := niceCeil(math.Max(hi*1.25, ref))
 		scale = func(v float64) float64 { return v / top * float64(ht) }
 		for i := 0; i <= 4; i++ {
 			v := top * float64(i) / 4
@@ -445,8 +447,12 @@ func svgPanel(w io.Writer, x, y, wd, ht int, title string, groups []svgGroup, lo
 				bx, float64(y+ht)-bh, barW-1, bh, b.color, fmtNum(b.value))
 			if b.hi > b.lo {
 				wx := bx + barW/2 - 0.5
+				whi, wlo := math.Min(scale(b.hi), float64(ht)), math.Max(scale(b.lo), 0)
 				fmt.Fprintf(w, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n",
-					wx, float64(y+ht)-scale(b.hi), wx, float64(y+ht)-scale(b.lo))
+					wx, float64(y+ht)-whi, wx, float64(y+ht)-wlo)
+				if scale(b.hi) > float64(ht) {
+					fmt.Fprintf(w, `<path d="M%.1f %d l-4 6 h8 z" fill="black"><title>max %s</title></path>`+"\n", wx, y, fmtNum(b.hi))
+				}
 			}
 			if b.note != "" {
 				fmt.Fprintf(w, `<text x="%.1f" y="%.1f" font-size="10" text-anchor="middle">%s</text>`+"\n",
