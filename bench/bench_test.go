@@ -163,7 +163,7 @@ func TestPipelineTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"## Targets", "A/A ÷ direct", "floor ÷ direct", "proxy ÷ direct", "proxy CPU ms/MB", "| batched | kfake |",
-		"| consume | kfake-store |", "proxy added p99", "## What deduplication costs", "## Lost acknowledgements", "## Memory per tracked", "results.svg"} {
+		"| consume | kfake-store |", "proxy added p99", "stalled phases", "## What deduplication costs", "## Lost acknowledgements", "## Memory per tracked", "results.svg"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("results.md lacks %q", want)
 		}

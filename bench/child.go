@@ -142,6 +142,7 @@ func serveUntilStdinCloses(v any) error {
 type loadReport struct {
 	Sent, Acked, Failed int64
 	Bytes               int64 // record value bytes acknowledged or consumed
+	AckedInWindow       int64
 	ElapsedNs           int64
 	Hist                [][2]uint64 // sparse histogram: bucket index, count
 	FirstErr            string
@@ -185,7 +186,8 @@ func loadChild() error {
 	if err != nil {
 		return err
 	}
-	rep := loadReport{Sent: res.Sent, Acked: res.Acked, Failed: res.Failed, Bytes: res.Bytes, ElapsedNs: int64(res.Elapsed)}
+	rep := loadReport{Sent: res.Sent, Acked: res.Acked, Failed: res.Failed, Bytes: res.Bytes, AckedInWindow: res.AckedInWindow,
+		ElapsedNs: int64(res.Elapsed)}
 	if res.FirstErr != nil {
 		rep.FirstErr = res.FirstErr.Error()
 	}
@@ -384,7 +386,7 @@ func (l *loadPhase) run(ctx context.Context, timeout time.Duration) (loadResult,
 	if err := l.c.readJSON(ctx, timeout, &rep); err != nil {
 		return loadResult{}, 0, err
 	}
-	res := loadResult{Sent: rep.Sent, Acked: rep.Acked, Failed: rep.Failed, Bytes: rep.Bytes,
+	res := loadResult{Sent: rep.Sent, Acked: rep.Acked, Failed: rep.Failed, Bytes: rep.Bytes, AckedInWindow: rep.AckedInWindow,
 		Elapsed: time.Duration(rep.ElapsedNs), Hist: new(histogram)}
 	if rep.FirstErr != "" {
 		res.FirstErr = errors.New(rep.FirstErr)

@@ -119,6 +119,7 @@ type loadSpec struct {
 type loadResult struct {
 	Sent, Acked, Failed int64
 	Bytes               int64 // record value bytes acknowledged or consumed
+	AckedInWindow       int64 // produce: acknowledged before the phase's deadline
 	Elapsed             time.Duration
 	Hist                *histogram
 	FirstErr            error
@@ -206,7 +207,9 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 	// claimed enforces the record bound across producers; issued counts
 	// records actually handed to kgo, which after Flush must equal acked +
 	// failed (every promise has run).
-	var claimed, issued, acked, failed atomic.Int64
+	// inWindow counts acknowledgements that arrived before the deadline: a
+	// phase with none stalled (see Side.Stalled).
+	var claimed, issued, acked, failed, inWindow atomic.Int64
 	var errOnce sync.Once
 	if spec.OnStart != nil {
 		spec.OnStart()
@@ -242,6 +245,9 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 						continue
 					}
 					acked.Add(1)
+					if time.Now().Before(deadline) {
+						inWindow.Add(1)
+					}
 					continue
 				}
 				cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
@@ -252,6 +258,9 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 						return
 					}
 					acked.Add(1)
+					if time.Now().Before(deadline) {
+						inWindow.Add(1)
+					}
 				})
 			}
 		}()
@@ -266,7 +275,7 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 	}
 	res.Elapsed = time.Since(start)
 	res.Sent = issued.Load()
-	res.Acked, res.Failed = acked.Load(), failed.Load()
+	res.Acked, res.Failed, res.AckedInWindow = acked.Load(), failed.Load(), inWindow.Load()
 	res.Bytes = res.Acked * int64(spec.RecordSize)
 	if res.Acked == 0 {
 		return res, errors.Join(errors.New("no record acknowledged"), res.FirstErr)
@@ -309,6 +318,6 @@ func runConsume(ctx context.Context, seeds []string, spec loadSpec) (loadResult,
 		})
 	}
 	res.Elapsed = time.Since(start)
-	res.Sent = res.Acked
+	res.Sent, res.AckedInWindow = res.Acked, res.Acked
 	return res, nil
 }

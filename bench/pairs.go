@@ -24,6 +24,12 @@ type Side struct {
 	P999us    float64 `json:"p999_us"`
 	// AcksDropped is how many Produce acknowledgements the shim dropped.
 	AcksDropped int64 `json:"acks_dropped"`
+	// Stalled counts phases in which no record was acknowledged before the
+	// phase's deadline: the producers filled their buffers and then waited
+	// seconds for a first acknowledgement. It happens to every target,
+	// direct included, under heavy load from other jobs (cause not found
+	// yet: kgo or kfake), and such a phase drags its pairs' ratios.
+	Stalled int `json:"stalled_phases"`
 	// The target's own process (floor, proxy), from /proc during its
 	// timed phases; zero for direct.
 	CPUSeconds float64 `json:"cpu_seconds"`
@@ -133,7 +139,7 @@ func runPairs(ctx context.Context, spec loadSpec, eps []endpoint, reps int, log 
 			log.Info("phase", "row", label, "rep", rep, "target", ep.name, "acked", r.Acked, "failed", r.Failed,
 				"mb_per_s", fmt.Sprintf("%.1f", float64(r.Bytes)/1e6/r.Elapsed.Seconds()),
 				"p50", r.Hist.quantile(0.5).Round(time.Microsecond), "p99", r.Hist.quantile(0.99).Round(time.Microsecond),
-				"cpu_ms", ph.cpu.Milliseconds(), "sys_ms", ph.sys.Milliseconds())
+				"cpu_ms", ph.cpu.Milliseconds(), "sys_ms", ph.sys.Milliseconds(), "acked_in_window", r.AckedInWindow)
 			if r.Failed > 0 {
 				log.Warn("records failed", "target", ep.name, "first_err", r.FirstErr)
 			}
@@ -223,6 +229,9 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 			s.Failed += ph.res.Failed
 			s.Seconds += ph.res.Elapsed.Seconds()
 			s.AcksDropped += ph.dropped
+			if ph.res.AckedInWindow == 0 {
+				s.Stalled++
+			}
 			bytes += ph.res.Bytes
 			cpu += ph.cpu
 			sys += ph.sys

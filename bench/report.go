@@ -184,6 +184,14 @@ func fmtNum(x float64) string {
 	}
 }
 
+func stalled(row Row) string {
+	var parts []string
+	for _, t := range row.Targets {
+		parts = append(parts, fmt.Sprint(row.Sides[t].Stalled))
+	}
+	return strings.Join(parts, " · ")
+}
+
 func ackedSent(row Row) string {
 	var parts []string
 	for _, t := range row.Targets {
@@ -225,18 +233,19 @@ func writeMarkdown(w io.Writer, r *Report) {
 	}
 
 	p("\n## Throughput\n\nMB = 10⁶ bytes of record values acknowledged (produce) or read (consume), ÷ the phases' wall time. " +
-		"CPU per MB and peak RSS (VmHWM, reset per phase) are the floor's and the proxy's own processes (/proc) over their timed phases; /proc counts in 10 ms ticks.\n\n")
-	p("| scenario | upstream | record | pairs | direct MB/s | A/A ÷ direct | floor ÷ direct | proxy ÷ direct | floor CPU ms/MB | proxy CPU ms/MB | proxy CPU ms/MB per phase | floor / proxy peak RSS MiB | acked/sent D · A/A · F · P |\n")
-	p("|%s\n", strings.Repeat("---|", 13))
+		"CPU per MB and peak RSS (VmHWM, reset per phase) are the floor's and the proxy's own processes (/proc) over their timed phases; /proc counts in 10 ms ticks. " +
+		"A stalled phase acknowledged no record before its deadline (the producers filled their buffers, then waited seconds): it happens to any target under heavy load from other jobs, and drags its pairs.\n\n")
+	p("| scenario | upstream | record | pairs | direct MB/s | A/A ÷ direct | floor ÷ direct | proxy ÷ direct | floor CPU ms/MB | proxy CPU ms/MB | proxy CPU ms/MB per phase | floor / proxy peak RSS MiB | acked/sent D · A/A · F · P | stalled phases D · A/A · F · P |\n")
+	p("|%s\n", strings.Repeat("---|", 14))
 	for _, row := range r.Rows {
 		if row.Scenario != "batched" && row.Scenario != "consume" {
 			continue
 		}
 		d, f, x := row.Sides["direct"], row.Sides["floor"], row.Sides["proxy"]
-		p("| %s | %s | %s | %d | %s | %s | %s | %s | %.3f | %.3f | %s | %.1f / %.1f | %s |\n",
+		p("| %s | %s | %s | %d | %s | %s | %s | %s | %.3f | %.3f | %s | %.1f / %.1f | %s | %s |\n",
 			row.Scenario, row.Upstream, sizeLabel(row.RecordSize), row.Pairs, fmtNum(d.MBPerSec),
 			fmtX(row.Throughput["A/A"]), fmtX(row.Throughput["floor"]), fmtX(row.Throughput["proxy"]),
-			f.CPUmsPerMB, x.CPUmsPerMB, fmtMs(row.CPUmsPerMB["proxy"]), f.PeakRSSMiB, x.PeakRSSMiB, ackedSent(row))
+			f.CPUmsPerMB, x.CPUmsPerMB, fmtMs(row.CPUmsPerMB["proxy"]), f.PeakRSSMiB, x.PeakRSSMiB, ackedSent(row), stalled(row))
 	}
 
 	p("\n## Round-trip latency\n\nOne producer, one record per ProduceSync, acks=all, no linger; per pair, the target's p50 (p99) minus the direct phase's, median (min…max).\n\n")
