@@ -3,26 +3,39 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestPipelineTiny runs the whole benchmark at a tiny size — both
-// upstreams, the proxy as its own process, a retry rate above zero so the
-// fault shim really drops acknowledgements, and the memory scenario — so CI
-// notices when the command stops working. It checks real outcomes, not
-// speed: every record acknowledged, every report field filled, every ratio
-// finite, dropped acknowledgements caught by the proxy as duplicates.
+// TestMain lets the test binary serve as the bench's child processes
+// (upstream, floor relay, load generator): the pipeline re-executes
+// os.Executable, which under go test is this binary.
+func TestMain(m *testing.M) {
+	if isChild() {
+		os.Exit(childMain(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// TestPipelineTiny runs the whole benchmark at a tiny size — upstream,
+// floor relay, proxy and every load phase in processes of their own; the
+// batched, round-trip, consume, lost-ack, dedup-cost and memory scenarios —
+// so CI notices when the command stops working. It checks real outcomes,
+// not speed: every record acknowledged (or read back), every figure filled
+// and finite, dropped acknowledgements caught by the proxy as duplicates,
+// and no child process left behind.
 func TestPipelineTiny(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the proxy process")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
 	cfg := defaultConfig()
@@ -31,15 +44,18 @@ func TestPipelineTiny(t *testing.T) {
 	cfg.BatchBytes = 4096 // many small requests, so several acknowledgements are dropped
 	cfg.Producers = 2
 	cfg.Duration = 3 * time.Second // a bound; the record count ends each phase first
-	cfg.Records = 400
-	cfg.Reps = 1
-	cfg.RetryRate = 0.2 // every 5th Produce acknowledgement lost
+	cfg.Records = 300
+	cfg.Reps = 2 // both orders
+	if raceOn {
+		cfg.Reps = 1
+	}
 	cfg.LostAckRate = 0.2
 	cfg.Recovery = 10 * time.Millisecond
 	cfg.RoundTrip = 256
 	cfg.MemProducers = 5
 	cfg.MemPartitions = 4
 	cfg.DedupCostSize = 512
+	cfg.ConsumeMB = 1 // Fetch responses above floorSmall: spliced by the floor
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -48,53 +64,73 @@ func TestPipelineTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep.Command = "go test ./bench"
-
-	// 2 upstreams × (batched, roundtrip, lostack).
-	if len(rep.Rows) != 6 {
-		t.Fatalf("got %d rows, want 6", len(rep.Rows))
+	if kids := childPIDs(); len(kids) > 0 {
+		t.Errorf("child processes left after the run: %v", kids)
 	}
-	var dropped int64
+
+	scenarios := map[string]int{}
 	for _, row := range rep.Rows {
+		scenarios[row.Scenario]++
 		name := row.Scenario + "/" + row.Upstream
-		for target, s := range map[string]Side{"direct": row.Direct, "proxy": row.Proxy} {
+		if !row.Idempotent && row.Scenario == "dedupcost" {
+			name += "/legacy"
+		}
+		for _, target := range row.Targets {
+			s := row.Sides[target]
 			if s.Acked == 0 || s.Acked != s.Sent || s.Failed != 0 {
 				t.Errorf("%s %s: acked %d of %d sent, %d failed", name, target, s.Acked, s.Sent, s.Failed)
 			}
-			for field, v := range map[string]float64{"seconds": s.Seconds, "records/s": s.RecPerSec, "MB/s": s.MBPerSec,
-				"p50": s.P50us, "p99": s.P99us, "p99.9": s.P999us} {
-				if !(v > 0) || math.IsInf(v, 0) {
-					t.Errorf("%s %s: %s = %v", name, target, field, v)
+			if s.Phases != row.Pairs || !(s.MBPerSec > 0) || math.IsInf(s.MBPerSec, 0) {
+				t.Errorf("%s %s: %d phases, %v MB/s", name, target, s.Phases, s.MBPerSec)
+			}
+			if row.Scenario != "consume" && (!(s.P50us > 0) || s.P50us > s.P99us || s.P99us > s.P999us) {
+				t.Errorf("%s %s: percentiles %v %v %v", name, target, s.P50us, s.P99us, s.P999us)
+			}
+			if target == "floor" || target == "proxy" || row.Scenario == "dedupcost" {
+				if s.PeakRSSMiB <= 0 || s.CPUSeconds < 0 {
+					t.Errorf("%s %s: peak RSS %v, CPU %v", name, target, s.PeakRSSMiB, s.CPUSeconds)
 				}
 			}
-			if s.P50us > s.P99us || s.P99us > s.P999us {
-				t.Errorf("%s %s: percentiles out of order: %v %v %v", name, target, s.P50us, s.P99us, s.P999us)
+		}
+		for _, target := range row.Targets[1:] {
+			if x := row.Throughput[target]; x.N != row.Pairs || !(x.Min > 0) || x.Min > x.Median || x.Median > x.Max {
+				t.Errorf("%s %s: throughput ratio %+v", name, target, x)
+			}
+			if row.Scenario == "roundtrip" {
+				if a := row.AddedP50us[target]; a.N != row.Pairs || a.Min > a.Max {
+					t.Errorf("%s %s: added p50 %+v", name, target, a)
+				}
 			}
 		}
-		for field, v := range map[string]float64{"ratio rec/s": row.RatioRecPerSec, "ratio MB/s": row.RatioMBPerSec,
-			"ratio p50": row.RatioP50, "ratio p99": row.RatioP99, "ratio p99.9": row.RatioP999,
-			"proxy CPU ms/MB": row.ProxyCPUmsPerMB, "added p50": row.AddedP50us} {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				t.Errorf("%s: %s is not finite: %v", name, field, v)
+		switch row.Scenario {
+		case "batched", "roundtrip", "consume":
+			if want := []string{"direct", "A/A", "floor", "proxy"}; strings.Join(row.Targets, ",") != strings.Join(want, ",") || row.Pairs != cfg.Reps {
+				t.Errorf("%s: targets %v, %d pairs", name, row.Targets, row.Pairs)
+			}
+		case "lostack":
+			if row.Sides["direct"].AcksDropped == 0 || row.Sides["proxy"].AcksDropped == 0 {
+				t.Errorf("%s: the shim dropped no acknowledgement at rate %v", name, row.RetryRate)
+			}
+			// An idempotent retry of a batch the proxy already committed
+			// must be answered by the proxy, not forwarded again.
+			if row.Duplicates+row.InFlightWaits == 0 {
+				t.Errorf("%s: acknowledgements dropped through the proxy but no duplicate caught", name)
+			}
+		case "dedupcost":
+			if row.Decided == 0 {
+				t.Errorf("%s: the enforce proxy decided no batch", name)
 			}
 		}
-		if row.ProxyPeakRSSMiB <= 0 {
-			t.Errorf("%s: proxy peak RSS %v", name, row.ProxyPeakRSSMiB)
-		}
-		if row.ProxyCPUSeconds < 0 {
-			t.Errorf("%s: proxy CPU %v", name, row.ProxyCPUSeconds)
-		}
-		if row.Scenario != "roundtrip" && row.Direct.AcksDropped+row.Proxy.AcksDropped == 0 {
-			t.Errorf("%s: the shim dropped no acknowledgement at rate %v", name, row.RetryRate)
-		}
-		// An idempotent retry of a batch the proxy already committed must
-		// be answered by the proxy, not forwarded again.
-		if row.Idempotent && row.Dedup == "enforce" && row.Proxy.AcksDropped > 0 && row.Duplicates+row.InFlightWaits == 0 {
-			t.Errorf("%s: %d acknowledgements dropped through the proxy but no duplicate caught", name, row.Proxy.AcksDropped)
-		}
-		dropped += row.Direct.AcksDropped + row.Proxy.AcksDropped
 	}
-	if dropped == 0 {
-		t.Error("no acknowledgement dropped in the whole run")
+	if want := map[string]int{"batched": 1, "roundtrip": 1, "consume": 1, "lostack": 1, "dedupcost": 2}; fmt.Sprint(scenarios) != fmt.Sprint(want) {
+		t.Errorf("rows %v, want %v", scenarios, want)
+	}
+	for _, row := range rep.Rows {
+		if row.Scenario == "consume" {
+			if s := row.Sides["proxy"]; s.Acked < int64(row.Pairs)*int64(cfg.ConsumeMB*1_000_000/cfg.ConsumeSize) {
+				t.Errorf("consume: proxy read %d records", s.Acked)
+			}
+		}
 	}
 	m := rep.Memory
 	if m == nil {
@@ -106,27 +142,11 @@ func TestPipelineTiny(t *testing.T) {
 	if m.RSSBeforeMiB <= 0 || m.RSSAfterMiB <= 0 || math.IsNaN(m.RSSPerEntry) || math.IsNaN(m.HeapPerEntry) {
 		t.Errorf("memory: %+v", *m)
 	}
-	for _, dc := range []*DedupCostResult{rep.DedupCost, rep.LegacyDedupCost} {
-		if dc == nil {
-			t.Fatal("no dedup cost result")
-		}
-		if dc.Enforce.Acked != dc.Enforce.Sent || dc.Off.Acked != dc.Off.Sent || dc.Enforce.Acked == 0 {
-			t.Errorf("dedup cost, %s: enforce acked %d/%d, off %d/%d", dc.Producers, dc.Enforce.Acked, dc.Enforce.Sent, dc.Off.Acked, dc.Off.Sent)
-		}
-		if dc.Decided == 0 {
-			t.Errorf("dedup cost, %s: the enforce proxy decided no batch", dc.Producers)
-		}
-		// CPU is read in clock ticks (10 ms), so a phase this small may
-		// show none; the ratio is then n/a, never a made-up number.
-		if dc.EnforceCPUmsPerMB < 0 || dc.OffCPUmsPerMB < 0 || (dc.OffCPUmsPerMB > 0) == math.IsNaN(dc.CPURatio) || math.IsInf(dc.CPURatio, 0) {
-			t.Errorf("dedup cost, %s: %+v", dc.Producers, *dc)
-		}
-	}
-	// Targets: batched (throughput, CPU) and roundtrip (p50, p99) per
-	// upstream, the dedup cost for idempotent and legacy producers, plus
+	// Targets: batched (throughput, CPU), consume (throughput, CPU),
+	// roundtrip (p50, p99), dedup cost idempotent and legacy, peak RSS,
 	// memory.
-	if len(rep.Targets) != 11 {
-		t.Errorf("got %d targets, want 11: %+v", len(rep.Targets), rep.Targets)
+	if len(rep.Targets) != 10 {
+		t.Errorf("got %d targets, want 10: %+v", len(rep.Targets), rep.Targets)
 	}
 	for _, tg := range rep.Targets {
 		if tg.Result != "met" && tg.Result != "NOT met" && tg.Result != "reported" {
@@ -142,12 +162,13 @@ func TestPipelineTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Targets", "rec/s D", "p99.9 P", "proxy CPU ms/MB", "proxy peak RSS MiB", "duplicates caught",
-		"in-flight waits", "| batched | kfake |", "| lostack | sink |", "## Memory per tracked", "results.svg"} {
+	for _, want := range []string{"## Targets", "A/A ÷ direct", "floor ÷ direct", "proxy ÷ direct", "proxy CPU ms/MB", "| batched | kfake |",
+		"| consume | kfake-store |", "proxy added p99", "stalled phases", "## What deduplication costs", "## Lost acknowledgements", "## Memory per tracked", "results.svg"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("results.md lacks %q", want)
 		}
 	}
+	t.Logf("results.md:\n%s", md)
 	svg, err := os.ReadFile(filepath.Join(out, "results.svg"))
 	if err != nil {
 		t.Fatal(err)
@@ -163,6 +184,29 @@ func TestPipelineTiny(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil || len(back.Rows) != len(rep.Rows) {
 		t.Errorf("results.json: %v, %d rows", err, len(back.Rows))
 	}
+}
+
+// childPIDs lists the live processes whose parent is this one.
+func childPIDs() []int {
+	var kids []int
+	ents, _ := os.ReadDir("/proc")
+	me := strconv.Itoa(os.Getpid())
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 1 && f[1] == me && f[0] != "Z" {
+			kids = append(kids, pid)
+		}
+	}
+	return kids
 }
 
 func TestHistogramQuantiles(t *testing.T) {

@@ -100,14 +100,26 @@ type loadSpec struct {
 	Records     int64         // record bound (all producers); 0 = none
 	RoundTrip   bool          // one producer, one record per ProduceSync
 	Recovery    time.Duration // retry backoff and metadata min age; 0 = kgo's defaults
+	// Seeds are the bootstrap addresses (a load child's; runLoad takes
+	// them as an argument).
+	Seeds []string
+	// RetryRate makes a load child dial through a fault shim dropping
+	// this fraction of Produce acknowledgements; 0 dials directly.
+	RetryRate float64
+	// Consume reads ConsumeRecords records of Topics[0] from the start
+	// instead of producing, bounded by Duration.
+	Consume        bool
+	ConsumeRecords int64
 	// OnStart runs after warm-up, right before the timed window, so
 	// process figures (CPU, peak RSS) exclude client set-up.
-	OnStart func()
+	OnStart func() `json:"-"`
 }
 
 // loadResult is what one phase measured, client side.
 type loadResult struct {
 	Sent, Acked, Failed int64
+	Bytes               int64 // record value bytes acknowledged or consumed
+	AckedInWindow       int64 // produce: acknowledged before the phase's deadline
 	Elapsed             time.Duration
 	Hist                *histogram
 	FirstErr            error
@@ -120,6 +132,9 @@ const maxRecordsPerPhase = 200_000_000
 // runLoad drives spec.Producers kgo clients at seeds (dialing through dial
 // when set) until the duration or record bound, then flushes.
 func runLoad(ctx context.Context, seeds []string, dial func(context.Context, string, string) (net.Conn, error), spec loadSpec) (loadResult, error) {
+	if spec.Consume {
+		return runConsume(ctx, seeds, spec)
+	}
 	res := loadResult{Hist: new(histogram)}
 	producers := spec.Producers
 	if spec.RoundTrip {
@@ -192,7 +207,9 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 	// claimed enforces the record bound across producers; issued counts
 	// records actually handed to kgo, which after Flush must equal acked +
 	// failed (every promise has run).
-	var claimed, issued, acked, failed atomic.Int64
+	// inWindow counts acknowledgements that arrived before the deadline: a
+	// phase with none stalled (see Side.Stalled).
+	var claimed, issued, acked, failed, inWindow atomic.Int64
 	var errOnce sync.Once
 	if spec.OnStart != nil {
 		spec.OnStart()
@@ -228,6 +245,9 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 						continue
 					}
 					acked.Add(1)
+					if time.Now().Before(deadline) {
+						inWindow.Add(1)
+					}
 					continue
 				}
 				cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
@@ -238,6 +258,9 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 						return
 					}
 					acked.Add(1)
+					if time.Now().Before(deadline) {
+						inWindow.Add(1)
+					}
 				})
 			}
 		}()
@@ -252,9 +275,49 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 	}
 	res.Elapsed = time.Since(start)
 	res.Sent = issued.Load()
-	res.Acked, res.Failed = acked.Load(), failed.Load()
+	res.Acked, res.Failed, res.AckedInWindow = acked.Load(), failed.Load(), inWindow.Load()
+	res.Bytes = res.Acked * int64(spec.RecordSize)
 	if res.Acked == 0 {
 		return res, errors.Join(errors.New("no record acknowledged"), res.FirstErr)
 	}
+	return res, nil
+}
+
+// runConsume reads spec.ConsumeRecords records of spec.Topics[0] from the
+// start with one kgo consumer. The client is made after OnStart, so its
+// first connections are inside the timed window: a few round trips against
+// a phase that fetches hundreds of MB.
+func runConsume(ctx context.Context, seeds []string, spec loadSpec) (loadResult, error) {
+	res := loadResult{Hist: new(histogram)}
+	if spec.OnStart != nil {
+		spec.OnStart()
+	}
+	start := time.Now()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(spec.Topics[0]),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return res, err
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, spec.Duration)
+	defer cancel()
+	for res.Acked < spec.ConsumeRecords {
+		fs := cl.PollFetches(pctx)
+		if err := pctx.Err(); err != nil {
+			return res, fmt.Errorf("consumed %d of %d records: %w", res.Acked, spec.ConsumeRecords, err)
+		}
+		fs.EachError(func(_ string, _ int32, err error) {
+			if res.FirstErr == nil {
+				res.FirstErr = err
+			}
+			res.Failed++
+		})
+		fs.EachRecord(func(r *kgo.Record) {
+			res.Acked++
+			res.Bytes += int64(len(r.Value))
+		})
+	}
+	res.Elapsed = time.Since(start)
+	res.Sent, res.AckedInWindow = res.Acked, res.Acked
 	return res, nil
 }

@@ -6,6 +6,9 @@
 //	go run ./bench [flags]          # end-to-end run; writes bench/results/
 //	go run ./bench micro [flags]    # hot-path micro-benchmarks, summarized
 //	go run ./bench tls [flags]      # what TLS on both legs costs the proxy
+//
+// The end-to-end run re-executes this binary for its upstream, floor relay
+// and load-generator processes (child.go).
 package main
 
 import (
@@ -26,6 +29,10 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if isChild() {
+		stop()
+		os.Exit(childMain(os.Args[1:]))
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	var err error
 	if len(os.Args) > 1 && os.Args[1] == "micro" {
@@ -48,7 +55,7 @@ func main() {
 func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Logger) error {
 	cfg := defaultConfig()
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	upstreams := fs.String("upstreams", strings.Join(cfg.Upstreams, ","), "upstreams to run against: kfake (in-memory Kafka, realistic, single-goroutine ceiling) and/or sink (answers at once, keeps nothing: the proxy's own ceiling)")
+	upstreams := fs.String("upstreams", strings.Join(cfg.Upstreams, ","), "upstreams of the produce rows, each its own process: kfake (in-memory Kafka with produce blackholed: acknowledged, not stored) and/or sink (answers at once, keeps nothing)")
 	sizes := fs.String("sizes", "100,1024,10240", "record value sizes in bytes, comma-separated")
 	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "concurrent kgo producer clients in batched phases")
 	fs.IntVar(&cfg.Topics, "topics", cfg.Topics, "topics written round-robin")
@@ -63,13 +70,15 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.Float64Var(&cfg.LostAckRate, "lostack-rate", cfg.LostAckRate, "drop rate of the separate lost-ack scenario (1 KiB, idempotent, enforce); 0 skips it")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of each phase (one target, one repetition)")
 	fs.Int64Var(&cfg.Records, "records", cfg.Records, "records per phase (all producers); 0 = only -duration bounds a phase; whichever comes first ends it")
-	fs.IntVar(&cfg.Reps, "reps", cfg.Reps, "direct/proxy pairs per row; odd repetitions run the proxy first")
+	fs.IntVar(&cfg.Reps, "reps", cfg.Reps, "repetitions per row (at least 5 for the issue's rule); each runs direct, A/A, floor, proxy, reversed on odd repetitions")
 	fs.IntVar(&cfg.RoundTrip, "roundtrip-size", cfg.RoundTrip, "record size of the round-trip latency scenario (1 record per ProduceSync, acks=all); 0 skips it")
 	fs.IntVar(&cfg.MemProducers, "mem-producers", cfg.MemProducers, "idempotent producers in the memory scenario (sink upstream); 0 skips it")
 	fs.IntVar(&cfg.MemPartitions, "mem-partitions", cfg.MemPartitions, "partitions each memory-scenario producer writes")
 	fs.DurationVar(&cfg.Recovery, "recovery", cfg.Recovery, "kgo retry backoff and metadata min age, how fast producers recover from a lost acknowledgement; 0 keeps kgo's defaults (metadata refresh at most every 5s)")
 	fs.IntVar(&cfg.DedupCostSize, "dedupcost-size", cfg.DedupCostSize, "record size of the dedup-cost scenario (an enforce and an off proxy, same load, alternated); 0 skips it")
 	fs.StringVar(&cfg.DedupCostUpstream, "dedupcost-upstream", cfg.DedupCostUpstream, "upstream of the dedup-cost scenario: sink or kfake")
+	fs.IntVar(&cfg.ConsumeMB, "consume-mb", cfg.ConsumeMB, "MB pre-filled into a kfake that keeps records and read back per phase in the consume row; 0 skips it")
+	fs.IntVar(&cfg.ConsumeSize, "consume-size", cfg.ConsumeSize, "record size of the consume row")
 	fs.StringVar(&cfg.ProxyBin, "proxy-bin", "", "prebuilt dedupproxy binary; empty builds ./cmd/dedupproxy into a temporary directory")
 	out := fs.String("out", "bench/results", "directory for results.md, results.svg and results.json; empty writes none")
 	timeout := fs.Duration("timeout", 20*time.Minute, "bound on the whole run")
@@ -135,6 +144,10 @@ func (c *Config) validate() error {
 		return errors.New("-retry-rate needs acknowledgements to drop: acks=none has none")
 	case c.Duration <= 0 || c.Duration > 10*time.Minute:
 		return errors.New("-duration: want 0 < d <= 10m")
+	case c.ConsumeMB < 0 || (c.ConsumeMB > 0 && c.ConsumeSize < 1):
+		return errors.New("-consume-mb: want >= 0, with -consume-size >= 1")
+	case c.DedupCostUpstream != "kfake" && c.DedupCostUpstream != "sink":
+		return fmt.Errorf("-dedupcost-upstream %q: want kfake or sink", c.DedupCostUpstream)
 	case c.Reps < 1 || c.Reps > 100:
 		return errors.New("-reps: want 1..100")
 	case c.MemProducers < 0 || c.MemProducers > 100_000 || (c.MemProducers > 0 && c.MemPartitions < 1):

@@ -89,6 +89,8 @@ func startProxy(ctx context.Context, bin, dir string, upstream []string, mode st
 		return nil, err
 	}
 	cmd := exec.Command(bin, "--config", cfgPath)
+	// Killed with the bench, even if the bench itself is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
@@ -160,6 +162,7 @@ func (p *proxyProc) stop() {
 // procStats is what /proc says about the proxy process.
 type procStats struct {
 	cpu   time.Duration // utime + stime
+	sys   time.Duration // stime alone: time in the kernel (syscalls, page faults)
 	rss   int64         // VmRSS, bytes
 	hwm   int64         // VmHWM (peak RSS since start or the last resetPeak), bytes
 	valid bool
@@ -190,6 +193,7 @@ func readProc(pid int) (procStats, error) {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	st.cpu = time.Duration(ut+stime) * time.Second / clockTicks
+	st.sys = time.Duration(stime) * time.Second / clockTicks
 	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return st, err

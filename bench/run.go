@@ -5,23 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Config is one benchmark run. The zero value is not useful; see
 // defaultConfig and the flags in main.go, which document each field.
 type Config struct {
-	Upstreams   []string      `json:"upstreams"` // kfake, sink
+	Upstreams   []string      `json:"upstreams"` // kfake (produce blackholed), sink
 	Sizes       []int         `json:"record_sizes"`
 	Producers   int           `json:"producers"`
 	Topics      int           `json:"topics"`
@@ -49,6 +47,11 @@ type Config struct {
 	// enforce and an off proxy, alternated); 0 skips it.
 	DedupCostSize     int    `json:"dedupcost_size"`
 	DedupCostUpstream string `json:"dedupcost_upstream"`
+	// ConsumeMB is how many MB of ConsumeSize records the consume row
+	// pre-fills (kfake keeping records) and then reads per phase; 0
+	// skips it.
+	ConsumeMB   int `json:"consume_mb"`
+	ConsumeSize int `json:"consume_record_size"`
 
 	ProxyBin string       `json:"-"` // prebuilt proxy; empty builds ./cmd/dedupproxy
 	Log      *slog.Logger `json:"-"`
@@ -56,64 +59,13 @@ type Config struct {
 
 func defaultConfig() Config {
 	return Config{
-		Upstreams: []string{"kfake", "sink"}, Sizes: []int{100, 1024, 10240},
+		Upstreams: []string{"kfake"}, Sizes: []int{100, 1024, 10240},
 		Producers: 4, Topics: 1, Partitions: 6, Linger: 5 * time.Millisecond,
 		BatchBytes: 1_000_012, BufferBytes: 8 << 20, Acks: "all", Idempotent: true,
-		Dedup: "enforce", LostAckRate: 0.01, Duration: 3 * time.Second, Reps: 3,
+		Dedup: "enforce", LostAckRate: 0.05, Duration: 2 * time.Second, Reps: 5,
 		RoundTrip: 1024, MemProducers: 2000, MemPartitions: 100, Recovery: 100 * time.Millisecond,
-		DedupCostSize: 1024, DedupCostUpstream: "sink",
+		DedupCostSize: 1024, DedupCostUpstream: "kfake", ConsumeMB: 200, ConsumeSize: 1024,
 	}
-}
-
-// Side is what one target (direct or proxy) achieved over all its phases
-// of a row.
-type Side struct {
-	Sent      int64   `json:"sent"`
-	Acked     int64   `json:"acked"`
-	Failed    int64   `json:"failed"`
-	Seconds   float64 `json:"seconds"`
-	RecPerSec float64 `json:"records_per_sec"`
-	MBPerSec  float64 `json:"mb_per_sec"`
-	P50us     float64 `json:"p50_us"`
-	P99us     float64 `json:"p99_us"`
-	P999us    float64 `json:"p999_us"`
-	// AcksDropped is how many Produce acknowledgements the shim dropped.
-	AcksDropped int64 `json:"acks_dropped"`
-}
-
-// Row compares direct and proxy for one scenario, upstream and record size.
-type Row struct {
-	Scenario   string  `json:"scenario"` // batched, roundtrip, lostack
-	Upstream   string  `json:"upstream"`
-	RecordSize int     `json:"record_size"`
-	Producers  int     `json:"producers"`
-	Acks       string  `json:"acks"`
-	Idempotent bool    `json:"idempotent"`
-	Dedup      string  `json:"dedup"`
-	RetryRate  float64 `json:"retry_rate"`
-
-	Direct Side `json:"direct"`
-	Proxy  Side `json:"proxy"`
-
-	// Proxy ÷ direct of each figure.
-	RatioRecPerSec float64 `json:"ratio_records_per_sec"`
-	RatioMBPerSec  float64 `json:"ratio_mb_per_sec"`
-	RatioP50       float64 `json:"ratio_p50"`
-	RatioP99       float64 `json:"ratio_p99"`
-	RatioP999      float64 `json:"ratio_p999"`
-	// Proxy − direct latency.
-	AddedP50us  float64 `json:"added_p50_us"`
-	AddedP99us  float64 `json:"added_p99_us"`
-	AddedP999us float64 `json:"added_p999_us"`
-
-	// Read from the proxy process (/proc) during its timed phases.
-	ProxyCPUSeconds float64 `json:"proxy_cpu_seconds"`
-	ProxyCPUmsPerMB float64 `json:"proxy_cpu_ms_per_mb"`
-	ProxyCPUsPerGB  float64 `json:"proxy_cpu_s_per_gb"`
-	ProxyPeakRSSMiB float64 `json:"proxy_peak_rss_mib"`
-	// Scraped from the proxy's /metrics during its phases.
-	Duplicates    float64 `json:"duplicates"`      // batches_total{outcome="duplicate"}
-	InFlightWaits float64 `json:"in_flight_waits"` // batches_total{outcome="in_flight_wait"}
 }
 
 // MemoryResult is the proxy's memory per tracked (producer, partition).
@@ -136,13 +88,9 @@ type Report struct {
 	Config  Config        `json:"config"`
 	Rows    []Row         `json:"rows"`
 	Memory  *MemoryResult `json:"memory,omitempty"`
-	// DedupCost compares dedup enforce with off, for idempotent producers.
-	DedupCost *DedupCostResult `json:"dedup_cost,omitempty"`
-	// LegacyDedupCost is DedupCost for legacy producers (idempotence off).
-	LegacyDedupCost *DedupCostResult `json:"legacy_dedup_cost,omitempty"`
-	Targets         []Target         `json:"targets"`
-	Started         time.Time        `json:"started"`
-	Took            string           `json:"took"`
+	Targets []Target      `json:"targets"`
+	Started time.Time     `json:"started"`
+	Took    string        `json:"took"`
 }
 
 // Machine describes where the numbers come from.
@@ -178,39 +126,6 @@ func describeMachine() Machine {
 	return m
 }
 
-// upstream is a running kfake cluster or sink.
-type upstream struct {
-	addrs []string
-	close func()
-}
-
-func startUpstream(kind string, topics []string, partitions int) (*upstream, error) {
-	switch kind {
-	case "kfake":
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(partitions), topics...))
-		if err != nil {
-			return nil, err
-		}
-		return &upstream{addrs: c.ListenAddrs(), close: c.Close}, nil
-	case "sink":
-		s, err := StartSink("127.0.0.1:0", int32(partitions))
-		if err != nil {
-			return nil, err
-		}
-		return &upstream{addrs: []string{s.Addr()}, close: s.Close}, nil
-	}
-	return nil, fmt.Errorf("upstream %q: want kfake or sink", kind)
-}
-
-// scenario is one row: the load, its upstream, the shim's drop rate.
-type scenario struct {
-	name      string
-	upstream  string
-	dedup     string
-	retryRate float64
-	load      loadSpec
-}
-
 // Run runs every scenario of cfg and returns the report. dir holds the
 // proxy binary and its config files.
 func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
@@ -234,54 +149,31 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 	base := loadSpec{
 		Producers: cfg.Producers, Topics: topics, Linger: cfg.Linger, BatchBytes: int32(cfg.BatchBytes),
 		Acks: cfg.Acks, Idempotent: cfg.Idempotent, BufferBytes: cfg.BufferBytes,
-		Duration: cfg.Duration, Records: cfg.Records, Recovery: cfg.Recovery,
+		Duration: cfg.Duration, Records: cfg.Records, Recovery: cfg.Recovery, RetryRate: cfg.RetryRate,
 	}
-	var scenarios []scenario
-	for _, up := range cfg.Upstreams {
-		for _, size := range cfg.Sizes {
-			l := base
-			l.RecordSize = size
-			scenarios = append(scenarios, scenario{"batched", up, cfg.Dedup, cfg.RetryRate, l})
-		}
-		if cfg.RoundTrip > 0 {
-			// One record per round trip, acks=all, no linger: the latency
-			// the proxy adds to each request.
-			l := base
-			l.RecordSize, l.RoundTrip, l.Linger, l.Acks = cfg.RoundTrip, true, 0, "all"
-			if l.Records > 0 {
-				l.Records = max(l.Records/10, 10)
-			}
-			scenarios = append(scenarios, scenario{"roundtrip", up, cfg.Dedup, 0, l})
-		}
-		if cfg.LostAckRate > 0 {
-			// Lost acknowledgements with idempotent producers: real
-			// retries, which the proxy (enforce) or the broker must catch.
-			l := base
-			l.RecordSize, l.Idempotent, l.Acks = 1024, true, "all"
-			scenarios = append(scenarios, scenario{"lostack", up, "enforce", cfg.LostAckRate, l})
-		}
-	}
-	for _, sc := range scenarios {
-		log.Info("scenario", "name", sc.name, "upstream", sc.upstream, "record_size", sc.load.RecordSize,
-			"retry_rate", sc.retryRate, "dedup", sc.dedup)
-		row, err := runScenario(ctx, cfg, dir, sc, log)
+	reps := max(cfg.Reps, 1)
+	for _, kind := range cfg.Upstreams {
+		rows, err := runProduceRows(ctx, cfg, dir, kind, base, reps, log)
 		if err != nil {
-			return nil, fmt.Errorf("%s/%s/%dB: %w", sc.name, sc.upstream, sc.load.RecordSize, err)
+			return nil, fmt.Errorf("upstream %s: %w", kind, err)
+		}
+		rep.Rows = append(rep.Rows, rows...)
+	}
+	if cfg.ConsumeMB > 0 {
+		row, err := runConsumeRow(ctx, cfg, dir, reps, log)
+		if err != nil {
+			return nil, fmt.Errorf("consume: %w", err)
 		}
 		rep.Rows = append(rep.Rows, row)
 	}
 	if cfg.DedupCostSize > 0 {
-		log.Info("dedup cost scenario", "upstream", cfg.DedupCostUpstream, "record_size", cfg.DedupCostSize)
-		dc, err := runDedupCost(ctx, cfg, dir, cfg.DedupCostUpstream, cfg.DedupCostSize, true /* idempotent */, log)
-		if err != nil {
-			return nil, fmt.Errorf("dedup cost: %w", err)
+		for _, idem := range []bool{true, false} {
+			row, err := runDedupCost(ctx, cfg, dir, base, idem, reps, log)
+			if err != nil {
+				return nil, fmt.Errorf("dedup cost (idempotent=%t): %w", idem, err)
+			}
+			rep.Rows = append(rep.Rows, row)
 		}
-		rep.DedupCost = dc
-		ldc, err := runDedupCost(ctx, cfg, dir, cfg.DedupCostUpstream, cfg.DedupCostSize, false /* legacy */, log)
-		if err != nil {
-			return nil, fmt.Errorf("legacy dedup cost: %w", err)
-		}
-		rep.LegacyDedupCost = ldc
 	}
 	if cfg.MemProducers > 0 {
 		log.Info("memory scenario", "producers", cfg.MemProducers, "partitions", cfg.MemPartitions)
@@ -296,156 +188,145 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 	return rep, nil
 }
 
-// phaseAcc accumulates one target's phases.
-type phaseAcc struct {
-	sent, acked, failed, dropped int64
-	elapsed                      time.Duration
-	hist                         histogram
+// stack starts an upstream of kind, a floor relay and a proxy in front of
+// it, each its own process, and returns the four targets of a row: direct,
+// direct again (the A/A row: the noise floor of the measurement itself),
+// floor and proxy. stop ends all three processes.
+func stack(ctx context.Context, cfg Config, dir, kind string, topics []string, partitions int, dedup string) (eps []endpoint, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range slices.Backward(stops) {
+			f()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	up, err := startUpstream(ctx, kind, topics, partitions)
+	if err != nil {
+		return nil, stop, err
+	}
+	stops = append(stops, up.close)
+	fl, err := startFloorProc(ctx, up.addrs[0])
+	if err != nil {
+		return nil, stop, err
+	}
+	stops = append(stops, fl.close)
+	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, dedup)
+	if err != nil {
+		return nil, stop, err
+	}
+	stops = append(stops, px.stop)
+	return []endpoint{
+		{name: "direct", seeds: up.addrs},
+		{name: "A/A", seeds: up.addrs},
+		{name: "floor", seeds: fl.addrs, pid: fl.pid},
+		{name: "proxy", seeds: []string{px.bootstrap}, pid: px.pid, admin: px.admin},
+	}, stop, nil
 }
 
-func (a *phaseAcc) side(size int) Side {
-	s := Side{Sent: a.sent, Acked: a.acked, Failed: a.failed, Seconds: a.elapsed.Seconds(), AcksDropped: a.dropped}
-	if s.Seconds > 0 {
-		s.RecPerSec = float64(a.acked) / s.Seconds
-		s.MBPerSec = float64(a.acked) * float64(size) / 1e6 / s.Seconds
+func baseRow(scenario, upstream string, l loadSpec, dedup string) Row {
+	r := Row{Scenario: scenario, Upstream: upstream, RecordSize: l.RecordSize, Producers: l.Producers,
+		Acks: l.Acks, Idempotent: l.Idempotent, Dedup: dedup, RetryRate: l.RetryRate}
+	if l.RoundTrip {
+		r.Producers = 1
 	}
-	s.P50us = us(a.hist.quantile(0.50))
-	s.P99us = us(a.hist.quantile(0.99))
-	s.P999us = us(a.hist.quantile(0.999))
-	return s
+	return r
 }
 
-func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-
-// runScenario starts the upstream and a proxy process in front of it, then
-// alternates direct and proxied phases (direct first on even repetitions,
-// proxy first on odd ones) so machine drift hits both alike.
-func runScenario(ctx context.Context, cfg Config, dir string, sc scenario, log *slog.Logger) (Row, error) {
-	row := Row{Scenario: sc.name, Upstream: sc.upstream, RecordSize: sc.load.RecordSize, Producers: sc.load.Producers,
-		Acks: sc.load.Acks, Idempotent: sc.load.Idempotent, Dedup: sc.dedup, RetryRate: sc.retryRate}
-	if sc.load.RoundTrip {
-		row.Producers = 1
+// runProduceRows runs the batched rows (one per size), the round-trip row
+// and the lost-ack row against one upstream process.
+func runProduceRows(ctx context.Context, cfg Config, dir, kind string, base loadSpec, reps int, log *slog.Logger) ([]Row, error) {
+	eps, stop, err := stack(ctx, cfg, dir, kind, base.Topics, cfg.Partitions, cfg.Dedup)
+	if err != nil {
+		return nil, err
 	}
-	up, err := startUpstream(sc.upstream, sc.load.Topics, cfg.Partitions)
+	defer stop()
+	var rows []Row
+	run := func(row Row, l loadSpec, eps []endpoint, reps int) error {
+		label := fmt.Sprintf("%s/%s/%s", row.Scenario, kind, sizeLabel(l.RecordSize))
+		log.Info("row", "row", label, "pairs", reps)
+		phases, err := runPairs(ctx, l, eps, reps, log, label)
+		if err != nil {
+			return fmt.Errorf("%s: %w", label, err)
+		}
+		fillRow(&row, eps, phases)
+		rows = append(rows, row)
+		return nil
+	}
+	for _, size := range cfg.Sizes {
+		l := base
+		l.RecordSize = size
+		if err := run(baseRow("batched", kind, l, cfg.Dedup), l, eps, reps); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.RoundTrip > 0 {
+		// One record per round trip, acks=all, no linger: the latency
+		// each hop adds to a request.
+		l := base
+		l.RecordSize, l.RoundTrip, l.Linger, l.Acks, l.RetryRate = cfg.RoundTrip, true, 0, "all", 0
+		if l.Records > 0 {
+			l.Records = max(l.Records/10, 10)
+		}
+		if err := run(baseRow("roundtrip", kind, l, cfg.Dedup), l, eps, reps); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.LostAckRate > 0 {
+		// Lost acknowledgements with idempotent producers: real retries,
+		// which the proxy or the broker must catch. A correctness row,
+		// one pair: its counts matter, not its ratio.
+		l := base
+		l.RecordSize, l.Idempotent, l.Acks, l.RetryRate = 1024, true, "all", cfg.LostAckRate
+		if err := run(baseRow("lostack", kind, l, cfg.Dedup), l, []endpoint{eps[0], eps[3]}, 1); err != nil {
+			return nil, err
+		}
+	}
+	return rows, nil
+}
+
+// runConsumeRow pre-fills a topic on a kfake that keeps records (produce
+// is not blackholed) and then reads all of it from the start, per phase,
+// directly, directly again, through the floor and through the proxy.
+func runConsumeRow(ctx context.Context, cfg Config, dir string, reps int, log *slog.Logger) (Row, error) {
+	const topic = "consume"
+	size := cfg.ConsumeSize
+	records := int64(cfg.ConsumeMB) * 1_000_000 / int64(size)
+	eps, stop, err := stack(ctx, cfg, dir, "kfake-store", []string{topic}, cfg.Partitions, cfg.Dedup)
+	if err != nil {
+		return Row{}, err
+	}
+	defer stop()
+	// Large batches whatever -batch-bytes says: the fill is set-up, and
+	// what the consumers fetch is then a few large record batches per
+	// partition, as from a real log.
+	fill := loadSpec{Producers: cfg.Producers, Topics: []string{topic}, RecordSize: size, Linger: cfg.Linger,
+		BatchBytes: 1_000_012, Acks: "all", Idempotent: true, BufferBytes: cfg.BufferBytes,
+		Duration: 10 * time.Minute, Records: records, Recovery: cfg.Recovery}
+	log.Info("consume: pre-filling", "records", records, "record_size", size)
+	ph, err := runPhase(ctx, fill, eps[0])
+	if err != nil {
+		return Row{}, fmt.Errorf("pre-fill: %w", err)
+	}
+	// Each producer warms up with one record per topic before the timed
+	// window.
+	total := ph.res.Acked + int64(fill.Producers*len(fill.Topics))
+	if ph.res.Failed > 0 {
+		return Row{}, fmt.Errorf("pre-fill: %d records failed: %v", ph.res.Failed, ph.res.FirstErr)
+	}
+	l := loadSpec{Topics: []string{topic}, RecordSize: size, Consume: true, ConsumeRecords: total,
+		Duration: 2 * time.Minute}
+	row := Row{Scenario: "consume", Upstream: "kfake-store", RecordSize: size, Acks: "n/a", Dedup: cfg.Dedup}
+	label := "consume/kfake-store/" + sizeLabel(size)
+	phases, err := runPairs(ctx, l, eps, reps, log, label)
 	if err != nil {
 		return row, err
 	}
-	defer up.close()
-	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, sc.dedup)
-	if err != nil {
-		return row, err
-	}
-	defer px.stop()
-	var dial func(context.Context, string, string) (net.Conn, error)
-	var shim *Shim
-	if sc.retryRate > 0 {
-		shim = NewShim(sc.retryRate)
-		defer shim.Close()
-		dial = shim.Dial
-	}
-
-	var direct, proxied phaseAcc
-	var cpu time.Duration
-	var peak int64
-	for rep := range max(cfg.Reps, 1) {
-		order := []bool{false, true}
-		if rep%2 == 1 {
-			order = []bool{true, false}
-		}
-		for _, viaProxy := range order {
-			acc, seeds := &direct, up.addrs
-			if viaProxy {
-				acc, seeds = &proxied, []string{px.bootstrap}
-			}
-			load := sc.load
-			var before procStats
-			var metricsBefore string
-			var dropped0 int64
-			load.OnStart = func() {
-				if shim != nil {
-					_, dropped0 = shim.Counts()
-				}
-				if viaProxy {
-					resetPeak(px.pid)
-					before, _ = readProc(px.pid)
-					metricsBefore, _ = scrape(ctx, px.admin)
-				}
-			}
-			res, err := runLoad(ctx, seeds, dial, load)
-			if err != nil {
-				return row, fmt.Errorf("%s phase: %w", target(viaProxy), err)
-			}
-			if viaProxy {
-				after, err := readProc(px.pid)
-				if err != nil {
-					return row, fmt.Errorf("read the proxy's /proc: %w", err)
-				}
-				cpu += after.cpu - before.cpu
-				peak = max(peak, after.hwm)
-				metricsAfter, err := scrape(ctx, px.admin)
-				if err != nil {
-					return row, err
-				}
-				for _, m := range []struct {
-					dst   *float64
-					label string
-				}{{&row.Duplicates, `outcome="duplicate"`}, {&row.InFlightWaits, `outcome="in_flight_wait"`}} {
-					*m.dst += metricValue(metricsAfter, "dedupproxy_batches_total", m.label) -
-						metricValue(metricsBefore, "dedupproxy_batches_total", m.label)
-				}
-			}
-			if shim != nil {
-				_, d := shim.Counts()
-				acc.dropped += d - dropped0
-			}
-			acc.sent += res.Sent
-			acc.acked += res.Acked
-			acc.failed += res.Failed
-			acc.elapsed += res.Elapsed
-			acc.hist.merge(res.Hist)
-			log.Info("phase", "scenario", sc.name, "upstream", sc.upstream, "size", sc.load.RecordSize, "rep", rep,
-				"target", target(viaProxy), "acked", res.Acked, "failed", res.Failed,
-				"rec_per_s", int(float64(res.Acked)/res.Elapsed.Seconds()),
-				"p50", res.Hist.quantile(0.5).Round(time.Microsecond), "p99", res.Hist.quantile(0.99).Round(time.Microsecond))
-			if res.Failed > 0 {
-				log.Warn("records failed", "target", target(viaProxy), "first_err", res.FirstErr)
-			}
-		}
-	}
-	row.Direct = direct.side(sc.load.RecordSize)
-	row.Proxy = proxied.side(sc.load.RecordSize)
-	row.RatioRecPerSec = ratio(row.Proxy.RecPerSec, row.Direct.RecPerSec)
-	row.RatioMBPerSec = ratio(row.Proxy.MBPerSec, row.Direct.MBPerSec)
-	row.RatioP50 = ratio(row.Proxy.P50us, row.Direct.P50us)
-	row.RatioP99 = ratio(row.Proxy.P99us, row.Direct.P99us)
-	row.RatioP999 = ratio(row.Proxy.P999us, row.Direct.P999us)
-	row.AddedP50us = row.Proxy.P50us - row.Direct.P50us
-	row.AddedP99us = row.Proxy.P99us - row.Direct.P99us
-	row.AddedP999us = row.Proxy.P999us - row.Direct.P999us
-	row.ProxyCPUSeconds = cpu.Seconds()
-	mb := float64(proxied.acked) * float64(sc.load.RecordSize) / 1e6
-	if mb > 0 {
-		row.ProxyCPUmsPerMB = cpu.Seconds() * 1e3 / mb
-		row.ProxyCPUsPerGB = cpu.Seconds() / (mb / 1e3)
-	}
-	row.ProxyPeakRSSMiB = float64(peak) / (1 << 20)
+	fillRow(&row, eps, phases)
 	return row, nil
-}
-
-func target(viaProxy bool) string {
-	if viaProxy {
-		return "proxy"
-	}
-	return "direct"
-}
-
-// ratio is a/b, or NaN when b is 0 (reported as "n/a", never as a
-// misleading infinity).
-func ratio(a, b float64) float64 {
-	if b == 0 {
-		return math.NaN()
-	}
-	return a / b
 }
 
 // runMemory measures the proxy's memory per tracked (producer, partition):
@@ -455,7 +336,7 @@ func ratio(a, b float64) float64 {
 // close when done, so connection buffers do not pile up in the figure.
 func runMemory(ctx context.Context, cfg Config, dir string) (*MemoryResult, error) {
 	const topic = "mem"
-	up, err := startUpstream("sink", []string{topic}, cfg.MemPartitions)
+	up, err := startUpstream(ctx, "sink", []string{topic}, cfg.MemPartitions)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,315 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"time"
+)
+
+// Side is what one target (direct, its A/A twin, the floor relay, the
+// proxy) achieved over all its phases of a row.
+type Side struct {
+	Phases    int     `json:"phases"`
+	Sent      int64   `json:"sent"`
+	Acked     int64   `json:"acked"` // produce: acknowledged; consume: records read
+	Failed    int64   `json:"failed"`
+	Seconds   float64 `json:"seconds"`
+	RecPerSec float64 `json:"records_per_sec"`
+	MBPerSec  float64 `json:"mb_per_sec"`
+	P50us     float64 `json:"p50_us"`
+	P99us     float64 `json:"p99_us"`
+	P999us    float64 `json:"p999_us"`
+	// AcksDropped is how many Produce acknowledgements the shim dropped.
+	AcksDropped int64 `json:"acks_dropped"`
+	// Stalled counts phases in which no record was acknowledged before the
+	// phase's deadline: the producers filled their buffers and then waited
+	// seconds for a first acknowledgement. It happens to every target,
+	// direct included, under heavy load from other jobs (cause not found
+	// yet: kgo or kfake), and such a phase drags its pairs' ratios.
+	Stalled int `json:"stalled_phases"`
+	// The target's own process (floor, proxy), from /proc during its
+	// timed phases; zero for direct.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	SysSeconds float64 `json:"sys_seconds"` // of CPUSeconds, in the kernel
+	CPUmsPerMB float64 `json:"cpu_ms_per_mb"`
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+}
+
+// Spread is a per-pair figure over a row's repetitions: its median and the
+// smallest and largest pair. N counts the pairs that had the figure.
+type Spread struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+	N      int     `json:"n"`
+}
+
+func spreadOf(xs []float64) Spread {
+	xs = slices.DeleteFunc(slices.Clone(xs), func(x float64) bool { return math.IsNaN(x) || math.IsInf(x, 0) })
+	if len(xs) == 0 {
+		return Spread{}
+	}
+	slices.Sort(xs)
+	med := xs[len(xs)/2]
+	if len(xs)%2 == 0 {
+		med = (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+	}
+	return Spread{Median: med, Min: xs[0], Max: xs[len(xs)-1], N: len(xs)}
+}
+
+// Row compares the targets of one scenario, upstream and record size. The
+// first target is the reference (direct, or dedup off); every per-pair
+// figure compares a target with the reference's phase of the same
+// repetition.
+type Row struct {
+	Scenario   string  `json:"scenario"` // batched, roundtrip, consume, lostack, dedupcost
+	Upstream   string  `json:"upstream"`
+	RecordSize int     `json:"record_size"`
+	Producers  int     `json:"producers"` // 0: one consumer
+	Acks       string  `json:"acks"`
+	Idempotent bool    `json:"idempotent"`
+	Dedup      string  `json:"dedup"`
+	RetryRate  float64 `json:"retry_rate"`
+	Pairs      int     `json:"pairs"`
+
+	Targets []string        `json:"targets"` // reference first
+	Sides   map[string]Side `json:"sides"`
+	// Per pair, target ÷ reference MB/s, target − reference latency, and
+	// target ÷ reference CPU per MB (when both are measured processes).
+	Throughput map[string]Spread `json:"throughput_ratio"`
+	AddedP50us map[string]Spread `json:"added_p50_us"`
+	AddedP99us map[string]Spread `json:"added_p99_us"`
+	CPURatio   map[string]Spread `json:"cpu_per_mb_ratio,omitempty"`
+	// Per phase CPU per MB of each measured target.
+	CPUmsPerMB map[string]Spread `json:"cpu_ms_per_mb,omitempty"`
+
+	// Scraped from the proxy's (dedup cost: the enforce proxy's) /metrics.
+	Duplicates    float64 `json:"duplicates"`      // batches_total{outcome="duplicate"}
+	InFlightWaits float64 `json:"in_flight_waits"` // batches_total{outcome="in_flight_wait"}
+	Decided       float64 `json:"decided"`         // outcome accepted or legacy_accepted
+}
+
+// endpoint is one target of a row: where the load connects, and the
+// process measured while it runs.
+type endpoint struct {
+	name  string
+	seeds []string
+	pid   int    // 0: no process of its own (direct)
+	admin string // proxy /metrics, or ""
+}
+
+// phase is what one phase of one target measured.
+type phase struct {
+	res     loadResult
+	dropped int64
+	cpu     time.Duration
+	sys     time.Duration // of which in the kernel
+	hwm     int64
+	metrics map[string]float64 // batches_total deltas by outcome
+}
+
+var outcomes = []string{"duplicate", "in_flight_wait", "accepted", "legacy_accepted"}
+
+// runPairs runs reps repetitions of one phase per endpoint, in order on
+// even repetitions and in reverse on odd ones, so each target goes first
+// against the reference in half of its pairs and machine drift hits all
+// alike. Each phase is a fresh load process.
+func runPairs(ctx context.Context, spec loadSpec, eps []endpoint, reps int, log *slog.Logger, label string) ([][]phase, error) {
+	out := make([][]phase, reps)
+	for rep := range reps {
+		out[rep] = make([]phase, len(eps))
+		order := make([]int, len(eps))
+		for i := range order {
+			order[i] = i
+		}
+		if rep%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, i := range order {
+			ep := eps[i]
+			ph, err := runPhase(ctx, spec, ep)
+			if err != nil {
+				return nil, fmt.Errorf("%s phase %d: %w", ep.name, rep, err)
+			}
+			out[rep][i] = ph
+			r := ph.res
+			log.Info("phase", "row", label, "rep", rep, "target", ep.name, "acked", r.Acked, "failed", r.Failed,
+				"mb_per_s", fmt.Sprintf("%.1f", float64(r.Bytes)/1e6/r.Elapsed.Seconds()),
+				"p50", r.Hist.quantile(0.5).Round(time.Microsecond), "p99", r.Hist.quantile(0.99).Round(time.Microsecond),
+				"cpu_ms", ph.cpu.Milliseconds(), "sys_ms", ph.sys.Milliseconds(), "acked_in_window", r.AckedInWindow)
+			if r.Failed > 0 {
+				log.Warn("records failed", "target", ep.name, "first_err", r.FirstErr)
+			}
+		}
+	}
+	return out, nil
+}
+
+func runPhase(ctx context.Context, spec loadSpec, ep endpoint) (phase, error) {
+	ph := phase{metrics: map[string]float64{}}
+	spec.Seeds = ep.seeds
+	l, err := startLoad(ctx, spec)
+	if err != nil {
+		return ph, err
+	}
+	var before procStats
+	var mBefore string
+	// Scrape first: serving /metrics costs the proxy CPU, which must stay
+	// outside the timed window.
+	if ep.admin != "" {
+		if mBefore, err = scrape(ctx, ep.admin); err != nil {
+			l.c.kill()
+			return ph, err
+		}
+	}
+	if ep.pid != 0 {
+		resetPeak(ep.pid)
+		if before, err = readProc(ep.pid); err != nil {
+			l.c.kill()
+			return ph, err
+		}
+	}
+	res, dropped, err := l.run(ctx, spec.Duration+2*time.Minute)
+	if err != nil {
+		return ph, err
+	}
+	ph.res, ph.dropped = res, dropped
+	if ep.pid != 0 {
+		after, err := readProc(ep.pid)
+		if err != nil {
+			return ph, fmt.Errorf("read /proc of %s: %w", ep.name, err)
+		}
+		ph.cpu, ph.sys, ph.hwm = after.cpu-before.cpu, after.sys-before.sys, after.hwm
+	}
+	if ep.admin != "" {
+		mAfter, err := scrape(ctx, ep.admin)
+		if err != nil {
+			return ph, err
+		}
+		for _, o := range outcomes {
+			l := `outcome="` + o + `"`
+			ph.metrics[o] = metricValue(mAfter, "dedupproxy_batches_total", l) - metricValue(mBefore, "dedupproxy_batches_total", l)
+		}
+	}
+	return ph, nil
+}
+
+// fillRow aggregates phases (from runPairs over eps) into row.
+func fillRow(row *Row, eps []endpoint, phases [][]phase) {
+	row.Pairs = len(phases)
+	row.Sides = map[string]Side{}
+	row.Throughput, row.AddedP50us, row.AddedP99us = map[string]Spread{}, map[string]Spread{}, map[string]Spread{}
+	row.CPURatio, row.CPUmsPerMB = map[string]Spread{}, map[string]Spread{}
+	row.Targets = nil
+	mbps := func(ph phase) float64 { return float64(ph.res.Bytes) / 1e6 / ph.res.Elapsed.Seconds() }
+	// A phase with no CPU tick (10 ms) or no byte has no CPU per MB:
+	// it is left out of the spreads, never reported as 0.
+	cpuPerMB := func(ph phase) float64 {
+		if ph.res.Bytes == 0 || ph.cpu == 0 {
+			return math.NaN()
+		}
+		return ph.cpu.Seconds() * 1e3 / (float64(ph.res.Bytes) / 1e6)
+	}
+	for i, ep := range eps {
+		row.Targets = append(row.Targets, ep.name)
+		var s Side
+		var hist histogram
+		var bytes int64
+		var cpu, sys time.Duration
+		var hwm int64
+		var thr, p50, p99, cpuR, cpuMB []float64
+		for _, rep := range phases {
+			ph, ref := rep[i], rep[0]
+			s.Phases++
+			s.Sent += ph.res.Sent
+			s.Acked += ph.res.Acked
+			s.Failed += ph.res.Failed
+			s.Seconds += ph.res.Elapsed.Seconds()
+			s.AcksDropped += ph.dropped
+			if ph.res.AckedInWindow == 0 {
+				s.Stalled++
+			}
+			bytes += ph.res.Bytes
+			cpu += ph.cpu
+			sys += ph.sys
+			hwm = max(hwm, ph.hwm)
+			hist.merge(ph.res.Hist)
+			if ep.pid != 0 {
+				cpuMB = append(cpuMB, cpuPerMB(ph))
+			}
+			if ep.admin != "" && (ep.name == "proxy" || ep.name == "enforce") {
+				row.Duplicates += ph.metrics["duplicate"]
+				row.InFlightWaits += ph.metrics["in_flight_wait"]
+				row.Decided += ph.metrics["accepted"] + ph.metrics["legacy_accepted"]
+			}
+			if i == 0 {
+				continue
+			}
+			thr = append(thr, ratio(mbps(ph), mbps(ref)))
+			if ph.res.Hist.total() > 0 && ref.res.Hist.total() > 0 {
+				p50 = append(p50, us(ph.res.Hist.quantile(0.5))-us(ref.res.Hist.quantile(0.5)))
+				p99 = append(p99, us(ph.res.Hist.quantile(0.99))-us(ref.res.Hist.quantile(0.99)))
+			}
+			if ep.pid != 0 && eps[0].pid != 0 {
+				cpuR = append(cpuR, ratio(cpuPerMB(ph), cpuPerMB(ref)))
+			}
+		}
+		if s.Seconds > 0 {
+			s.RecPerSec = float64(s.Acked) / s.Seconds
+			s.MBPerSec = float64(bytes) / 1e6 / s.Seconds
+		}
+		s.P50us, s.P99us, s.P999us = us(hist.quantile(0.5)), us(hist.quantile(0.99)), us(hist.quantile(0.999))
+		if ep.pid != 0 {
+			s.CPUSeconds, s.SysSeconds = cpu.Seconds(), sys.Seconds()
+			if bytes > 0 {
+				s.CPUmsPerMB = cpu.Seconds() * 1e3 / (float64(bytes) / 1e6)
+			}
+			s.PeakRSSMiB = float64(hwm) / (1 << 20)
+			row.CPUmsPerMB[ep.name] = spreadOf(cpuMB)
+		}
+		row.Sides[ep.name] = s
+		if i > 0 {
+			row.Throughput[ep.name] = spreadOf(thr)
+			if len(p50) > 0 {
+				row.AddedP50us[ep.name], row.AddedP99us[ep.name] = spreadOf(p50), spreadOf(p99)
+			}
+			if len(cpuR) > 0 {
+				row.CPURatio[ep.name] = spreadOf(cpuR)
+			}
+		}
+	}
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// ratio is a/b, or NaN when b is 0 (dropped from spreads, never reported as
+// a misleading infinity).
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return a / b
+}
+
+// phaseAcc accumulates one target's phases run in this process (the TLS
+// cost scenario).
+type phaseAcc struct {
+	sent, acked, failed, dropped int64
+	elapsed                      time.Duration
+	hist                         histogram
+}
+
+func (a *phaseAcc) side(size int) Side {
+	s := Side{Sent: a.sent, Acked: a.acked, Failed: a.failed, Seconds: a.elapsed.Seconds(), AcksDropped: a.dropped}
+	if s.Seconds > 0 {
+		s.RecPerSec = float64(a.acked) / s.Seconds
+		s.MBPerSec = float64(a.acked) * float64(size) / 1e6 / s.Seconds
+	}
+	s.P50us = us(a.hist.quantile(0.50))
+	s.P99us = us(a.hist.quantile(0.99))
+	s.P999us = us(a.hist.quantile(0.999))
+	return s
+}
