@@ -51,7 +51,9 @@ type planner struct {
 	// answered with an error, read back from the log (resent.go); unackedUntil
 	// (ns) is when the last of them expires: until then forwarded legacy
 	// batches are checked record by record.
-	unacked      *seqstate.KeyTable
+	unacked      atomic.Pointer[seqstate.KeyTable] // made on first use (2.6 MB)
+	unackedOnce  sync.Once
+	unackedTTL   time.Duration
 	unackedUntil atomic.Int64
 
 	// waitMu guards waiters, and the wait fields of every plan registered
@@ -76,14 +78,9 @@ func newPlanner(cfg *DedupConfig, table *seqstate.Table, legacy *seqstate.Legacy
 		legacyWindow: cfg.Legacy.Window}
 	pn.settings.Store(newDedupSettings(cfg))
 	pn.logStart.init()
-	if legacy != nil {
-		// Small: only records of appends answered with an error, for one
-		// window.
-		ttl := cfg.Legacy.Window
-		if ttl <= 0 {
-			ttl = seqstate.DefaultLegacyWindow
-		}
-		pn.unacked, _ = seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: maxUnackedRecords, TTL: ttl})
+	pn.unackedTTL = cfg.Legacy.Window
+	if pn.unackedTTL <= 0 {
+		pn.unackedTTL = seqstate.DefaultLegacyWindow
 	}
 	return pn
 }

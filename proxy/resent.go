@@ -26,13 +26,26 @@ const maxUnackedRecords = 1 << 16
 
 // unackedLive reports whether some stamps may still be live.
 func (pn *planner) unackedLive(now time.Time) bool {
-	return pn.unacked != nil && now.UnixNano() < pn.unackedUntil.Load()
+	return now.UnixNano() < pn.unackedUntil.Load() && pn.unacked.Load() != nil
+}
+
+// unackedTable returns the stamps' table, made on first use: most proxies
+// never need it.
+func (pn *planner) unackedTable() *seqstate.KeyTable {
+	pn.unackedOnce.Do(func() {
+		t, err := seqstate.NewKeyTable(seqstate.KeyConfig{MaxKeys: maxUnackedRecords, TTL: pn.unackedTTL})
+		if err == nil {
+			pn.unacked.Store(t)
+		}
+	})
+	return pn.unacked.Load()
 }
 
 // rememberUnacked keeps the stamps of the records of batch b, read from
 // partition k's log at its base offset, for the window after now.
 func (pn *planner) rememberUnacked(k seqstate.Key, b []byte, bh *protocol.BatchHeader, stamps []protocol.RecordKey, now time.Time) []protocol.RecordKey {
-	if pn.unacked == nil {
+	table := pn.unackedTable()
+	if table == nil {
 		return stamps
 	}
 	stamps, err := protocol.RecordStamps(stamps[:0], b, bh)
@@ -41,7 +54,7 @@ func (pn *planner) rememberUnacked(k seqstate.Key, b []byte, bh *protocol.BatchH
 	}
 	for i, st := range stamps {
 		lo, hi := topicKey(st, k.Topic)
-		pn.unacked.Commit(lo, hi, bh.BaseOffset+int64(i), now)
+		table.Commit(lo, hi, bh.BaseOffset+int64(i), now)
 	}
 	until := now.Add(pn.legacyWindow).UnixNano()
 	for {
@@ -68,10 +81,11 @@ func (pn *planner) applyResent(pl *producePlan, i int, part *protocol.ProducePar
 	// are not idempotency keys, and commitKeys must never see them.
 	defer func() { pl.keys, pl.drops = pl.keys[:start], pl.drops[:start] }()
 	pl.keys = stamps
+	table := pn.unacked.Load() // not nil: unackedLive
 	known, base, together := 0, int64(-1), true
 	for j := start; j < len(stamps); j++ {
 		lo, hi := topicKey(stamps[j], d.key.Topic)
-		off, ok := pn.unacked.Take(lo, hi, now) // each stamp answers for one resend
+		off, ok := table.Take(lo, hi, now) // each stamp answers for one resend
 		pl.drops = append(pl.drops, ok)
 		if !ok {
 			continue
