@@ -161,6 +161,25 @@ func (r *rawConn) roundTrip(req kmsg.Request) kmsg.Response {
 	return r.recv(req, r.send(req))
 }
 
+// logEnd returns the end offset of partition 0 of topic, asked of the
+// broker at addr directly: how many records the log holds.
+func logEnd(t testing.TB, addr, topic string) int64 {
+	t.Helper()
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.SetVersion(4)
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewListOffsetsRequestTopicPartition()
+	rp.Timestamp = -1
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	p := dialRaw(t, addr).roundTrip(req).(*kmsg.ListOffsetsResponse).Topics[0].Partitions[0]
+	if p.ErrorCode != 0 {
+		t.Fatalf("end offset of %s: error %d", topic, p.ErrorCode)
+	}
+	return p.Offset
+}
+
 func readFrame(c io.Reader) ([]byte, error) {
 	var head [4]byte
 	if _, err := io.ReadFull(c, head[:]); err != nil {

@@ -241,16 +241,7 @@ func TestLegacySlowBroker(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("produce: %v", err)
 	}
-	raw := dialRaw(t, c.ListenAddrs()[0])
-	req := kmsg.NewPtrListOffsetsRequest()
-	req.SetVersion(4)
-	rt := kmsg.NewListOffsetsRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewListOffsetsRequestTopicPartition()
-	rp.Timestamp = -1
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	if end := raw.roundTrip(req).(*kmsg.ListOffsetsResponse).Topics[0].Partitions[0].Offset; end != 1 {
+	if end := logEnd(t, c.ListenAddrs()[0], topic); end != 1 {
 		t.Fatalf("the log holds %d records, want 1 (%d produce requests reached the broker)", end, reached.Load())
 	}
 }
@@ -300,15 +291,7 @@ func TestLegacyResplitAfterClientLeft(t *testing.T) {
 	if n := testutil.ToFloat64(p.Metrics.resentDropped); n != 2 {
 		t.Fatalf("legacy_resent_records_dropped_total %v, want 2", n)
 	}
-	lo := kmsg.NewPtrListOffsetsRequest()
-	lo.SetVersion(4)
-	rt := kmsg.NewListOffsetsRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewListOffsetsRequestTopicPartition()
-	rp.Timestamp = -1
-	rt.Partitions = append(rt.Partitions, rp)
-	lo.Topics = append(lo.Topics, rt)
-	if end := dialRaw(t, c.ListenAddrs()[0]).roundTrip(lo).(*kmsg.ListOffsetsResponse).Topics[0].Partitions[0].Offset; end != 4 {
+	if end := logEnd(t, c.ListenAddrs()[0], topic); end != 4 {
 		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
 	}
 }

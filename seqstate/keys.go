@@ -91,29 +91,19 @@ func keyID(lo uint64) uint64 {
 // Lookup reports whether key (lo, hi) was written within the TTL, and at
 // which offset (-1 if unknown).
 func (t *KeyTable) Lookup(lo, hi uint64, now time.Time) (int64, bool) {
-	id := keyID(lo)
-	s := t.shard(id)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	slot, ok := s.get(id)
-	if !ok {
-		return -1, false
-	}
-	e := &s.ring[slot]
-	if now.UnixNano()-e.seen >= t.ttl {
-		s.forget(id)
-		return -1, false
-	}
-	if e.hi != hi {
-		return -1, false
-	}
-	return e.offset, true
+	return t.find(lo, hi, now, false)
 }
 
 // Take is Lookup, except that a key found is forgotten: it answers for one
 // record only (the proxy's stamps of records resent after an error answer,
 // each matched once).
 func (t *KeyTable) Take(lo, hi uint64, now time.Time) (int64, bool) {
+	return t.find(lo, hi, now, true)
+}
+
+// find looks key (lo, hi) up, forgetting it when expired, or when found
+// and take.
+func (t *KeyTable) find(lo, hi uint64, now time.Time, take bool) (int64, bool) {
 	id := keyID(lo)
 	s := t.shard(id)
 	s.mu.Lock()
@@ -123,13 +113,16 @@ func (t *KeyTable) Take(lo, hi uint64, now time.Time) (int64, bool) {
 		return -1, false
 	}
 	e := s.ring[slot]
-	if now.UnixNano()-e.seen >= t.ttl || e.hi != hi {
-		if e.hi == hi {
-			s.forget(id)
-		}
+	if now.UnixNano()-e.seen >= t.ttl {
+		s.forget(id)
 		return -1, false
 	}
-	s.forget(id)
+	if e.hi != hi {
+		return -1, false
+	}
+	if take {
+		s.forget(id)
+	}
 	return e.offset, true
 }
 
