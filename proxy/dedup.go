@@ -125,8 +125,12 @@ func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Ti
 	}
 	if pl != nil {
 		for i := range pl.decisions {
-			if d := &pl.decisions[i]; d.legacy && (d.pending || d.lresult.Decision == seqstate.LegacyDuplicate) {
+			d := &pl.decisions[i]
+			if d.legacy && (d.pending || d.lresult.Decision == seqstate.LegacyDuplicate) {
 				c.legacyIDs.add(legacyRef{id: d.ident, topic: d.key.Topic, partition: d.key.Partition, count: d.batch.Count, size: d.size, first: d.first})
+			}
+			if d.legacy && d.lresult.Decision == seqstate.LegacyInFlight && d.lresult.From != 0 && d.lresult.From != c.id {
+				c.s.suspectGone(d.lresult.From)
 			}
 		}
 	}

@@ -295,3 +295,53 @@ func TestLegacyResplitAfterClientLeft(t *testing.T) {
 		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
 	}
 }
+
+// TestLegacyRetryBeforeCloseSettles: the client's retry of a held batch
+// reaches the proxy before the proxy has seen the client's old connection
+// close (librdkafka reconnects fast; the close can be noticed later). The
+// retry alone shows the old connection's client gave up: its partitions
+// wait for what it left in flight, and a resend cut at another boundary is
+// not written twice.
+func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
+	t.Parallel()
+	const topic = "retrybeforeclose"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() {
+			close(entered)
+			c.SleepControl(func() { <-release })
+		})
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	t0 := time.Now().UnixMilli()
+	original := stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{t0, t0, t0})
+	first := dialRaw(t, p.addr())
+	first.learnTopics(topic)
+	first.send(produceParts(topic, -1, part{0, original}))
+	<-entered
+
+	second := dialRaw(t, p.addr())
+	second.learnTopics(topic)
+	retry := produceParts(topic, -1, part{0, original})
+	retryCorr := second.send(retry)
+	waitFor(t, 10*time.Second, "the retry to wait, and the partition to settle", func() bool {
+		return p.planner.nWaiting.Load() >= 1 && p.planner.settling.n.Load() >= 1
+	})
+	first.conn.Close() // noticed by now or not: the partition already waits
+	resend := produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"b", "c", "d"}, []int64{t0, t0, t0 + 1})})
+	resendCorr := second.send(resend)
+	close(release)
+	if r := onlyPartition(t, second.recv(retry, retryCorr)); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("retry of the held batch: %+v, want error 0 at offset 0", r)
+	}
+	if r := onlyPartition(t, second.recv(resend, resendCorr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
+		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
+	}
+	if end := logEnd(t, c.ListenAddrs()[0], topic); end != 4 {
+		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
+	}
+}

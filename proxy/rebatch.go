@@ -31,8 +31,10 @@ type legacyRef struct {
 	first     uint64 // protocol.FirstRecordHash, 0 when compressed
 }
 
-// legacyRing keeps a session's last legacyRingSize legacy refs.
+// legacyRing keeps a session's last legacyRingSize legacy refs. readLoop
+// adds them; another session may read them (suspectGone), hence the lock.
 type legacyRing struct {
+	mu   sync.Mutex
 	buf  [legacyRingSize]legacyRef
 	next int
 	n    int
@@ -45,12 +47,19 @@ type legacyRing struct {
 const legacyRingSize = 32
 
 func (r *legacyRing) add(ref legacyRef) {
+	r.mu.Lock()
 	r.buf[r.next] = ref
 	r.next = (r.next + 1) % legacyRingSize
 	r.n = min(r.n+1, legacyRingSize)
+	r.mu.Unlock()
 }
 
-func (r *legacyRing) refs() []legacyRef { return r.buf[:r.n] }
+// refs appends a copy of the refs to dst.
+func (r *legacyRing) refs(dst []legacyRef) []legacyRef {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append(dst, r.buf[:r.n]...)
+}
 
 // orphanStore holds, per partition, the refs of legacy batches whose
 // connection closed within the legacy window: the candidates for the prefix
@@ -162,16 +171,50 @@ func (pn *planner) orphanBatches(conn uint64, refs []legacyRef, now time.Time) {
 	// Batches still in flight: their partition waits for them (settle.go).
 	for _, id := range inflight {
 		for _, r := range refs {
-			if r.id != id {
-				continue
+			if r.id == id {
+				pn.settleInFlight(conn, r)
+				break
 			}
-			k := seqstate.Key{Topic: r.topic, Partition: r.partition}
-			pn.settling.add(k, id)
-			pn.warm.forget(k)
-			if !pn.legacy.InFlightFrom(id, conn) { // settled meanwhile
-				pn.settling.settled(k, id)
-			}
-			break
+		}
+	}
+}
+
+// settleInFlight makes the partition of batch r, if still in flight from
+// conn, wait for its outcome before deciding anything else (settle.go).
+func (pn *planner) settleInFlight(conn uint64, r legacyRef) {
+	if !pn.legacy.InFlightFrom(r.id, conn) {
+		return
+	}
+	k := seqstate.Key{Topic: r.topic, Partition: r.partition}
+	pn.settling.add(k, r.id)
+	pn.warm.forget(k)
+	if !pn.legacy.InFlightFrom(r.id, conn) { // settled meanwhile
+		pn.settling.settled(k, r.id)
+	}
+}
+
+// suspectGone is called when a batch arrives that is in flight from
+// connection conn, whose refs are given: its client has given up on it (it
+// retried elsewhere) even if the proxy has not yet seen that connection
+// close, which can come later than the retry. Its batches in flight are
+// waited for as if it had left.
+func (pn *planner) suspectGone(conn uint64, refs []legacyRef) {
+	if pn.legacy == nil {
+		return
+	}
+	for _, r := range refs {
+		pn.settleInFlight(conn, r)
+	}
+}
+
+// settle records that pl's batches are no longer in flight (settle.go).
+func (pn *planner) settle(pl *producePlan) {
+	if pn.settling.n.Load() == 0 {
+		return
+	}
+	for i := range pl.decisions {
+		if d := &pl.decisions[i]; d.legacy {
+			pn.settling.settled(d.key, d.ident)
 		}
 	}
 }
@@ -194,8 +237,8 @@ func (pn *planner) undelivered(pl *producePlan) {
 			pn.legacy.Disown(d.ident, pl.conn)
 			pn.warm.forget(d.key)
 		}
-		pn.settling.settled(d.key, d.ident)
 	}
+	pn.settle(pl)
 }
 
 // matchRebatch looks for a re-batched retry: a prefix of decision i's batch

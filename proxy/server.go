@@ -402,6 +402,23 @@ func (s *Server) track(sess *session, tr *requestTracker) bool {
 	return true
 }
 
+// suspectGone tells session id that another connection retried a batch
+// in flight from it (planner.suspectGone). Rare: a linear search.
+func (s *Server) suspectGone(id uint64) {
+	var found *session
+	s.mu.Lock()
+	for sess := range s.sessions {
+		if sess.id == id {
+			found = sess
+			break
+		}
+	}
+	s.mu.Unlock()
+	if found != nil {
+		found.suspectGone()
+	}
+}
+
 func (s *Server) untrack(sess *session) {
 	s.mu.Lock()
 	delete(s.sessions, sess)

@@ -45,6 +45,7 @@ type session struct {
 
 	stopping   atomic.Bool // Shutdown: stop reading, drain, close
 	clientLeft atomic.Bool // readLoop has ended: answers from now on reach no one
+	suspected  atomic.Bool // another connection retried a batch in flight from here
 	closeOnce  sync.Once
 	closed     chan struct{} // closed by closeAll: waits give up
 
@@ -124,10 +125,21 @@ func (c *session) run() {
 	// before the responses still due drain (legacy.md, rules 4 and
 	// re-batched retries). Batches still in flight are left to the second
 	// call.
-	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(), time.Now())
+	var refs [legacyRingSize]legacyRef
+	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(refs[:0]), time.Now())
 	<-done
 	c.closeAll()
-	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(), time.Now())
+	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(refs[:0]), time.Now())
+}
+
+// suspectGone: another connection retried a batch in flight from this one
+// (planner.suspectGone).
+func (c *session) suspectGone() {
+	if !c.suspected.CompareAndSwap(false, true) {
+		return
+	}
+	var refs [legacyRingSize]legacyRef
+	c.s.planner.suspectGone(c.id, c.legacyIDs.refs(refs[:0]))
 }
 
 // stopReading makes readLoop end at its next read; what was already
@@ -379,8 +391,12 @@ func (c *session) responseLoop() {
 		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
 		}
-		if dead || p.failed || c.clientLeft.Load() {
+		// Suspected: the client has retried elsewhere what it sent here,
+		// so what it is answered here it no longer waits for.
+		if dead || p.failed || c.clientLeft.Load() || c.suspected.Load() {
 			c.undelivered(p)
+		} else if pl := p.plan; pl != nil {
+			c.s.planner.settle(pl)
 		}
 		c.current = nil
 		c.release(p)

@@ -79,6 +79,9 @@ type LegacyResult struct {
 	// Tracked is true when a LegacyNew batch was registered as in flight:
 	// Commit or Release it.
 	Tracked bool
+	// From is, for LegacyInFlight, the connection the original is in
+	// flight from: its client has given up on it, or is about to.
+	From uint64
 	// Moved marks a LegacyNew batch whose records were appended to another
 	// partition within the window and acknowledged on a connection still
 	// open: new data on its own, but a retry when it travels in one request
@@ -235,7 +238,7 @@ func (t *LegacyTable) Check(id uint64, partition int32, conn uint64, now time.Ti
 		e.seen, e.state, e.offset, e.ts = ns, legacyPending, -1, -1
 		return newResult
 	case e.inflight > 0 && e.partition == partition:
-		return LegacyResult{Decision: LegacyInFlight, BaseOffset: -1, LogAppendTime: -1}
+		return LegacyResult{Decision: LegacyInFlight, BaseOffset: -1, LogAppendTime: -1, From: e.conn}
 	case e.inflight > 0 || e.conn == conn:
 		// The same records to another partition while they are in
 		// flight, or from the connection that has their
