@@ -12,27 +12,11 @@ import (
 
 func legacyBatch(tb testing.TB, n int, value string, ts int64) ([]byte, BatchHeader) {
 	tb.Helper()
-	b := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(n),
-		LastOffsetDelta: int32(n - 1), FirstTimestamp: ts, MaxTimestamp: ts}
-	for i := 0; i < n; i++ {
-		v := fmt.Sprintf("%s-%d", value, i)
-		rec := []byte{0}                  // attributes
-		rec = binary.AppendVarint(rec, 0) // timestamp delta
-		rec = binary.AppendVarint(rec, int64(i))
-		rec = binary.AppendVarint(rec, -1) // null key
-		rec = binary.AppendVarint(rec, int64(len(v)))
-		rec = append(rec, v...)
-		rec = binary.AppendVarint(rec, 0) // no headers
-		b.Records = append(binary.AppendVarint(b.Records, int64(len(rec))), rec...)
+	values, stamps := make([]string, n), make([]int64, n)
+	for i := range values {
+		values[i], stamps[i] = fmt.Sprintf("%s-%d", value, i), ts
 	}
-	raw := b.AppendTo(nil)
-	binary.BigEndian.PutUint32(raw[8:], uint32(len(raw)-12))
-	binary.BigEndian.PutUint32(raw[17:], crc32.Checksum(raw[21:], castagnoli))
-	var h BatchHeader
-	if _, err := ReadBatch(raw, &h); err != nil {
-		tb.Fatal(err)
-	}
-	return raw, h
+	return stampedBatch(tb, values, stamps)
 }
 
 // TestRecordsIdentity: a restamped retry (kafka-go, kafkajs) has the same

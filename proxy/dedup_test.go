@@ -390,14 +390,19 @@ func TestTimedOutAppendRetryGoesToBroker(t *testing.T) {
 
 // holdFirstProduce makes kfake hold the first Produce it receives until
 // release is closed; entered is closed when it arrives, and n counts every
-// Produce request that reaches the broker.
+// Produce request that reaches the broker. SleepControl lets the cluster
+// serve other requests meanwhile (a client's Metadata, a warm-up's read,
+// a retry on another connection).
 func holdFirstProduce(c *kfake.Cluster) (entered, release chan struct{}, n *atomic.Int64) {
 	entered, release, n = make(chan struct{}), make(chan struct{}), new(atomic.Int64)
 	var once sync.Once
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		n.Add(1)
-		once.Do(func() { close(entered); <-release })
+		once.Do(func() {
+			close(entered)
+			c.SleepControl(func() { <-release })
+		})
 		return nil, nil, false
 	})
 	return entered, release, n

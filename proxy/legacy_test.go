@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -201,21 +200,7 @@ func TestLegacySlowBroker(t *testing.T) {
 	t.Parallel()
 	const topic = "slow"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	// Hold the first Produce with SleepControl, which lets the cluster
-	// serve other connections meanwhile (the client's Metadata, its
-	// retry).
-	entered, release := make(chan struct{}), make(chan struct{})
-	var reached atomic.Int64
-	var once sync.Once
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		reached.Add(1)
-		once.Do(func() {
-			close(entered)
-			c.SleepControl(func() { <-release })
-		})
-		return nil, nil, false
-	})
+	entered, release, reached := holdFirstProduce(c)
 	p := startProxy(t, c, nil)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DisableIdempotentWrite(),
 		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerBatchCompression(kgo.NoCompression()),
@@ -256,16 +241,7 @@ func TestLegacyResplitAfterClientLeft(t *testing.T) {
 	t.Parallel()
 	const topic = "resplit"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		once.Do(func() {
-			close(entered)
-			c.SleepControl(func() { <-release })
-		})
-		return nil, nil, false
-	})
+	entered, release, _ := holdFirstProduce(c)
 	p := startProxy(t, c, nil)
 	t0 := time.Now().UnixMilli()
 	first := dialRaw(t, p.addr())
@@ -306,16 +282,7 @@ func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
 	t.Parallel()
 	const topic = "retrybeforeclose"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		once.Do(func() {
-			close(entered)
-			c.SleepControl(func() { <-release })
-		})
-		return nil, nil, false
-	})
+	entered, release, _ := holdFirstProduce(c)
 	p := startProxy(t, c, nil)
 	t0 := time.Now().UnixMilli()
 	original := stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{t0, t0, t0})
