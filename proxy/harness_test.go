@@ -165,12 +165,18 @@ func (r *rawConn) roundTrip(req kmsg.Request) kmsg.Response {
 // broker at addr directly: how many records the log holds.
 func logEnd(t testing.TB, addr, topic string) int64 {
 	t.Helper()
+	return partitionEnd(t, addr, topic, 0)
+}
+
+// partitionEnd is logEnd for any partition.
+func partitionEnd(t testing.TB, addr, topic string, partition int32) int64 {
+	t.Helper()
 	req := kmsg.NewPtrListOffsetsRequest()
 	req.SetVersion(4)
 	rt := kmsg.NewListOffsetsRequestTopic()
 	rt.Topic = topic
 	rp := kmsg.NewListOffsetsRequestTopicPartition()
-	rp.Timestamp = -1
+	rp.Partition, rp.Timestamp = partition, -1
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
 	p := dialRaw(t, addr).roundTrip(req).(*kmsg.ListOffsetsResponse).Topics[0].Partitions[0]

@@ -312,3 +312,72 @@ func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
 		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
 	}
 }
+
+// TestLegacyUnreadAnswers: answers the proxy wrote to a connection that
+// then broke may never have been read. The client's retry of one of them
+// (here B, answered whole) shows that it and every answer written after it
+// went unread, so the records of C and D, which the client sends again cut
+// at other boundaries with a new record behind them, are not written twice.
+// The retry and the re-cut batch come in separate requests or in one.
+func TestLegacyUnreadAnswers(t *testing.T) {
+	for _, together := range []bool{false, true} {
+		t.Run(fmt.Sprintf("together=%v", together), func(t *testing.T) {
+			t.Parallel()
+			const topic = "unread"
+			c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
+			p := startProxy(t, c, nil)
+			t0 := time.Now().UnixMilli()
+			batch := func(values ...string) []byte {
+				ts := make([]int64, len(values))
+				for i := range ts {
+					ts[i] = t0
+				}
+				return stampedLegacyBatch(t, values, ts)
+			}
+			first := dialRaw(t, p.addr())
+			first.learnTopics(topic)
+			// The answers are read here, which the proxy cannot see: to it
+			// they were written, and may have been lost with the connection.
+			for _, b := range []part{{0, batch("a1", "a2")}, {1, batch("b1", "b2")}, {0, batch("c1", "c2")}, {0, batch("d1", "d2")}} {
+				if r := onlyPartition(t, first.roundTrip(produceParts(topic, -1, b))); r.ErrorCode != 0 {
+					t.Fatalf("original batch to partition %d: %+v", b.partition, r)
+				}
+			}
+			first.conn.Close()
+			waitFor(t, 10*time.Second, "the proxy to see the client leave", func() bool { return p.planner.unread.n.Load() >= 1 })
+
+			second := dialRaw(t, p.addr())
+			second.learnTopics(topic)
+			retry, recut := part{1, batch("b1", "b2")}, part{0, batch("c1", "c2", "d1", "d2", "e1")}
+			var answers []kmsg.ProduceResponseTopicPartition
+			if together {
+				resp := second.roundTrip(produceParts(topic, -1, retry, recut)).(*kmsg.ProduceResponse)
+				if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 2 {
+					t.Fatalf("answer to the retry and the re-cut batch: %+v", resp)
+				}
+				answers = resp.Topics[0].Partitions
+			} else {
+				answers = append(answers, onlyPartition(t, second.roundTrip(produceParts(topic, -1, retry))))
+				answers = append(answers, onlyPartition(t, second.roundTrip(produceParts(topic, -1, recut))))
+			}
+			for _, r := range answers {
+				want := int64(0) // B's own offset
+				if r.Partition == 0 {
+					want = -1 // some records dropped, one new: no single offset is true
+				}
+				if r.ErrorCode != 0 || r.BaseOffset != want {
+					t.Errorf("partition %d answered %+v, want error 0 at offset %d", r.Partition, r, want)
+				}
+			}
+			if end := partitionEnd(t, c.ListenAddrs()[0], topic, 0); end != 7 {
+				t.Errorf("partition 0 holds %d records, want 7 (a, c, d and e once each)", end)
+			}
+			if end := partitionEnd(t, c.ListenAddrs()[0], topic, 1); end != 2 {
+				t.Errorf("partition 1 holds %d records, want 2 (b once)", end)
+			}
+			if n := testutil.ToFloat64(p.Metrics.legacyUnread); n != 3 {
+				t.Errorf("legacy_unread_answers_total %v, want 3 (B, C, D)", n)
+			}
+		})
+	}
+}

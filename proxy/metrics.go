@@ -42,6 +42,7 @@ type Metrics struct {
 	warmSeconds     prometheus.Observer
 	keysDropped     prometheus.Counter
 	resentDropped   prometheus.Counter
+	legacyUnread    prometheus.Counter
 	keysObserved    prometheus.Counter
 	passthrough     [numPassReasons]prometheus.Counter
 	waitTimeouts    prometheus.Counter
@@ -151,6 +152,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.keysObserved = keyDups.WithLabelValues("observed")
 	m.resentDropped = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "legacy_resent_records_dropped_total",
 		Help: "Records of a legacy batch appended but answered with an error (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND) that the client sent again inside another batch: recognised one by one from the log and not written twice (docs/legacy.md)."})
+	m.legacyUnread = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "legacy_unread_answers_total",
+		Help: "Legacy batches whose answer was written to a connection that broke and, as the client's retry showed, never read: their records are then followed one by one (docs/legacy.md)."})
 	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
 		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1 with legacy dedup off for its topic, or acks=0), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (before SASL succeeded), dedup_off (per request), keys_compressed (idempotency keys not checked in a compressed batch)."}, []string{"reason"})
 	for r, name := range passthroughReasons {
@@ -171,7 +174,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.resentDropped, dups, m.waitTimeouts, warmups, warmBytes, warmSeconds,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.resentDropped, m.legacyUnread, dups, m.waitTimeouts, warmups, warmBytes, warmSeconds,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 

@@ -47,6 +47,7 @@ type planner struct {
 	legacyWindow time.Duration // dedup.legacy.window
 	orphans      orphanStore   // candidates for re-batched retries (rebatch.go)
 	settling     settling      // batches in flight from clients that have gone (settle.go)
+	unread       unreadStore   // answers of connections that broke, perhaps never read (unread.go)
 	// unacked holds the record stamps of legacy batches appended but
 	// answered with an error, read back from the log (resent.go); unackedUntil
 	// (ns) is when the last of them expires: until then forwarded legacy
@@ -443,13 +444,27 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 		testHook("inflight")
 		pn.wait(pl, i, now)
 	}
-	if enforce && !exact && d.lresult.Decision == seqstate.LegacyNew && d.lresult.Tracked && bh.NumRecords > 1 {
+	_, keyed := pn.keyHeaderFor(topic)
+	if d.lresult.Decision == seqstate.LegacyNew {
+		d.pending, d.commit = d.lresult.Tracked, true
+		if d.pending {
+			pn.pending.Add(1)
+		}
+		// Records of an unacknowledged append come back one by one, and
+		// they may begin a re-batched retry too: followed one by one,
+		// they are all found (resent.go); the prefix alone would let the
+		// records behind it through.
+		if enforce && !exact && !keyed && !d.lresult.Moved && pn.unackedLive(now) {
+			pn.applyResent(pl, i, part, bh, now)
+		}
+	}
+	if enforce && !exact && d.act == actForward && d.lresult.Decision == seqstate.LegacyNew && d.lresult.Tracked && bh.NumRecords > 1 {
 		pn.matchRebatch(pl, i, part, bh, now)
 	}
 	if enforce && d.lresult.Decision == seqstate.LegacyNew && d.lresult.Moved && d.act == actForward {
 		// Keyed topics decide by key instead; an invalid batch is the
 		// broker's to reject.
-		if _, keyed := pn.keyHeaderFor(topic); !keyed && protocol.BatchValid(part.Records, bh) == 0 {
+		if !keyed && protocol.BatchValid(part.Records, bh) == 0 {
 			d.moved, pl.moved = true, true // counted by settleMoved
 		}
 	}
@@ -462,14 +477,8 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 	}
 	switch r := d.lresult; r.Decision {
 	case seqstate.LegacyNew:
-		d.pending, d.commit = r.Tracked, true
-		if d.pending {
-			pn.pending.Add(1)
-		}
 		if header, ok := pn.keyHeaderFor(topic); ok && d.act == actForward {
 			pn.applyKeys(pl, i, part, bh, header, enforce, now)
-		} else if enforce && !exact && !d.moved && d.act == actForward && pn.unackedLive(now) {
-			pn.applyResent(pl, i, part, bh, now)
 		}
 	case seqstate.LegacyInFlight:
 		if d.waited {
@@ -486,6 +495,11 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 			d.local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.LogAppendTime, LogStartOffset: pn.logStart.get(d.key)}
 			pn.metrics.dupAnswered[dupByProxy].Inc()
 			pl.retried = true
+			if !exact && pn.unackedLive(now) {
+				// Its records may be stamped too (unread.go): answered
+				// whole, they must not answer a later resend.
+				pn.takeStamps(part, bh, topic, now)
+			}
 		} else {
 			pn.metrics.dupAnswered[dupByBroker].Inc()
 		}

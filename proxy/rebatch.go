@@ -40,11 +40,13 @@ type legacyRing struct {
 	n    int
 }
 
-// legacyRingSize covers a client's in-flight requests (5) times the
-// partitions each carries to one broker, for the producers that retry
-// across partitions (kafkajs writes to every partition of a topic in one
-// request): 24 bytes each, per connection.
-const legacyRingSize = 32
+// legacyRingSize covers a client's requests in flight (5 for most clients;
+// librdkafka pipelines more: 22 answers were seen lost with a broken
+// connection) times the partitions each carries to one broker, for the
+// producers that retry across partitions (kafkajs writes to every
+// partition of a topic in one request): 32 bytes each, per connection. At
+// most 64: unreadConn keeps one bit per ref.
+const legacyRingSize = 64
 
 func (r *legacyRing) add(ref legacyRef) {
 	r.mu.Lock()
@@ -54,11 +56,16 @@ func (r *legacyRing) add(ref legacyRef) {
 	r.mu.Unlock()
 }
 
-// refs appends a copy of the refs to dst.
+// refs appends a copy of the refs to dst, oldest first: the order their
+// answers are written in (unread.go relies on it).
 func (r *legacyRing) refs(dst []legacyRef) []legacyRef {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append(dst, r.buf[:r.n]...)
+	if r.n < legacyRingSize {
+		return append(dst, r.buf[:r.n]...)
+	}
+	dst = append(dst, r.buf[r.next:]...)
+	return append(dst, r.buf[:r.next]...)
 }
 
 // orphanStore holds, per partition, the refs of legacy batches whose
@@ -167,6 +174,7 @@ func (pn *planner) orphanBatches(conn uint64, refs []legacyRef, now time.Time) {
 		ids[i] = r.id
 	}
 	inflight := pn.legacy.Orphan(conn, ids[:len(refs)], buf[:0])
+	pn.unread.add(conn, refs, now.Add(pn.legacyWindow).UnixNano())
 	pn.orphans.add(refs, now.Add(pn.legacyWindow).UnixNano())
 	// Batches still in flight: their partition waits for them (settle.go).
 	for _, id := range inflight {
@@ -202,6 +210,7 @@ func (pn *planner) suspectGone(conn uint64, refs []legacyRef) {
 	if pn.legacy == nil {
 		return
 	}
+	pn.unread.add(conn, refs, time.Now().Add(pn.legacyWindow).UnixNano())
 	for _, r := range refs {
 		pn.settleInFlight(conn, r)
 	}

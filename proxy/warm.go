@@ -120,6 +120,9 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 	if sc.Reset(body[h.BodyOffset:], h.APIVersion) != nil || sc.Acks == 0 {
 		return
 	}
+	if pn.unread.n.Load() > 0 && c.noteRetries(h, sc) && sc.Reset(body[h.BodyOffset:], h.APIVersion) != nil {
+		return
+	}
 	var waits []*warmState
 	settling := false // some partition waits for batches a gone client left in flight
 	for sc.Next() {
@@ -166,6 +169,31 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 			return
 		}
 	}
+}
+
+// noteRetries passes each legacy batch of a Produce request to
+// planner.noteRetry before any partition is warmed, so that a partition
+// whose answers it finds unread is read again for this request too. It
+// reports whether it read the scanner.
+func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScanner) bool {
+	pn := c.s.planner
+	if pn.legacy == nil || pn.settings.Load().mode != DedupEnforce || !c.trusted() {
+		return false
+	}
+	now := time.Now()
+	for sc.Next() {
+		part := sc.Partition()
+		var bh protocol.BatchHeader
+		if n, err := protocol.ReadBatch(part.Records, &bh); err != nil || n != 1 || bh.Magic < 2 || bh.ProducerID >= 0 {
+			continue
+		}
+		topic, ok := pn.lookupTopic(h.APIVersion, part.Topic, part.TopicID)
+		if !ok || pn.matchFor(topic) == MatchOff {
+			continue
+		}
+		pn.noteRetry(seqstate.Key{Topic: topic, Partition: part.Partition}, part, &bh, now)
+	}
+	return true
 }
 
 // Warm-up outcomes, for dedupproxy_warmups_total{result}.
