@@ -24,36 +24,79 @@ import (
 
 // unreadStore keeps, for recently closed (or suspected) connections, their
 // legacy refs in the order they were answered, and finds the connection a
-// retried batch came from by its first record.
+// retried batch came from by its first record. A partition's tail read
+// from the log is kept the same way, as if one connection had sent it
+// (logConn): after a restart the connection is unknown, and the batches
+// after X in X's partition are the ones its client may also resend.
 type unreadStore struct {
-	mu      sync.Mutex
-	conns   map[uint64]*unreadConn
-	order   [maxUnreadConns]uint64 // conn ids, oldest first from next
-	next    int
-	byFirst map[uint64]uint64 // first record hash -> conn
-	n       atomic.Int64      // len(conns), read without the lock
+	mu    sync.RWMutex // read for each legacy batch while anything is kept
+	conns map[uint64]*unreadConn
+	order [maxUnreadConns]uint64 // conn ids, oldest first from next
+	next  int
+	// byFirst maps a first record hash to the connection, and byFirstLog
+	// to the partition tail (logConn), that answered it last.
+	byFirst, byFirstLog map[uint64]uint64
+	// gone holds the batches disowned, until their expiry: a batch is
+	// kept both for its connection and for its partition's tail, and is
+	// disowned once.
+	gone  map[uint64]int64
+	n     atomic.Int64 // len(conns), read without the lock
+	until atomic.Int64 // the latest expiry kept (ns)
+}
+
+// live reports whether anything kept may not have expired at now.
+func (u *unreadStore) live(now time.Time) bool {
+	return u.n.Load() > 0 && now.UnixNano() < u.until.Load()
 }
 
 type unreadConn struct {
-	refs     []legacyRef // answer order, oldest first
+	refs     []legacyRef // answer (or log) order, oldest first
 	disowned uint64      // bit i: refs[i] is already disowned
 	until    int64       // expiry (ns)
 }
 
-// maxUnreadConns bounds the connections kept; the oldest is dropped first.
+// maxUnreadConns bounds the connections and partition tails kept; the
+// oldest is dropped first.
 const maxUnreadConns = 256
+
+// maxGoneAge: past it, a disowned batch's record in unreadStore.gone may
+// be dropped to make room.
+const maxGoneAge = 10 * time.Minute
+
+// logConn is the key of partition k's tail in the store: session ids count
+// up from 1 and never reach the top bit.
+func logConn(k seqstate.Key) uint64 {
+	return 1<<63 | uint64(k.Topic)<<32 | uint64(uint32(k.Partition))
+}
 
 // add records the refs of connection conn, which closed or is suspected
 // gone, until expiry. Added again, the refs are replaced (a session hands
 // them over when its client leaves and again when its answers drained).
 func (u *unreadStore) add(conn uint64, refs []legacyRef, until int64) {
+	u.put(conn, refs, until, true)
+}
+
+// addLog appends refs, read in log order from partition k's tail, to those
+// kept for it; a ref kept already stays where it is.
+func (u *unreadStore) addLog(k seqstate.Key, refs []legacyRef, until int64) {
+	u.put(logConn(k), refs, until, false)
+}
+
+func (u *unreadStore) put(conn uint64, refs []legacyRef, until int64, replace bool) {
 	if len(refs) == 0 {
 		return
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.conns == nil {
-		u.conns, u.byFirst = map[uint64]*unreadConn{}, map[uint64]uint64{}
+		u.conns, u.byFirst, u.byFirstLog, u.gone = map[uint64]*unreadConn{}, map[uint64]uint64{}, map[uint64]uint64{}, map[uint64]int64{}
+	}
+	if len(u.gone) >= maxUnreadConns*legacyRingSize {
+		for id, t := range u.gone {
+			if t <= until-int64(maxGoneAge) {
+				delete(u.gone, id)
+			}
+		}
 	}
 	uc := u.conns[conn]
 	if uc == nil {
@@ -65,19 +108,36 @@ func (u *unreadStore) add(conn uint64, refs []legacyRef, until int64) {
 		uc = &unreadConn{}
 		u.conns[conn] = uc
 	}
-	// Bits follow refs by identity, not position: the new refs may have
-	// moved along the ring.
+	var kept [2 * legacyRingSize]legacyRef
+	list := kept[:0]
+	if !replace {
+		list = append(list, uc.refs...)
+	}
+	for _, r := range refs {
+		if replace || uc.index(r.id) < 0 {
+			list = append(list, r)
+		}
+	}
+	list = list[max(0, len(list)-legacyRingSize):]
+	// Bits follow refs by identity, not position.
 	var disowned uint64
-	for i, r := range refs {
+	for i, r := range list {
 		if j := uc.index(r.id); j >= 0 && uc.disowned&(1<<j) != 0 {
 			disowned |= 1 << i
 		}
 	}
-	uc.refs = append(uc.refs[:0], refs...)
-	uc.disowned, uc.until = disowned, until
-	for _, r := range refs {
+	uc.refs = append(uc.refs[:0], list...)
+	uc.disowned, uc.until = disowned, max(uc.until, until)
+	if until > u.until.Load() {
+		u.until.Store(until) // under mu: no lost update
+	}
+	byFirst := u.byFirst
+	if conn&(1<<63) != 0 {
+		byFirst = u.byFirstLog
+	}
+	for _, r := range uc.refs {
 		if r.first != 0 {
-			u.byFirst[r.first] = conn
+			byFirst[r.first] = conn
 		}
 	}
 	u.n.Store(int64(len(u.conns)))
@@ -92,6 +152,9 @@ func (u *unreadStore) drop(conn uint64) {
 	for _, r := range uc.refs {
 		if u.byFirst[r.first] == conn {
 			delete(u.byFirst, r.first)
+		}
+		if u.byFirstLog[r.first] == conn {
+			delete(u.byFirstLog, r.first)
 		}
 	}
 	delete(u.conns, conn)
@@ -111,36 +174,43 @@ func (uc *unreadConn) index(id uint64) int {
 	return -1
 }
 
-// candidate returns the ref answered on a kept connection whose first
-// record hash is first, in partition k, and that connection.
-func (u *unreadStore) candidate(k seqstate.Key, first uint64, now int64) (legacyRef, uint64, bool) {
-	if u.n.Load() == 0 || first == 0 {
-		return legacyRef{}, 0, false
+// candidates appends to dst the kept refs whose first record hash is
+// first, in partition k: the one a connection answered last and the one
+// read last from the partition's log, each with its connection.
+func (u *unreadStore) candidates(dst []unreadRef, k seqstate.Key, first uint64, now int64) []unreadRef {
+	if first == 0 {
+		return dst
 	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	conn, ok := u.byFirst[first]
-	if !ok {
-		return legacyRef{}, 0, false
-	}
-	uc := u.conns[conn]
-	if uc == nil || uc.until <= now {
-		u.drop(conn)
-		u.n.Store(int64(len(u.conns)))
-		return legacyRef{}, 0, false
-	}
-	for _, r := range uc.refs {
-		if r.first == first && r.topic == k.Topic && r.partition == k.Partition {
-			return r, conn, true
+	u.mu.RLock()
+	defer u.mu.RUnlock()
+	for _, byFirst := range [2]map[uint64]uint64{u.byFirst, u.byFirstLog} {
+		conn, ok := byFirst[first]
+		if !ok {
+			continue
+		}
+		uc := u.conns[conn]
+		if uc == nil || uc.until <= now {
+			continue // dropped in turn by put
+		}
+		for _, r := range uc.refs {
+			if r.first == first && r.topic == k.Topic && r.partition == k.Partition {
+				dst = append(dst, unreadRef{r, conn})
+				break
+			}
 		}
 	}
-	return legacyRef{}, 0, false
+	return dst
 }
 
-// unreadFrom marks batch id of connection conn, and every batch answered
-// on conn after it, as disowned, and returns in dst those not marked
+type unreadRef struct {
+	legacyRef
+	conn uint64
+}
+
+// unreadFrom marks every batch answered on connection conn after batch id,
+// and id too if self, as disowned, and returns in dst those not marked
 // before.
-func (u *unreadStore) unreadFrom(conn, id uint64, dst []legacyRef) []legacyRef {
+func (u *unreadStore) unreadFrom(conn, id uint64, self bool, dst []legacyRef) []legacyRef {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	uc := u.conns[conn]
@@ -151,9 +221,16 @@ func (u *unreadStore) unreadFrom(conn, id uint64, dst []legacyRef) []legacyRef {
 	if i < 0 {
 		return dst
 	}
+	if !self {
+		i++
+	}
 	for ; i < len(uc.refs); i++ {
-		if uc.disowned&(1<<i) == 0 {
-			uc.disowned |= 1 << i
+		if uc.disowned&(1<<i) != 0 {
+			continue
+		}
+		uc.disowned |= 1 << i
+		if _, ok := u.gone[uc.refs[i].id]; !ok {
+			u.gone[uc.refs[i].id] = uc.until
 			dst = append(dst, uc.refs[i])
 		}
 	}
@@ -166,43 +243,64 @@ func (u *unreadStore) unreadFrom(conn, id uint64, dst []legacyRef) []legacyRef {
 // on a connection now closed or suspected, that answer and every later one
 // on that connection went unread: those batches are disowned and their
 // partitions forgotten, so the warm-up that follows reads them from the log
-// and stamps their records.
-func (pn *planner) noteRetry(k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader, now time.Time) {
-	if pn.unread.n.Load() == 0 || bh.NumRecords <= 0 {
-		return
+// and stamps their records. It returns how many it disowned.
+func (pn *planner) noteRetry(k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader, now time.Time) (n int) {
+	if !pn.unread.live(now) || bh.NumRecords <= 0 {
+		return 0
 	}
 	first := protocol.FirstRecordHash(part.Records, bh)
-	ref, conn, ok := pn.unread.candidate(k, first, now.UnixNano())
-	if !ok || ref.count > bh.NumRecords {
-		return
+	var cands [2]unreadRef
+	for _, c := range pn.unread.candidates(cands[:0], k, first, now.UnixNano()) {
+		if pn.isResend(k, part, bh, c.legacyRef) {
+			// Resent whole, the batch itself is answered by its identity;
+			// resent as a prefix, its records are followed one by one too.
+			n += pn.unreadFrom(c.conn, c.id, c.count < bh.NumRecords)
+		}
 	}
-	// The first record is cheap evidence; the records are proof.
+	return n
+}
+
+// isResend reports whether the batch (part, bh) of partition k holds the
+// records of ref: all of them, or as its first records.
+func (pn *planner) isResend(k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader, ref legacyRef) bool {
+	if ref.count > bh.NumRecords {
+		return false
+	}
 	var id uint64
 	exact := pn.matchFor(k.Topic) == MatchExact
 	if ref.count == bh.NumRecords {
 		id = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(k.Topic))
 	} else {
 		if exact {
-			return // a prefix cannot be matched exactly (rebatch.go)
+			return false // a prefix cannot be matched exactly (rebatch.go)
 		}
 		size, ok := protocol.PrefixLen(part.Records, bh, int(ref.count))
 		if !ok || int32(size) != ref.size {
-			return
+			return false
 		}
 		id = protocol.MixIdentity(protocol.PrefixIdentity(part.Records, bh, int(ref.count), size), uint32(k.Topic))
 	}
-	if id != ref.id {
-		return
-	}
+	return id == ref.id
+}
+
+// unreadFrom disowns every batch of connection (or partition tail) conn
+// answered after batch id, and id too if self, and forgets their
+// partitions so that they are read and their records stamped before the
+// next decision. It returns how many it disowned.
+func (pn *planner) unreadFrom(conn, id uint64, self bool) int {
 	var buf [legacyRingSize]legacyRef
-	lost := pn.unread.unreadFrom(conn, ref.id, buf[:0])
+	lost := pn.unread.unreadFrom(conn, id, self, buf[:0])
 	for _, r := range lost {
 		// Closed: Orphan moved its entries to no connection; suspected:
-		// they are still conn's. Either way an entry answered since on
-		// another connection, or in flight, is left alone.
+		// they are still conn's; read from the log: no connection.
+		// Either way an entry answered since on another connection, or
+		// in flight, is left alone.
 		pn.legacy.Disown(r.id, 0)
-		pn.legacy.Disown(r.id, conn)
+		if conn&(1<<63) == 0 {
+			pn.legacy.Disown(r.id, conn)
+		}
 		pn.warm.forget(seqstate.Key{Topic: r.topic, Partition: r.partition})
 	}
 	pn.metrics.legacyUnread.Add(float64(len(lost)))
+	return len(lost)
 }

@@ -110,6 +110,11 @@ func (w *warmer) forget(k seqstate.Key) {
 // warmRequest warms every partition of a Produce request that needs it,
 // waiting at most dedup.warm.timeout in all. Partitions of unknown topics
 // are left to the planner, which relays them undecided.
+//
+// A legacy batch resending one whose answer went unread makes partitions be
+// read again (unread.go): it is looked for before warming, in what the
+// proxy already knows, and once more after a first warm-up, in what the log
+// has just shown (after a restart the proxy knows nothing before it).
 func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 	pn := c.s.planner
 	cfg := &c.s.Config.Dedup.Warm
@@ -117,12 +122,28 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 		return
 	}
 	sc := &c.scan
-	if sc.Reset(body[h.BodyOffset:], h.APIVersion) != nil || sc.Acks == 0 {
+	reset := func() bool { return sc.Reset(body[h.BodyOffset:], h.APIVersion) == nil && sc.Acks != 0 }
+	if !reset() {
 		return
 	}
-	if pn.unread.n.Load() > 0 && c.noteRetries(h, sc) && sc.Reset(body[h.BodyOffset:], h.APIVersion) != nil {
+	if pn.unread.live(time.Now()) {
+		c.noteRetries(h, sc)
+		if !reset() {
+			return
+		}
+	}
+	if !c.warmScanned(h, sc) || !pn.unread.live(time.Now()) || !reset() {
 		return
 	}
+	if c.noteRetries(h, sc) > 0 && reset() {
+		c.warmScanned(h, sc)
+	}
+}
+
+// warmScanned warms the partitions of the request sc has been reset on. It
+// reports whether it waited for any warm-up, and each finished in time.
+func (c *session) warmScanned(h protocol.RequestHeader, sc *protocol.ProduceScanner) bool {
+	pn := c.s.planner
 	var waits []*warmState
 	settling := false // some partition waits for batches a gone client left in flight
 	for sc.Next() {
@@ -146,9 +167,9 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 		waits = append(waits, st)
 	}
 	if len(waits) == 0 {
-		return
+		return false
 	}
-	bound := cfg.Timeout
+	bound := c.s.Config.Dedup.Warm.Timeout
 	if settling {
 		// Waiting for originals still in flight is waiting for their
 		// outcome, as a retry of one would (planner.wait): bounded by
@@ -164,23 +185,23 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 		case <-st.done:
 		case <-timer.C:
 			c.s.Metrics.warmups[warmTimedOut].Inc()
-			return
+			return false
 		case <-c.closed:
-			return
+			return false
 		}
 	}
+	return true
 }
 
 // noteRetries passes each legacy batch of a Produce request to
-// planner.noteRetry before any partition is warmed, so that a partition
-// whose answers it finds unread is read again for this request too. It
-// reports whether it read the scanner.
-func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScanner) bool {
+// planner.noteRetry. It returns how many batches it found unread.
+func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScanner) int {
 	pn := c.s.planner
 	if pn.legacy == nil || pn.settings.Load().mode != DedupEnforce || !c.trusted() {
-		return false
+		return 0
 	}
 	now := time.Now()
+	found := 0
 	for sc.Next() {
 		part := sc.Partition()
 		var bh protocol.BatchHeader
@@ -191,9 +212,9 @@ func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScan
 		if !ok || pn.matchFor(topic) == MatchOff {
 			continue
 		}
-		pn.noteRetry(seqstate.Key{Topic: topic, Partition: part.Partition}, part, &bh, now)
+		found += pn.noteRetry(seqstate.Key{Topic: topic, Partition: part.Partition}, part, &bh, now)
 	}
-	return true
+	return found
 }
 
 // Warm-up outcomes, for dedupproxy_warmups_total{result}.
@@ -411,6 +432,10 @@ func (pn *planner) applyLog(k seqstate.Key, records []byte, now time.Time) (n in
 	header, keyed := pn.keyHeaderFor(k.Topic)
 	match := pn.matchFor(k.Topic)
 	var keys, stamps []protocol.RecordKey
+	// The legacy batches read, in log order (unread.go).
+	var tailBuf [legacyRingSize]legacyRef
+	tail, until := tailBuf[:0], int64(0)
+	defer func() { pn.unread.addLog(k, tail, until) }()
 	for len(records) > 0 {
 		var bh protocol.BatchHeader
 		if _, err := protocol.ReadBatch(records, &bh); err != nil {
@@ -450,6 +475,11 @@ func (pn *planner) applyLog(k seqstate.Key, records []byte, now time.Time) (n in
 				ref := legacyRef{id: id, topic: k.Topic, partition: k.Partition, count: bh.NumRecords,
 					size: bh.RecordsLen(), first: protocol.FirstRecordHash(b, &bh)}
 				pn.orphans.add([]legacyRef{ref}, seen+int64(pn.legacyWindow))
+				if len(tail) == legacyRingSize {
+					tail = append(tail[:0], tail[1:]...)
+				}
+				tail = append(tail, ref)
+				until = max(until, seen+int64(pn.legacyWindow))
 			}
 		}
 		if keyed {
