@@ -44,6 +44,40 @@ func BenchmarkCheckCommit(b *testing.B) {
 	}
 }
 
+// BenchmarkRequest is the proxy's hot path per Produce request, for a known
+// producer: a request of n batches (one per partition, as clients send
+// them) decided with CheckBatches, then settled with SettleBatches, each
+// one shard lock acquisition. One op is one request; ns/batch is the
+// check+commit cost per batch. The figures are in the package
+// documentation (Speed).
+func BenchmarkRequest(b *testing.B) {
+	for _, n := range []int{1, 8} {
+		b.Run(fmt.Sprintf("batches=%d", n), func(b *testing.B) {
+			tab, _ := New(Config{})
+			topic := tab.topic("orders")
+			ops := make([]Op, n)
+			outs := make([]Outcome, n)
+			seq := int32(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range ops {
+					ops[i] = Op{Key: Key{ProducerID: 42, Topic: topic, Partition: int32(i)}, Batch: Batch{FirstSeq: seq, Count: 10, Fingerprint: 7}}
+				}
+				tab.CheckBatches(ops, benchNow)
+				for i := range ops {
+					if ops[i].Result.Decision != Accept {
+						b.Fatal("not accepted")
+					}
+					outs[i] = Outcome{Key: ops[i].Key, Batch: ops[i].Batch, Appended: true, BaseOffset: int64(seq), MaxTimestamp: 1}
+				}
+				tab.SettleBatches(outs, benchNow)
+				seq = incrementSequence(seq, 10)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/batch")
+		})
+	}
+}
+
 // BenchmarkShardLockFloor is the part of BenchmarkCheckCommit no table layout
 // can remove: Check and Commit each lock and unlock their shard's mutex once,
 // two uncontended lock/unlock pairs per op (each an atomic read-modify-write,

@@ -98,8 +98,15 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 	}
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
+	r := s.check(k, b, now, register)
+	s.mu.Unlock()
+	return r
+}
+
+// check is Table.check under the shard lock, for a valid batch of a
+// producer id of this shard.
+func (s *shard) check(k Key, b Batch, now int64, register bool) Result {
 	if s.anyFences && s.fenced(k.ProducerID, b.Epoch, now) {
-		s.mu.Unlock()
 		return result(Fenced)
 	}
 	last := b.LastSeq()
@@ -112,18 +119,15 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 		if register && r.Decision == Accept {
 			s.insert(k).register(b, last, now)
 		}
-		s.mu.Unlock()
 		return r
 	}
 	if register && e.appendNext(b, last, now) {
-		s.mu.Unlock()
 		return result(Accept)
 	}
 	r := e.decideLast(b, last)
 	if register && r.Decision == Accept {
 		e.register(b, last, now)
 	}
-	s.mu.Unlock()
 	return r
 }
 
@@ -148,21 +152,27 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	ns := now.UnixNano()
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	e, ok := s.mruEntry, s.mruHit(k, ns)
+	s.commit(k, b, baseOffset, maxTimestamp, ns)
+	s.mu.Unlock()
+}
+
+// commit is Commit under the shard lock, for a valid batch of a producer id
+// of this shard.
+func (s *shard) commit(k Key, b Batch, baseOffset, maxTimestamp, now int64) {
+	e, ok := s.mruEntry, s.mruHit(k, now)
 	if !ok {
-		e, ok = s.lookupMiss(k, ns)
+		e, ok = s.lookupMiss(k, now)
 	}
 	if ok {
-		if !e.commitNewest(b, baseOffset, maxTimestamp, ns) && e.commit(b, baseOffset, maxTimestamp, ns) == forget {
+		if !e.commitNewest(b, baseOffset, maxTimestamp, now) && e.commit(b, baseOffset, maxTimestamp, now) == forget {
 			s.remove(s.mru) // the lookup made it the most recently used
 		}
-	} else {
-		e := s.insert(k)
-		e.setEpoch(b.Epoch)
-		e.pushCommitted(b, b.LastSeq(), baseOffset, maxTimestamp)
-		e.h.lastSeen = ns
+		return
 	}
-	s.mu.Unlock()
+	e = s.insert(k)
+	e.setEpoch(b.Epoch)
+	e.pushCommitted(b, b.LastSeq(), baseOffset, maxTimestamp)
+	e.h.lastSeen = now
 }
 
 // Release records that the broker did not append b, a batch Check accepted:
@@ -175,12 +185,18 @@ func (t *Table) Release(k Key, b Batch) {
 	}
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
+	s.release(k, b)
+	s.mu.Unlock()
+}
+
+// release is Release under the shard lock, for a valid batch of a producer
+// id of this shard.
+func (s *shard) release(k Key, b Batch) {
 	if idx, ok := s.peek(k); ok {
 		if s.entry(idx).release(b) == forget {
 			s.remove(idx)
 		}
 	}
-	s.mu.Unlock()
 }
 
 // ObserveInitProducerID records a successful InitProducerId response for a
