@@ -57,18 +57,25 @@ func BenchmarkRequest(b *testing.B) {
 			topic := tab.topic("orders")
 			ops := make([]Op, n)
 			outs := make([]Outcome, n)
+			for i := range ops {
+				k := Key{ProducerID: 42, Topic: topic, Partition: int32(i)}
+				ops[i] = Op{Key: k, Batch: Batch{Count: 10, Fingerprint: 7}}
+				outs[i] = Outcome{Key: k, Batch: ops[i].Batch, Appended: true, MaxTimestamp: 1}
+			}
 			seq := int32(0)
 			b.ReportAllocs()
 			for b.Loop() {
+				// What the proxy sets per batch: the sequence from the
+				// request, the offset from the response.
 				for i := range ops {
-					ops[i] = Op{Key: Key{ProducerID: 42, Topic: topic, Partition: int32(i)}, Batch: Batch{FirstSeq: seq, Count: 10, Fingerprint: 7}}
+					ops[i].Batch.FirstSeq = seq
 				}
 				tab.CheckBatches(ops, benchNow)
-				for i := range ops {
+				for i := range outs {
 					if ops[i].Result.Decision != Accept {
 						b.Fatal("not accepted")
 					}
-					outs[i] = Outcome{Key: ops[i].Key, Batch: ops[i].Batch, Appended: true, BaseOffset: int64(seq), MaxTimestamp: 1}
+					outs[i].Batch.FirstSeq, outs[i].BaseOffset = seq, int64(seq)
 				}
 				tab.SettleBatches(outs, benchNow)
 				seq = incrementSequence(seq, 10)

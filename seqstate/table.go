@@ -366,6 +366,7 @@ type shard struct {
 	retained    int
 	expiration  int64
 	pageShift   uint
+	pageMask    uint32   // 1<<pageShift - 1
 	pages       []page   // page p holds entries p<<pageShift ...
 	used        uint32   // entries ever handed out (the slab's high-water mark)
 	free        []uint32 // indexes handed back by removals
@@ -403,6 +404,7 @@ func (s *shard) init(maxEntries, shards, fences, retained int, expiration int64,
 	// that the slot page's spare slots (see entry), which push it into one
 	// more 8 KiB runtime page, cost under 2 bytes per entry.
 	s.pageShift = uint(min(12, bits.Len(uint(capacity-1))))
+	s.pageMask = 1<<s.pageShift - 1
 }
 
 // hash is a seeded multiply-mix of the key (wyhash's mum), folded to 32
@@ -415,11 +417,13 @@ func (s *shard) hash(k Key) uint32 {
 }
 
 func (s *shard) hdr(idx int32) *header {
-	return &s.pages[uint32(idx)>>s.pageShift].h[uint32(idx)&(1<<s.pageShift-1)]
+	// The shift count masked below 32 spares the compiler's check for
+	// larger ones on this, the hottest address computation.
+	return &s.pages[uint32(idx)>>(s.pageShift&31)].h[uint32(idx)&s.pageMask]
 }
 
 func (s *shard) entry(idx int32) entry {
-	p, o := &s.pages[uint32(idx)>>s.pageShift], int(uint32(idx)&(1<<s.pageShift-1))
+	p, o := &s.pages[uint32(idx)>>(s.pageShift&31)], int(uint32(idx)&s.pageMask)
 	return entry{h: &p.h[o], s: (*[MaxRetainedBatches]slot)(p.s[o*s.retained:]), sh: s}
 }
 
@@ -433,6 +437,11 @@ func (s *shard) peek(k Key) (int32, bool) {
 	if m := s.mru; m != nilIndex && s.hdr(m).key == k {
 		return m, true
 	}
+	return s.probe(k)
+}
+
+// probe finds k in the index.
+func (s *shard) probe(k Key) (int32, bool) {
 	h := s.hash(k)
 	mask := uint32(len(s.index) - 1)
 	tag := h &^ s.idxMask
@@ -465,26 +474,22 @@ func (s *shard) mruHit(k Key, now int64) bool {
 }
 
 // lookupMiss finds k when mruHit did not.
+// mruHit has already compared k with the most recently used entry's key,
+// so the index is probed at once. A live entry found is then the most
+// recently used, whose view is kept: no slab arithmetic is repeated.
 func (s *shard) lookupMiss(k Key, now int64) (entry, bool) {
-	if idx, ok := s.lookupSlow(k, now); ok {
-		return s.entry(idx), true
-	}
-	return entry{}, false
-}
-
-func (s *shard) lookupSlow(k Key, now int64) (int32, bool) {
-	idx, ok := s.peek(k)
+	idx, ok := s.probe(k)
 	if !ok {
-		return 0, false
+		return entry{}, false
 	}
 	h := s.hdr(idx)
 	s.touch(idx, h)
 	if now-h.lastSeen >= s.expiration {
 		s.remove(idx)
 		s.expirations.Add(1)
-		return 0, false
+		return entry{}, false
 	}
-	return idx, true
+	return s.mruEntry, true
 }
 
 // touch moves entry idx to the most recently used end.
