@@ -437,23 +437,24 @@ func (s *shard) peek(k Key) (int32, bool) {
 	if m := s.mru; m != nilIndex && s.hdr(m).key == k {
 		return m, true
 	}
-	return s.probe(k)
+	idx, _, ok := s.probe(k)
+	return idx, ok
 }
 
-// probe finds k in the index.
-func (s *shard) probe(k Key) (int32, bool) {
+// probe finds k in the index, with the view of its entry.
+func (s *shard) probe(k Key) (int32, entry, bool) {
 	h := s.hash(k)
 	mask := uint32(len(s.index) - 1)
 	tag := h &^ s.idxMask
 	for i := h & mask; ; i = (i + 1) & mask {
 		w := s.index[i]
 		if w == 0 {
-			return 0, false
+			return 0, entry{}, false
 		}
 		if w&^s.idxMask == tag {
 			idx := int32(w&s.idxMask) - 1
-			if s.hdr(idx).key == k {
-				return idx, true
+			if e := s.entry(idx); e.h.key == k {
+				return idx, e, true
 			}
 		}
 	}
@@ -476,29 +477,28 @@ func (s *shard) mruHit(k Key, now int64) bool {
 // lookupMiss finds k when mruHit did not.
 // mruHit has already compared k with the most recently used entry's key,
 // so the index is probed at once. A live entry found is then the most
-// recently used, whose view is kept: no slab arithmetic is repeated.
+// recently used, and the view the probe made is kept as its view.
 func (s *shard) lookupMiss(k Key, now int64) (entry, bool) {
-	idx, ok := s.probe(k)
+	idx, e, ok := s.probe(k)
 	if !ok {
 		return entry{}, false
 	}
-	h := s.hdr(idx)
-	s.touch(idx, h)
-	if now-h.lastSeen >= s.expiration {
+	s.touch(idx, e)
+	if now-e.h.lastSeen >= s.expiration {
 		s.remove(idx)
 		s.expirations.Add(1)
 		return entry{}, false
 	}
-	return s.mruEntry, true
+	return e, true
 }
 
-// touch moves entry idx to the most recently used end.
-func (s *shard) touch(idx int32, h *header) {
+// touch moves entry idx, whose view is e, to the most recently used end.
+func (s *shard) touch(idx int32, e entry) {
 	if s.mru == idx {
 		return
 	}
-	s.unlink(h)
-	s.pushFront(idx, h)
+	s.unlink(e.h)
+	s.pushFront(idx, e)
 }
 
 func (s *shard) unlink(h *header) {
@@ -514,14 +514,15 @@ func (s *shard) unlink(h *header) {
 	}
 }
 
-func (s *shard) pushFront(idx int32, h *header) {
-	h.prev, h.next = nilIndex, s.mru
+// pushFront makes entry idx, whose view is e, the most recently used.
+func (s *shard) pushFront(idx int32, e entry) {
+	e.h.prev, e.h.next = nilIndex, s.mru
 	if s.mru != nilIndex {
-		s.hdr(s.mru).prev = idx
+		s.mruEntry.h.prev = idx // mruEntry is the view of mru
 	} else {
 		s.lru = idx
 	}
-	s.setMRU(idx)
+	s.mru, s.mruEntry = idx, e
 }
 
 func (s *shard) setMRU(idx int32) {
@@ -585,7 +586,7 @@ func (s *shard) insert(k Key) entry {
 	s.total.Add(1)
 	e := s.entry(idx)
 	*e.h = header{key: k}
-	s.pushFront(idx, e.h)
+	s.pushFront(idx, e)
 	return e
 }
 
