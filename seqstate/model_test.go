@@ -483,6 +483,9 @@ type driver struct {
 	// compactions counts ops after which a shard's slab had shrunk (see
 	// shard.compact).
 	compactions int
+	// op and out are check's and settle's one-batch requests.
+	op  [1]Op
+	out [1]Outcome
 }
 
 type client struct {
@@ -686,7 +689,8 @@ func (d *driver) check(k Key, b Batch, now time.Time, register bool) Result {
 	case d.ops%2 == 0:
 		return d.t.Decide(k, b, now)
 	}
-	ops := []Op{{Key: k, Batch: b}}
+	ops := d.op[:]
+	ops[0] = Op{Key: k, Batch: b}
 	if register {
 		d.t.CheckBatches(ops, now)
 	} else {
@@ -699,7 +703,8 @@ func (d *driver) check(k Key, b Batch, now time.Time, register bool) Result {
 func (d *driver) settle(o Outcome, now time.Time) {
 	switch {
 	case d.ops%2 == 1:
-		d.t.SettleBatches([]Outcome{o}, now)
+		d.out[0] = o
+		d.t.SettleBatches(d.out[:], now)
 	case o.Appended:
 		d.t.Commit(o.Key, o.Batch, o.BaseOffset, o.MaxTimestamp, now)
 	default:
