@@ -443,6 +443,9 @@ func (pn *planner) planIdempotent(pl *producePlan, enforce bool, now time.Time) 
 		}
 		pl.account(d)
 	}
+	// Its slices alias the request body, which the pooled plan outlives.
+	clear(pl.idem)
+	pl.idem = pl.idem[:0]
 }
 
 // lookupTopic returns the table's key for a topic named in a Produce
