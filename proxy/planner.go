@@ -192,6 +192,29 @@ type producePlan struct {
 	rebuilt  []byte        // rebuilt batches of actRebatch decisions
 	keys     []protocol.RecordKey
 	drops    []bool // drops[j]: the record of keys[j] is not sent upstream
+	// The idempotent batches go to the table together, so that a request
+	// takes its shard lock once to decide them (plan stashes seqOps and
+	// idem, planIdempotent decides) and once to settle them (seqOuts, with
+	// whom to resolve in settled; see settleIdempotent).
+	seqOps  []seqstate.Op
+	idem    []idemBatch
+	seqOuts []seqstate.Outcome
+	settled []idemSettled
+}
+
+// idemBatch is what planIdempotent needs of decision i's partition.
+type idemBatch struct {
+	i    int
+	part protocol.ProducePartition // its slices alias the request body
+	bh   protocol.BatchHeader
+}
+
+// idemSettled is seqOuts' decision, and the outcome its waiters get once
+// the table has it.
+type idemSettled struct {
+	d       *produceDecision
+	resolve bool
+	outcome protocol.LocalPartitionResult
 }
 
 // waitMargin is added to a Produce request's timeout_ms to bound how long a
@@ -213,6 +236,7 @@ func getPlan() *producePlan {
 	pl.body = pl.body[:0]
 	pl.rebuilt = pl.rebuilt[:0]
 	pl.keys, pl.drops = pl.keys[:0], pl.drops[:0]
+	pl.seqOps, pl.idem, pl.seqOuts, pl.settled = pl.seqOps[:0], pl.idem[:0], pl.seqOuts[:0], pl.settled[:0]
 	pl.upstream = nil
 	select { // a stale token from an earlier use
 	case <-pl.ready:
@@ -340,12 +364,33 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		d.key = seqstate.Key{ProducerID: bh.ProducerID, Topic: topic, Partition: part.Partition}
 		d.batch = seqstate.Batch{Epoch: bh.ProducerEpoch, FirstSeq: bh.BaseSequence, Count: bh.LastOffsetDelta + 1,
 			Fingerprint: protocol.RecordsFingerprint(part.Records, &bh)}
-		// acks=0 has no response to commit from: consult the table only.
-		if acks == 0 {
-			d.result = pn.table.Decide(d.key, d.batch, now)
-		} else {
-			d.result = pn.table.Check(d.key, d.batch, now)
-		}
+		pl.seqOps = append(pl.seqOps, seqstate.Op{Key: d.key, Batch: d.batch})
+		pl.idem = append(pl.idem, idemBatch{i: i, part: *part, bh: bh})
+	}
+	if pl != nil && len(pl.seqOps) > 0 {
+		pn.planIdempotent(pl, enforce, now)
+	}
+	if pl != nil && pl.moved {
+		pn.settleMoved(pl, now)
+	}
+	return pl
+}
+
+// planIdempotent decides the idempotent batches plan stashed in pl.seqOps,
+// all under one shard lock (a request's batches share a producer id), then
+// acts on each decision in request order.
+func (pn *planner) planIdempotent(pl *producePlan, enforce bool, now time.Time) {
+	acks := pl.acks
+	// acks=0 has no response to commit from: consult the table only.
+	if acks == 0 {
+		pn.table.DecideBatches(pl.seqOps, now)
+	} else {
+		pn.table.CheckBatches(pl.seqOps, now)
+	}
+	for j := range pl.idem {
+		i, part, bh, topic := pl.idem[j].i, &pl.idem[j].part, pl.idem[j].bh, pl.seqOps[j].Key.Topic
+		d := &pl.decisions[i]
+		d.result = pl.seqOps[j].Result
 		if enforce && acks == -1 && d.result.Decision == seqstate.InFlight {
 			testHook("inflight")
 			pn.wait(pl, i, now)
@@ -399,10 +444,9 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		}
 		pl.account(d)
 	}
-	if pl != nil && pl.moved {
-		pn.settleMoved(pl, now)
-	}
-	return pl
+	// Its slices alias the request body, which the pooled plan outlives.
+	clear(pl.idem)
+	pl.idem = pl.idem[:0]
 }
 
 // lookupTopic returns the table's key for a topic named in a Produce
@@ -641,13 +685,31 @@ func (pn *planner) fail(pl *producePlan) {
 				// Its fate is unknown: the partition's log will tell,
 				// so it is read again on the next touch (warm.go).
 				pn.warm.forget(d.key)
+				pn.resolve(d, timedOut)
 			} else {
-				pn.table.Release(d.key, d.batch)
+				pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: d.key, Batch: d.batch})
+				pl.settled = append(pl.settled, idemSettled{d: d, resolve: true, outcome: timedOut})
 			}
-			pn.resolve(d, timedOut)
 		}
 	}
+	pn.settleIdempotent(pl, time.Time{}) // releases only: no time needed
 	pn.abandonWaits(pl)
+}
+
+// settleIdempotent applies pl.seqOuts to the table under one shard lock,
+// then resolves the waiters of the pending ones: a resolve follows the
+// table update (see wait).
+func (pn *planner) settleIdempotent(pl *producePlan, now time.Time) {
+	if len(pl.seqOuts) == 0 {
+		return
+	}
+	pn.table.SettleBatches(pl.seqOuts, now)
+	for _, st := range pl.settled {
+		if st.resolve {
+			pn.resolve(st.d, st.outcome)
+		}
+	}
+	pl.seqOuts, pl.settled = pl.seqOuts[:0], pl.settled[:0]
 }
 
 // complete applies the broker's response to what pl sent upstream (body is
@@ -695,7 +757,7 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 			}
 			switch {
 			case !d.legacy:
-				pn.table.Commit(d.key, d.batch, off, ts, now)
+				pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: d.key, Batch: d.batch, Appended: true, BaseOffset: off, MaxTimestamp: ts})
 			case d.act == actRebatch:
 				pn.completeRebatch(pl, d, pr, off, ts, now)
 			case !d.pending:
@@ -729,7 +791,7 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 			case d.legacy && d.pending:
 				pn.legacy.Release(d.ident, pl.conn)
 			case d.pending:
-				pn.table.Release(d.key, d.batch)
+				pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: d.key, Batch: d.batch})
 			}
 			if d.act == actRebatch {
 				d.local = outcome // the broker's error, for the whole retry
@@ -743,10 +805,15 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 		if d.act == actRebatch {
 			outcome = d.local
 		}
-		if wasPending {
+		switch {
+		case !d.legacy && len(pl.seqOuts) > len(pl.settled):
+			// resolved once the table has the outcome (see wait)
+			pl.settled = append(pl.settled, idemSettled{d: d, resolve: wasPending, outcome: outcome})
+		case wasPending:
 			pn.resolve(d, outcome)
 		}
 	}
+	pn.settleIdempotent(pl, now)
 	err := sc.Err()
 	if anyError {
 		// kafkajs resends every record of a request when any partition

@@ -24,7 +24,11 @@ var benchNow = time.Unix(1_700_000_000, 0)
 //	retained=16   83 ns  ->  61 ns
 //
 // The target is 50 ns. BenchmarkShardLockFloor, the two shard
-// lock/unlock pairs every Check+Commit needs, is ~33 ns of it here.
+// lock/unlock pairs every Check+Commit needs, is ~33 ns of it here; the
+// proxy now takes them once per request instead (BenchmarkRequest). In 15
+// alternated runs, retained=5 took a median of 52 ns on the code before
+// the per-request API and 47 ns after, a gap this VM's noise may account
+// for (its MRU-hit path did not change).
 func BenchmarkCheckCommit(b *testing.B) {
 	for _, retained := range []int{1, 5, 16} {
 		b.Run(fmt.Sprintf("retained=%d", retained), func(b *testing.B) {
@@ -40,6 +44,54 @@ func BenchmarkCheckCommit(b *testing.B) {
 				tab.Commit(k, bt, int64(seq), 1, benchNow)
 				seq = incrementSequence(seq, 10)
 			}
+		})
+	}
+}
+
+// BenchmarkRequest is the proxy's hot path per Produce request, for a known
+// producer: a request of n batches (one per partition, as clients send
+// them) decided with CheckBatches, then settled with SettleBatches, each
+// one shard lock acquisition. One op is one request; ns/batch is the
+// check+commit cost per batch.
+//
+// Medians (minimums) of 15 alternated runs on the shared 2-core VM, the
+// issue's target being 50 ns per batch:
+//
+//	batches=1    47.9 ns/batch (46.0)
+//	batches=8    50.4 ns/batch (45.9)
+//
+// The package documentation (Speed) says where the time goes.
+func BenchmarkRequest(b *testing.B) {
+	for _, n := range []int{1, 8} {
+		b.Run(fmt.Sprintf("batches=%d", n), func(b *testing.B) {
+			tab, _ := New(Config{})
+			topic := tab.topic("orders")
+			ops := make([]Op, n)
+			outs := make([]Outcome, n)
+			for i := range ops {
+				k := Key{ProducerID: 42, Topic: topic, Partition: int32(i)}
+				ops[i] = Op{Key: k, Batch: Batch{Count: 10, Fingerprint: 7}}
+				outs[i] = Outcome{Key: k, Batch: ops[i].Batch, Appended: true, MaxTimestamp: 1}
+			}
+			seq := int32(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				// What the proxy sets per batch: the sequence from the
+				// request, the offset from the response.
+				for i := range ops {
+					ops[i].Batch.FirstSeq = seq
+				}
+				tab.CheckBatches(ops, benchNow)
+				for i := range outs {
+					if ops[i].Result.Decision != Accept {
+						b.Fatal("not accepted")
+					}
+					outs[i].Batch.FirstSeq, outs[i].BaseOffset = seq, int64(seq)
+				}
+				tab.SettleBatches(outs, benchNow)
+				seq = incrementSequence(seq, 10)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/batch")
 		})
 	}
 }
@@ -138,8 +190,10 @@ func BenchmarkCheckCommitParallel(b *testing.B) {
 //	retained=1      184.1 B/entry           91.7 B/entry          83.6 B/entry
 //	retained=5      312.2 B/entry           189.2 B/entry         148.6 B/entry
 //
-// The target is 150 B/entry with 5 retained batches; the package
-// documentation (Layout) says where the 148.6 B go.
+// The first target, 150 B/entry with 5 retained batches, is met;
+// its later one, 100 B, is not (the package documentation, Layout, says
+// where the 148.6 B go and why; docs/performance.md lists what was
+// weighed). The per-request API changed no byte of it.
 func BenchmarkTableMemory(b *testing.B) {
 	const entries = 1_000_000
 	for _, retained := range []int{1, 5} {

@@ -13,8 +13,9 @@
 //     or net (TestImports enforces this). Counters are plain getters for the
 //     proxy to wrap in GaugeFunc/CounterFunc.
 //   - No allocation for a known key: Check, Decide, Commit and Release of a
-//     producer-partition the table holds allocate nothing, nor do
-//     LookupTopic and LookupTopicID. A new key allocates only when its
+//     producer-partition the table holds allocate nothing, nor do their
+//     per-request forms (CheckBatches, DecideBatches, SettleBatches, on
+//     caller-owned slices), LookupTopic and LookupTopicID. A new key allocates only when its
 //     shard's slab needs a new page or its index doubles, and a removal only
 //     when it leaves the shard's slab less than half used, which compacts
 //     the shard into a smaller index (amortized, never per key). The one
@@ -94,19 +95,45 @@
 // The index does not keep each key's hash: it is recomputed (a multiply)
 // when words move. With RetainedBatches 1 an entry is 83.6 B.
 //
+// The later target, 100 B with 5 retained batches, is not met:
+// without giving up exactness it would take bit-packing nearly every field
+// with escapes, which the hot path pays for on every batch. A slot must tell a
+// duplicate's answer and the checks: a 32-bit fingerprint, the last
+// sequence, the offset, the timestamp and the pending flag, 9 to 13 bytes
+// even bit-packed around escapes for values that do not fit. The header
+// must keep the key, the links of the exact LRU order, the last-seen time
+// in nanoseconds, the window's first sequence and epoch, and the two bases.
+// Even 12-byte slots (16-bit deltas, which send the windows of busy
+// partitions and idle producers to the wide map at 30-50 bytes a slot) give
+// ~128 B; 100 B would also take 28 of the header's 56 bytes.
+// docs/performance.md (the decision table) lists each idea with its figure.
+//
 // # Speed
 //
-// BenchmarkCheckCommit, a known producer's next batch checked then
-// committed, takes 61–65 ns (medians, 1 to 16 retained batches) on the 2-core
-// VM it was measured on, down from 80–83 ns; the target was 50 ns.
-// Check and Commit each take the shard lock once, and BenchmarkShardLockFloor
-// shows that those two uncontended lock/unlock pairs alone cost ~33 ns there,
-// each lock operation being an atomic read-modify-write. The rest is
-// appendNext and commitNewest, which handle the common case (the batch after
-// the tail, then its commit) without the general path's scan and calls. With
-// the locks taken out the pair costs ~45 ns, and with only Commit's lock
-// taken out ~48 ns, so not even a lock-free Commit (which still needs one
-// atomic operation) would bring it under 50 ns on that machine.
+// A Produce request's batches all carry its producer id, so they all live
+// in one shard. CheckBatches decides them in one acquisition of its lock and
+// SettleBatches applies the broker's outcomes in another, where Check and
+// Commit took it once per batch each; the proxy's planner uses them. Neither
+// holds the lock beyond its call: the caller forwards and waits with no lock
+// held. BenchmarkRequest, a known producer's request of 1 or 8 batches
+// (one per partition) decided then settled, takes a median of 48 and 50 ns
+// per batch (15 alternated runs on the shared 2-core VM; minimums 46 ns),
+// against the 50 ns. BenchmarkCheckCommit, the per-batch methods
+// (two lock pairs), took 52 ns on the code before the per-request API and
+// 47 ns after in the same runs (61–65 ns in earlier, noisier ones).
+//
+// Where the time goes (-cpuprofile): with 1 batch, the lock pair
+// (BenchmarkShardLockFloor, ~25 ns, each lock operation an atomic
+// read-modify-write) is half of it and the decision (appendNext, then
+// commitNewest: the common case without the general path's scan) most of
+// the rest. With 8 batches the lock costs ~3 ns a batch, but each batch
+// misses the most-recently-used shortcut (the request names 8 keys in turn),
+// so its check and its commit each hash the key, probe the index and move
+// the entry to the front of the LRU: about a third of the time is the probe
+// with the slab address arithmetic, an eighth the LRU relinking. The probe
+// hands its view of the entry to the LRU update, so the slab addresses are
+// computed once per lookup. Hashing is a multiply (~2%), and time is
+// converted once per call.
 //
 // # Topics
 //
@@ -212,6 +239,13 @@
 //	case seqstate.Invalid:
 //		// answer INVALID_RECORD (87)
 //	}
+//	// or per Produce request, whose batches share a producer id: one
+//	// shard lock to decide them all, one to apply their outcomes
+//	ops = append(ops[:0], seqstate.Op{Key: k, Batch: b}, ...) // caller-owned, reused
+//	t.CheckBatches(ops, now) // ops[i].Result as from Check
+//	// on the response, for each forwarded batch:
+//	outs = append(outs[:0], seqstate.Outcome{Key: k, Batch: b, Appended: true, BaseOffset: off, MaxTimestamp: ts}, ...)
+//	t.SettleBatches(outs, now) // Commit if Appended, else Release
 //	// periodically, e.g. every producer.id.expiration.check.interval.ms (10 min):
 //	t.Expire(now)
 package seqstate

@@ -483,6 +483,9 @@ type driver struct {
 	// compactions counts ops after which a shard's slab had shrunk (see
 	// shard.compact).
 	compactions int
+	// op and out are check's and settle's one-batch requests.
+	op  [1]Op
+	out [1]Outcome
 }
 
 type client struct {
@@ -569,7 +572,7 @@ func (d *driver) step() {
 		if len(c.history) > 8 {
 			c.history = c.history[1:]
 		}
-		what, got, want = "check", d.t.Check(k, b, now), d.m.check(k, b, d.now, true)
+		what, got, want = "check", d.check(k, b, now, true), d.m.check(k, b, d.now, true)
 		if got.Decision == Accept {
 			c.inFlight = append(c.inFlight, b)
 		}
@@ -581,7 +584,7 @@ func (d *driver) step() {
 		if d.byte()%4 == 0 {
 			b.Fingerprint = fp(b)
 		}
-		what, got, want = "retry", d.t.Check(k, b, now), d.m.check(k, b, d.now, true)
+		what, got, want = "retry", d.check(k, b, now, true), d.m.check(k, b, d.now, true)
 		if got.Decision == Accept {
 			c.inFlight = append(c.inFlight, b)
 		}
@@ -589,9 +592,9 @@ func (d *driver) step() {
 		b := Batch{Epoch: int16(d.byte()%4) - 1, FirstSeq: int32(d.byte()%8) - 1, Count: int32(d.byte() % 4)}
 		b.Fingerprint = fp(b)
 		if d.byte()%2 == 0 {
-			what, got, want = "decide", d.t.Decide(k, b, now), d.m.check(k, b, d.now, false)
+			what, got, want = "decide", d.check(k, b, now, false), d.m.check(k, b, d.now, false)
 		} else {
-			what, got, want = "random", d.t.Check(k, b, now), d.m.check(k, b, d.now, true)
+			what, got, want = "random", d.check(k, b, now, true), d.m.check(k, b, d.now, true)
 			if got.Decision == Accept {
 				c.inFlight = append(c.inFlight, b)
 			}
@@ -610,7 +613,7 @@ func (d *driver) step() {
 		if d.wide {
 			off, ts = d.wideValue(off), d.wideValue(ts)
 		}
-		d.t.Commit(k, b, off, ts, now)
+		d.settle(Outcome{Key: k, Batch: b, Appended: true, BaseOffset: off, MaxTimestamp: ts}, now)
 		d.m.commit(k, b, off, ts, d.now)
 		if d.wide {
 			n := 0
@@ -626,7 +629,7 @@ func (d *driver) step() {
 		i := int(d.byte()) % len(c.inFlight)
 		b := c.inFlight[i]
 		c.inFlight = slices.Delete(c.inFlight, i, i+1)
-		d.t.Release(k, b)
+		d.settle(Outcome{Key: k, Batch: b}, now)
 		d.m.release(k, b)
 	case 12: // the client bumps its epoch (or a transactional InitProducerId)
 		if d.byte()%4 != 0 {
@@ -673,6 +676,39 @@ func (d *driver) step() {
 	}
 	if d.ops%512 == 0 {
 		d.compareState()
+	}
+}
+
+// check is Check or Decide, through CheckBatches or DecideBatches on odd
+// ops, so that the model checks both paths without the fuzz input choosing
+// (multi-batch requests are TestBatchesMatchSingle's).
+func (d *driver) check(k Key, b Batch, now time.Time, register bool) Result {
+	switch {
+	case d.ops%2 == 0 && register:
+		return d.t.Check(k, b, now)
+	case d.ops%2 == 0:
+		return d.t.Decide(k, b, now)
+	}
+	ops := d.op[:]
+	ops[0] = Op{Key: k, Batch: b}
+	if register {
+		d.t.CheckBatches(ops, now)
+	} else {
+		d.t.DecideBatches(ops, now)
+	}
+	return ops[0].Result
+}
+
+// settle is Commit or Release, through SettleBatches on odd ops.
+func (d *driver) settle(o Outcome, now time.Time) {
+	switch {
+	case d.ops%2 == 1:
+		d.out[0] = o
+		d.t.SettleBatches(d.out[:], now)
+	case o.Appended:
+		d.t.Commit(o.Key, o.Batch, o.BaseOffset, o.MaxTimestamp, now)
+	default:
+		d.t.Release(o.Key, o.Batch)
 	}
 }
 

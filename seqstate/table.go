@@ -98,8 +98,15 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 	}
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
+	r := s.check(k, b, now, register)
+	s.mu.Unlock()
+	return r
+}
+
+// check is Table.check under the shard lock, for a valid batch of a
+// producer id of this shard.
+func (s *shard) check(k Key, b Batch, now int64, register bool) Result {
 	if s.anyFences && s.fenced(k.ProducerID, b.Epoch, now) {
-		s.mu.Unlock()
 		return result(Fenced)
 	}
 	last := b.LastSeq()
@@ -112,18 +119,15 @@ func (t *Table) check(k Key, b Batch, now int64, register bool) Result {
 		if register && r.Decision == Accept {
 			s.insert(k).register(b, last, now)
 		}
-		s.mu.Unlock()
 		return r
 	}
 	if register && e.appendNext(b, last, now) {
-		s.mu.Unlock()
 		return result(Accept)
 	}
 	r := e.decideLast(b, last)
 	if register && r.Decision == Accept {
 		e.register(b, last, now)
 	}
-	s.mu.Unlock()
 	return r
 }
 
@@ -148,21 +152,27 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	ns := now.UnixNano()
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	e, ok := s.mruEntry, s.mruHit(k, ns)
+	s.commit(k, b, baseOffset, maxTimestamp, ns)
+	s.mu.Unlock()
+}
+
+// commit is Commit under the shard lock, for a valid batch of a producer id
+// of this shard.
+func (s *shard) commit(k Key, b Batch, baseOffset, maxTimestamp, now int64) {
+	e, ok := s.mruEntry, s.mruHit(k, now)
 	if !ok {
-		e, ok = s.lookupMiss(k, ns)
+		e, ok = s.lookupMiss(k, now)
 	}
 	if ok {
-		if !e.commitNewest(b, baseOffset, maxTimestamp, ns) && e.commit(b, baseOffset, maxTimestamp, ns) == forget {
+		if !e.commitNewest(b, baseOffset, maxTimestamp, now) && e.commit(b, baseOffset, maxTimestamp, now) == forget {
 			s.remove(s.mru) // the lookup made it the most recently used
 		}
-	} else {
-		e := s.insert(k)
-		e.setEpoch(b.Epoch)
-		e.pushCommitted(b, b.LastSeq(), baseOffset, maxTimestamp)
-		e.h.lastSeen = ns
+		return
 	}
-	s.mu.Unlock()
+	e = s.insert(k)
+	e.setEpoch(b.Epoch)
+	e.pushCommitted(b, b.LastSeq(), baseOffset, maxTimestamp)
+	e.h.lastSeen = now
 }
 
 // Release records that the broker did not append b, a batch Check accepted:
@@ -175,12 +185,18 @@ func (t *Table) Release(k Key, b Batch) {
 	}
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
+	s.release(k, b)
+	s.mu.Unlock()
+}
+
+// release is Release under the shard lock, for a valid batch of a producer
+// id of this shard.
+func (s *shard) release(k Key, b Batch) {
 	if idx, ok := s.peek(k); ok {
 		if s.entry(idx).release(b) == forget {
 			s.remove(idx)
 		}
 	}
-	s.mu.Unlock()
 }
 
 // ObserveInitProducerID records a successful InitProducerId response for a
@@ -350,6 +366,7 @@ type shard struct {
 	retained    int
 	expiration  int64
 	pageShift   uint
+	pageMask    uint32   // 1<<pageShift - 1
 	pages       []page   // page p holds entries p<<pageShift ...
 	used        uint32   // entries ever handed out (the slab's high-water mark)
 	free        []uint32 // indexes handed back by removals
@@ -387,6 +404,7 @@ func (s *shard) init(maxEntries, shards, fences, retained int, expiration int64,
 	// that the slot page's spare slots (see entry), which push it into one
 	// more 8 KiB runtime page, cost under 2 bytes per entry.
 	s.pageShift = uint(min(12, bits.Len(uint(capacity-1))))
+	s.pageMask = 1<<s.pageShift - 1
 }
 
 // hash is a seeded multiply-mix of the key (wyhash's mum), folded to 32
@@ -399,11 +417,13 @@ func (s *shard) hash(k Key) uint32 {
 }
 
 func (s *shard) hdr(idx int32) *header {
-	return &s.pages[uint32(idx)>>s.pageShift].h[uint32(idx)&(1<<s.pageShift-1)]
+	// The shift count masked below 32 spares the compiler's check for
+	// larger ones on this, the hottest address computation.
+	return &s.pages[uint32(idx)>>(s.pageShift&31)].h[uint32(idx)&s.pageMask]
 }
 
 func (s *shard) entry(idx int32) entry {
-	p, o := &s.pages[uint32(idx)>>s.pageShift], int(uint32(idx)&(1<<s.pageShift-1))
+	p, o := &s.pages[uint32(idx)>>(s.pageShift&31)], int(uint32(idx)&s.pageMask)
 	return entry{h: &p.h[o], s: (*[MaxRetainedBatches]slot)(p.s[o*s.retained:]), sh: s}
 }
 
@@ -417,18 +437,24 @@ func (s *shard) peek(k Key) (int32, bool) {
 	if m := s.mru; m != nilIndex && s.hdr(m).key == k {
 		return m, true
 	}
+	idx, _, ok := s.probe(k)
+	return idx, ok
+}
+
+// probe finds k in the index, with the view of its entry.
+func (s *shard) probe(k Key) (int32, entry, bool) {
 	h := s.hash(k)
 	mask := uint32(len(s.index) - 1)
 	tag := h &^ s.idxMask
 	for i := h & mask; ; i = (i + 1) & mask {
 		w := s.index[i]
 		if w == 0 {
-			return 0, false
+			return 0, entry{}, false
 		}
 		if w&^s.idxMask == tag {
 			idx := int32(w&s.idxMask) - 1
-			if s.hdr(idx).key == k {
-				return idx, true
+			if e := s.entry(idx); e.h.key == k {
+				return idx, e, true
 			}
 		}
 	}
@@ -449,35 +475,30 @@ func (s *shard) mruHit(k Key, now int64) bool {
 }
 
 // lookupMiss finds k when mruHit did not.
+// mruHit has already compared k with the most recently used entry's key,
+// so the index is probed at once. A live entry found is then the most
+// recently used, and the view the probe made is kept as its view.
 func (s *shard) lookupMiss(k Key, now int64) (entry, bool) {
-	if idx, ok := s.lookupSlow(k, now); ok {
-		return s.entry(idx), true
-	}
-	return entry{}, false
-}
-
-func (s *shard) lookupSlow(k Key, now int64) (int32, bool) {
-	idx, ok := s.peek(k)
+	idx, e, ok := s.probe(k)
 	if !ok {
-		return 0, false
+		return entry{}, false
 	}
-	h := s.hdr(idx)
-	s.touch(idx, h)
-	if now-h.lastSeen >= s.expiration {
+	s.touch(idx, e)
+	if now-e.h.lastSeen >= s.expiration {
 		s.remove(idx)
 		s.expirations.Add(1)
-		return 0, false
+		return entry{}, false
 	}
-	return idx, true
+	return e, true
 }
 
-// touch moves entry idx to the most recently used end.
-func (s *shard) touch(idx int32, h *header) {
+// touch moves entry idx, whose view is e, to the most recently used end.
+func (s *shard) touch(idx int32, e entry) {
 	if s.mru == idx {
 		return
 	}
-	s.unlink(h)
-	s.pushFront(idx, h)
+	s.unlink(e.h)
+	s.pushFront(idx, e)
 }
 
 func (s *shard) unlink(h *header) {
@@ -493,14 +514,15 @@ func (s *shard) unlink(h *header) {
 	}
 }
 
-func (s *shard) pushFront(idx int32, h *header) {
-	h.prev, h.next = nilIndex, s.mru
+// pushFront makes entry idx, whose view is e, the most recently used.
+func (s *shard) pushFront(idx int32, e entry) {
+	e.h.prev, e.h.next = nilIndex, s.mru
 	if s.mru != nilIndex {
-		s.hdr(s.mru).prev = idx
+		s.mruEntry.h.prev = idx // mruEntry is the view of mru
 	} else {
 		s.lru = idx
 	}
-	s.setMRU(idx)
+	s.mru, s.mruEntry = idx, e
 }
 
 func (s *shard) setMRU(idx int32) {
@@ -564,7 +586,7 @@ func (s *shard) insert(k Key) entry {
 	s.total.Add(1)
 	e := s.entry(idx)
 	*e.h = header{key: k}
-	s.pushFront(idx, e.h)
+	s.pushFront(idx, e)
 	return e
 }
 
