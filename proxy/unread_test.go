@@ -4,6 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -73,4 +76,42 @@ func TestUnreadStore(t *testing.T) {
 	if u.live(time.Now().Add(2 * time.Minute)) {
 		t.Fatal("live after every expiry")
 	}
+}
+
+// BenchmarkNoteRetries measures what the lost-answer check adds to a
+// legacy Produce request (4 partitions of 10 records) while the store
+// holds other connections' batches, none of them resent: the common case
+// after any connection closed or partition was read.
+func BenchmarkNoteRetries(b *testing.B) {
+	c := newDecisionSession(b)
+	pn := c.s.planner
+	topic, _ := pn.table.LookupTopic([]byte("steady"))
+	until := time.Now().Add(time.Hour).UnixNano()
+	for conn := uint64(1); conn <= maxUnreadConns; conn++ {
+		refs := make([]legacyRef, legacyRingSize)
+		for i := range refs {
+			id := conn<<20 | uint64(i)
+			refs[i] = legacyRef{id: id, topic: topic, partition: int32(i % 4), count: 10, first: id * 0x9e3779b97f4a7c15}
+		}
+		pn.unread.add(conn, refs, until)
+	}
+	var parts []part
+	for p := int32(0); p < 4; p++ {
+		parts = append(parts, part{p, recordBatch(b, -1, -1, -1, 10, "legacy record value")})
+	}
+	body := kmsg.NewRequestFormatter().AppendRequest(nil, produceParts("steady", -1, parts...), 1)[4:]
+	h, err := protocol.ParseRequestHeader(body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.scan.Reset(body[h.BodyOffset:], h.APIVersion); err != nil {
+			b.Fatal(err)
+		}
+		if n := c.noteRetries(h, &c.scan); n != 0 {
+			b.Fatalf("%d batches found unread", n)
+		}
+	}
+	b.ReportMetric(4, "batches/op")
 }
