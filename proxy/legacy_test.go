@@ -313,6 +313,38 @@ func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
 	}
 }
 
+// TestLegacyResendBeforeCloseSettles: librdkafka times a request out,
+// reconnects and resends before the proxy has read its old connection's
+// close, and its first resent batch already holds more than the original
+// (a, b, c, then d). The new connection of the same client shows that the
+// old one's client gave up: the partition waits for the original, and only
+// d is written.
+func TestLegacyResendBeforeCloseSettles(t *testing.T) {
+	t.Parallel()
+	const topic = "resendbeforeclose"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	entered, release, _ := holdFirstProduce(c)
+	p := startProxy(t, c, nil)
+	t0 := time.Now().UnixMilli()
+	first := dialRaw(t, p.addr())
+	first.learnTopics(topic)
+	first.send(produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{t0, t0, t0})}))
+	<-entered
+
+	second := dialRaw(t, p.addr()) // the same client: same address, same client id
+	second.learnTopics(topic)
+	resend := produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"a", "b", "c", "d"}, []int64{t0, t0, t0, t0 + 1})})
+	corr := second.send(resend)
+	waitFor(t, 10*time.Second, "the resend to wait for the original", func() bool { return p.planner.nWaiting.Load() >= 1 })
+	close(release)
+	if r := onlyPartition(t, second.recv(resend, corr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
+		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
+	}
+	if end := logEnd(t, c.ListenAddrs()[0], topic); end != 4 {
+		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
+	}
+}
+
 // TestLegacyUnreadAnswers: answers the proxy wrote to a connection that
 // then broke may never have been read. The client's retry of one of them
 // (here B, answered whole) shows that it and every answer written after it

@@ -539,11 +539,6 @@ func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePart
 			d.local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.LogAppendTime, LogStartOffset: pn.logStart.get(d.key)}
 			pn.metrics.dupAnswered[dupByProxy].Inc()
 			pl.retried = true
-			if !exact && pn.unackedLive(now) {
-				// Its records may be stamped too (unread.go): answered
-				// whole, they must not answer a later resend.
-				pn.takeStamps(part, bh, topic, now)
-			}
 		} else {
 			pn.metrics.dupAnswered[dupByBroker].Inc()
 		}

@@ -124,18 +124,3 @@ func (pn *planner) applyResent(pl *producePlan, i int, part *protocol.ProducePar
 	d.act, d.keyDrop = actRebatch, true
 	d.rebuiltAt, d.rebuiltEnd = at, len(out)
 }
-
-// takeStamps uses up the stamps of the records of a legacy batch answered
-// whole as a retry, so that none of them answers a later resend.
-func (pn *planner) takeStamps(part *protocol.ProducePartition, bh *protocol.BatchHeader, topic seqstate.TopicID, now time.Time) {
-	var buf [64]protocol.RecordKey
-	stamps, err := protocol.RecordStamps(buf[:0], part.Records, bh)
-	if err != nil {
-		return
-	}
-	table := pn.unacked.Load()
-	for _, st := range stamps {
-		lo, hi := topicKey(st, topic)
-		table.Take(lo, hi, now)
-	}
-}

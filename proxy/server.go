@@ -83,7 +83,8 @@ type Server struct {
 	clients   map[net.Conn]netip.Addr      // every client connection admitted and not yet finished, with its IP when counted in perIP
 	perIP     map[netip.Addr]int           // open connections per client IP, kept when MaxConnectionsPerIP is set
 	sessions  map[*session]*requestTracker // with what each awaits (drain.go)
-	closing   atomic.Bool                  // written under mu; read without it where a stale false is harmless
+	siblings  map[siblingKey]map[*session]struct{}
+	closing   atomic.Bool // written under mu; read without it where a stale false is harmless
 	started   bool
 	wg        sync.WaitGroup // accept loops, connections, background loops
 	connSeq   atomic.Uint64
@@ -422,7 +423,55 @@ func (s *Server) suspectGone(id uint64) {
 func (s *Server) untrack(sess *session) {
 	s.mu.Lock()
 	delete(s.sessions, sess)
+	if set := s.siblings[sess.sibling]; set != nil {
+		delete(set, sess)
+		if len(set) == 0 {
+			delete(s.siblings, sess.sibling)
+		}
+	}
 	s.mu.Unlock()
+}
+
+// siblingKey is what the connections of one client share: its address and
+// client id.
+type siblingKey struct {
+	addr     netip.Addr
+	clientID string
+}
+
+// joinSiblings files sess under its client's key, once its client id is
+// known.
+func (s *Server) joinSiblings(sess *session) {
+	if ap, err := netip.ParseAddrPort(sess.client.RemoteAddr().String()); err == nil {
+		sess.sibling.addr = ap.Addr()
+	}
+	sess.sibling.clientID = sess.clientID
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.sessions[sess]; !ok {
+		return // not tracked: shutting down
+	}
+	if s.siblings == nil {
+		s.siblings = map[siblingKey]map[*session]struct{}{}
+	}
+	set := s.siblings[sess.sibling]
+	if set == nil {
+		set = map[*session]struct{}{}
+		s.siblings[sess.sibling] = set
+	}
+	set[sess] = struct{}{}
+}
+
+// siblingsOf appends to dst the other connections of sess's client.
+func (s *Server) siblingsOf(sess *session, dst []*session) []*session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sib := range s.siblings[sess.sibling] {
+		if sib != sess {
+			dst = append(dst, sib)
+		}
+	}
+	return dst
 }
 
 // handle runs a TLS client's handshake, dials the upstream for a new client

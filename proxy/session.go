@@ -56,6 +56,9 @@ type session struct {
 	saslDone    atomic.Bool
 
 	clientID  string                          // from the first request, for log lines
+	sibling   siblingKey                      // readLoop's: this client's key among the server's connections
+	joined    bool                            // readLoop's: clientID and sibling are set
+	produces  int                             // readLoop's: Produce requests read
 	scan      protocol.ProduceScanner         // readLoop's, reused
 	reduceBuf []byte                          // readLoop's, for reduced Produce requests
 	unqueued  *producePlan                    // readLoop's: decided, not yet queued
@@ -224,8 +227,10 @@ func (c *session) readLoop() {
 		}
 		api := m.api(h.APIKey)
 		api.requests.Inc()
-		if c.clientID == "" {
+		if !c.joined {
+			c.joined = true
 			c.clientID = protocol.ClientID(body, h)
+			c.s.joinSiblings(c)
 		}
 		if h.BodyOffset == 0 { // ApiVersions newer than the proxy knows
 			c.answerUnsupportedAPIVersions(h, start, api)
@@ -243,6 +248,7 @@ func (c *session) readLoop() {
 			}
 			// acks=0: the broker sends nothing back, so nothing is queued.
 			respond = acks != 0
+			c.produces++
 			c.warmRequest(h, body)
 			plan, err := c.planProduce(h, body, start)
 			if err != nil {

@@ -304,3 +304,38 @@ func (pn *planner) unreadFrom(conn, id uint64, self bool) int {
 	pn.metrics.legacyUnread.Add(float64(len(lost)))
 	return len(lost)
 }
+
+// siblingRequests: a connection's first Produce requests are also checked
+// against the batches in flight from the other connections of its client
+// (noteSiblingRetry).
+const siblingRequests = 16
+
+// noteSiblingRetry: librdkafka times a request out, reconnects and resends
+// its records before the proxy has read the old connection's close, and
+// the first batch it resends may already hold more than the original: the
+// original's records, then newer ones. A legacy batch of one of a new
+// connection's first requests that resends a batch still in flight from
+// another connection of the same client (sibs: same address and client id)
+// makes that connection suspected (planner.suspectGone): its batches in
+// flight make their partitions settle, so this request waits for them and
+// is then decided against their records (settle.go, resent.go).
+func (c *session) noteSiblingRetry(sibs []*session, k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader) {
+	pn := c.s.planner
+	first := protocol.FirstRecordHash(part.Records, bh)
+	if first == 0 {
+		return
+	}
+	var buf [legacyRingSize]legacyRef
+	for _, sib := range sibs {
+		if sib.suspected.Load() || sib.clientLeft.Load() {
+			continue // already settling what it left in flight
+		}
+		for _, r := range sib.legacyIDs.refs(buf[:0]) {
+			if r.first == first && r.topic == k.Topic && r.partition == k.Partition &&
+				pn.isResend(k, part, bh, r) && pn.legacy.InFlightFrom(r.id, sib.id) {
+				sib.suspectGone()
+				break
+			}
+		}
+	}
+}

@@ -126,7 +126,7 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 	if !reset() {
 		return
 	}
-	if pn.unread.live(time.Now()) {
+	if pn.unread.live(time.Now()) || c.produces <= siblingRequests {
 		c.noteRetries(h, sc)
 		if !reset() {
 			return
@@ -202,6 +202,10 @@ func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScan
 	}
 	now := time.Now()
 	found := 0
+	var sibs []*session
+	if c.produces <= siblingRequests {
+		sibs = c.s.siblingsOf(c, nil)
+	}
 	for sc.Next() {
 		part := sc.Partition()
 		var bh protocol.BatchHeader
@@ -212,7 +216,11 @@ func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScan
 		if !ok || pn.matchFor(topic) == MatchOff {
 			continue
 		}
-		found += pn.noteRetry(seqstate.Key{Topic: topic, Partition: part.Partition}, part, &bh, now)
+		k := seqstate.Key{Topic: topic, Partition: part.Partition}
+		found += pn.noteRetry(k, part, &bh, now)
+		if len(sibs) > 0 {
+			c.noteSiblingRetry(sibs, k, part, &bh)
+		}
 	}
 	return found
 }
