@@ -1,0 +1,181 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// requestFrame is a frame of n bytes, size prefix included, whose body
+// starts with b.
+func requestFrame(n int, b byte) []byte {
+	f := make([]byte, n)
+	binary.BigEndian.PutUint32(f, uint32(n-4))
+	f[4] = b
+	f[n-1] = b
+	return f
+}
+
+func readRequest(t *testing.T, rb *requestBuffer, frame []byte) []byte {
+	t.Helper()
+	body, err := rb.read(bufio.NewReader(bytes.NewReader(frame)), 100<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rb.frame(body); !bytes.Equal(got, frame) {
+		t.Fatalf("frame of %d bytes read back wrong", len(frame))
+	}
+	return body
+}
+
+// TestLargeRequestBufferReleased: a large request's buffer is held only
+// until release, then kept for the next large request (of any connection),
+// which reuses it; a small request uses the connection's own buffer and
+// holds no budget.
+func TestLargeRequestBufferReleased(t *testing.T) {
+	p := newRequestPool(16 << 20)
+	a, b := requestBuffer{pool: p}, requestBuffer{pool: p}
+
+	readRequest(t, &a, requestFrame(1000, 1))
+	if a.large != nil || p.held != 0 {
+		t.Fatalf("a small request took a pooled buffer (held %d)", p.held)
+	}
+	body := readRequest(t, &a, requestFrame(3<<20, 2))
+	if a.large == nil || p.held < 3<<20 {
+		t.Fatalf("a 3 MiB request holds %d bytes of budget", p.held)
+	}
+	first := unsafe.SliceData(body)
+	a.release()
+	if a.large != nil || p.held != 0 || len(p.idle) != 1 {
+		t.Fatalf("after release: large %v, held %d, %d idle", a.large != nil, p.held, len(p.idle))
+	}
+	body = readRequest(t, &b, requestFrame(3<<20-100, 3))
+	if unsafe.SliceData(body) != first {
+		t.Fatal("the next large request did not reuse the idle buffer")
+	}
+	b.release()
+	if p.held != 0 {
+		t.Fatalf("held %d after every release", p.held)
+	}
+}
+
+// TestLargeRequestBufferFreedBeyondBudget: a buffer that would take the
+// idle ones beyond the budget is not kept.
+func TestLargeRequestBufferFreedBeyondBudget(t *testing.T) {
+	p := newRequestPool(1 << 20)
+	rb := requestBuffer{pool: p}
+	readRequest(t, &rb, requestFrame(2<<20, 1)) // larger than the budget: alone
+	rb.release()
+	if len(p.idle) != 0 || p.held != 0 || p.idleBytes != 0 {
+		t.Fatalf("kept %d idle buffers (%d bytes), held %d", len(p.idle), p.idleBytes, p.held)
+	}
+	if p.overBudget != 0 {
+		t.Fatal("a request alone counted as over budget")
+	}
+}
+
+// TestLargeRequestTruncated: a large request cut short fails like a small
+// one, and its buffer still goes back.
+func TestLargeRequestTruncated(t *testing.T) {
+	p := newRequestPool(16 << 20)
+	rb := requestBuffer{pool: p}
+	frame := requestFrame(1<<20, 1)
+	_, err := rb.read(bufio.NewReader(bytes.NewReader(frame[:1000])), 100<<20, nil)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("err %v, want ErrUnexpectedEOF", err)
+	}
+	rb.release()
+	if p.held != 0 {
+		t.Fatalf("held %d after a failed read", p.held)
+	}
+}
+
+// waiting reports whether some get waits on p for budget.
+func (p *requestPool) waiting() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.released != nil
+}
+
+// TestRequestPoolBudget: a request that does not fit the budget waits
+// until one held is given back; the wait ends early when the connection
+// closes, or after maxWait, then over budget.
+func TestRequestPoolBudget(t *testing.T) {
+	const mb = 1 << 20
+	p := newRequestPool(3 * mb)
+	p.maxWait = time.Hour
+	buf, held, size := p.get(2*mb, nil)
+	if buf != nil || held != 2*mb || size != 2*mb {
+		t.Fatalf("first get: buf %v, held %d, size %d", buf != nil, held, size)
+	}
+	got := make(chan int)
+	go func() {
+		_, h, _ := p.get(2*mb, nil)
+		got <- h
+	}()
+	waitFor(t, 10*time.Second, "the second request to wait", p.waiting)
+	select {
+	case <-got:
+		t.Fatal("the second request went beyond the budget")
+	default:
+	}
+	p.put(newLarge(size), held)
+	h2 := <-got
+	if p.held != h2 || p.overBudget != 0 {
+		t.Fatalf("held %d, want %d; over budget %d", p.held, h2, p.overBudget)
+	}
+
+	// The connection closes while it waits.
+	done := make(chan struct{})
+	go func() {
+		_, h, _ := p.get(2*mb, done)
+		got <- h
+	}()
+	waitFor(t, 10*time.Second, "the third request to wait", p.waiting)
+	close(done)
+	h3 := <-got
+	if p.overBudget != 1 || p.held != h2+h3 {
+		t.Fatalf("after close: over budget %d, held %d", p.overBudget, p.held)
+	}
+	p.put(nil, h3)
+
+	// A request waits at most maxWait.
+	p.maxWait = time.Nanosecond
+	_, h4, _ := p.get(2*mb, nil)
+	if p.overBudget != 2 || p.held != h2+h4 {
+		t.Fatalf("after maxWait: over budget %d, held %d", p.overBudget, p.held)
+	}
+}
+
+// TestRequestPoolSizeWindow: buffers are made the size of the largest
+// recent request, and one outsized request stops counting after
+// sizeWindow others.
+func TestRequestPoolSizeWindow(t *testing.T) {
+	p := newRequestPool(256 << 20)
+	_, h, size := p.get(64<<20, nil)
+	p.put(nil, h)
+	if size < 64<<20 {
+		t.Fatalf("size %d for a 64 MiB request", size)
+	}
+	for range 2 * sizeWindow {
+		_, h, size = p.get(100<<10, nil)
+		p.put(nil, h)
+	}
+	if size != largeClass(100<<10) {
+		t.Fatalf("size %d after many 100 KiB requests, want %d", size, largeClass(100<<10))
+	}
+}
+
+func TestLargeClass(t *testing.T) {
+	for _, n := range []int{smallRequest + 1, 100 << 10, 1 << 20, 1<<20 + 1, 5_000_000, 100 << 20} {
+		c := largeClass(n)
+		if c < n || c > n+n/4+1 {
+			t.Errorf("largeClass(%d) = %d", n, c)
+		}
+	}
+}
