@@ -3,12 +3,17 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // requestFrame is a frame of n bytes, size prefix included, whose body
@@ -177,5 +182,77 @@ func TestLargeClass(t *testing.T) {
 		if c < n || c > n+n/4+1 {
 			t.Errorf("largeClass(%d) = %d", n, c)
 		}
+	}
+}
+
+// TestLargeProducesWithinBudget: franz-go producers whose requests each
+// take most of the budget, or more, write every record once through the
+// proxy, byte for byte; the budget is all given back once they are done.
+func TestLargeProducesWithinBudget(t *testing.T) {
+	const topic, producers, perProducer, size = "large", 3, 12, 300 << 10
+	c := newCluster(t, kfake.SeedTopics(3, topic))
+	p := startProxy(t, c, func(cfg *Config) { cfg.RequestMemory = 1 << 20 })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for i := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DefaultProduceTopic(topic),
+				kgo.ProducerLinger(20*time.Millisecond), kgo.ProducerBatchMaxBytes(1_000_000),
+				kgo.ProducerBatchCompression(kgo.NoCompression()))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer cl.Close()
+			recs := make([]*kgo.Record, perProducer)
+			for j := range recs {
+				v := bytes.Repeat([]byte{byte(i)}, size)
+				binary.BigEndian.PutUint32(v, uint32(j))
+				recs[j] = &kgo.Record{Value: v}
+			}
+			errs <- cl.ProduceSync(ctx, recs...).FirstErr()
+		}()
+	}
+	wg.Wait()
+	for range producers {
+		if err := <-errs; err != nil {
+			t.Fatalf("produce: %v", err)
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	seen := make(map[[2]uint32]bool)
+	for polls := 0; len(seen) < producers*perProducer && polls < 1000; polls++ {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("consumed %d of %d: %v", len(seen), producers*perProducer, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			key := [2]uint32{uint32(r.Value[size-1]), binary.BigEndian.Uint32(r.Value)}
+			if len(r.Value) != size || !bytes.Equal(r.Value[4:], bytes.Repeat(r.Value[size-1:], size-4)) || seen[key] {
+				t.Fatalf("record %v: %d bytes, seen before %v", key, len(r.Value), seen[key])
+			}
+			seen[key] = true
+		})
+	}
+	if len(seen) != producers*perProducer {
+		t.Fatalf("consumed %d of %d", len(seen), producers*perProducer)
+	}
+	pool := p.requestPool()
+	waitFor(t, 10*time.Second, "the budget to be given back", func() bool {
+		pool.mu.Lock()
+		defer pool.mu.Unlock()
+		return pool.held == 0
+	})
+	if pool.size < size {
+		t.Fatalf("the buffers of the last requests are %d bytes: the records did not take the large path", pool.size)
 	}
 }
