@@ -326,9 +326,12 @@ func (p *requestPool) get(n int, done <-chan struct{}) (buf []byte, held, size i
 			break
 		}
 	}
-	best := -1 // the smallest idle buffer that fits
+	// The smallest idle buffer that fits the request, and the budget: one
+	// kept from larger requests may not.
+	best := -1
 	for i, b := range p.idle {
-		if cap(b) >= n && (best < 0 || cap(b) < cap(p.idle[best])) {
+		fits := cap(b) >= n && (p.held == 0 || p.held+cap(b) <= p.budget)
+		if fits && (best < 0 || cap(b) < cap(p.idle[best])) {
 			best = i
 		}
 	}
