@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -108,6 +109,11 @@ type requestBuffer struct {
 	pool  *requestPool
 	large []byte // the request being handled, when it is large
 	held  int    // bytes of pool's budget it holds
+	// reading is when the large request's body last made progress (Unix
+	// ns), 0 once read: a waiter for budget demotes a holder whose client
+	// has stopped sending (requestPool.demoteStalled).
+	reading atomic.Int64
+	demoted bool // its bytes no longer count in the budget (under pool.mu)
 }
 
 const (
@@ -177,8 +183,7 @@ func bodyErr(err error, size int32) error {
 // readLarge reads a request of n bytes, its size prefix already in rb.buf,
 // into a buffer of the pool.
 func (rb *requestBuffer) readLarge(r *bufio.Reader, n int, done <-chan struct{}) ([]byte, error) {
-	buf, held, size := rb.pool.get(n, done)
-	rb.held = held
+	buf, size := rb.pool.get(rb, n, done)
 	if buf == nil {
 		buf = newLarge(size)
 	}
@@ -186,10 +191,13 @@ func (rb *requestBuffer) readLarge(r *bufio.Reader, n int, done <-chan struct{})
 	buf = buf[:cap(buf)]
 	copy(buf, rb.buf[:4])
 	have := 4
+	defer rb.reading.Store(0)
 	for {
 		// A buffer grows only as bytes arrive (its pages, for a mapped
 		// one): a peer that declares 100 MiB and sends 1 KiB pins little.
-		end := min(n, len(buf))
+		// Read in chunks, so that progress shows.
+		end := min(n, len(buf), have+readChunk)
+		rb.reading.Store(time.Now().UnixNano())
 		k, err := io.ReadFull(r, buf[have:end])
 		have += k
 		if err != nil {
@@ -198,12 +206,19 @@ func (rb *requestBuffer) readLarge(r *bufio.Reader, n int, done <-chan struct{})
 		if have == n {
 			return buf[4:n], nil
 		}
+		if have < len(buf) {
+			continue
+		}
 		grown := make([]byte, min(2*len(buf), size)) // size >= n
 		copy(grown, buf[:have])
 		buf = grown
 		rb.large = buf
 	}
 }
+
+// readChunk is how much of a large request's body readLarge reads before it
+// notes progress.
+const readChunk = 1 << 20
 
 // largeClass rounds a large request's size up to a quarter power of two
 // (at most 25% more), so that buffers fit requests of about the same size.
@@ -217,7 +232,7 @@ func largeClass(n int) int {
 // been forwarded and nothing refers to its bytes.
 func (rb *requestBuffer) release() {
 	if rb.large != nil {
-		rb.pool.put(rb.large, rb.held)
+		rb.pool.put(rb, rb.large)
 		rb.large, rb.held = nil, 0
 	}
 	if rb.small >= shrinkAfter {
@@ -233,9 +248,12 @@ func (rb *requestBuffer) release() {
 // A request that does not fit waits until others give bytes back; its
 // bytes stay in the kernel's socket buffers meanwhile, and TCP slows its
 // client. One larger than the whole budget goes when nothing else is held.
-// The wait is bounded (maxBudgetWait) so that a client stalling halfway
-// through a request cannot stall every other one: past it the request is
-// read over budget, as it would have been without one.
+// A client that stalls halfway through a request must not stall every other
+// one: a holder whose body has made no progress for stallAfter is demoted,
+// its bytes no longer counted, and the waiters go on. Holders that are
+// forwarding are waited for, since a slow broker is backpressure, but for
+// at most maxBudgetWait: past it the request is read over budget, as it
+// would have been without one.
 //
 // Where the platform allows (buffers_unix.go) the buffers are anonymous
 // memory mappings, outside the Go heap: the garbage collector neither scans
@@ -243,20 +261,23 @@ func (rb *requestBuffer) release() {
 // grow by as much again as the buffers held (GOGC=100), and a buffer's
 // pages cost memory only once bytes have been written to them.
 type requestPool struct {
-	budget  int           // bytes
-	maxWait time.Duration // maxBudgetWait; tests change it
+	budget     int           // bytes
+	maxWait    time.Duration // maxBudgetWait; tests change it
+	stallAfter time.Duration // stallAfter; tests change it
 
 	mu        sync.Mutex
 	held      int      // budget held by requests
 	idle      [][]byte // buffers given back, for the next requests
 	idleBytes int
-	released  chan struct{} // closed, and replaced, when bytes are given back
+	released  chan struct{}    // closed, and replaced, when bytes are given back
+	holders   []*requestBuffer // holding budget, for demoteStalled
 
 	size      int // capacity of the buffers made now
 	recentMax int // largest class of the requests since the window began
 	recent    int // requests since the window began
 
 	overBudget int // requests that stopped waiting and went over budget (tests)
+	demotions  int // holders demoted (tests)
 }
 
 // sizeWindow is how many large requests the size of new buffers follows:
@@ -264,11 +285,15 @@ type requestPool struct {
 const sizeWindow = 64
 
 // maxBudgetWait bounds a request's wait for budget: many times what the
-// largest requests take to be read and forwarded on a loaded machine.
-const maxBudgetWait = 100 * time.Millisecond
+// largest requests take to be forwarded on a loaded machine.
+const maxBudgetWait = 500 * time.Millisecond
+
+// stallAfter is how long a holder's client may send nothing of its request
+// before the holder is demoted; a waiter checks as often.
+const stallAfter = 100 * time.Millisecond
 
 func newRequestPool(budget int) *requestPool {
-	return &requestPool{budget: budget, maxWait: maxBudgetWait}
+	return &requestPool{budget: budget, maxWait: maxBudgetWait, stallAfter: stallAfter}
 }
 
 // requestPool returns the server's pool of large request buffers.
@@ -283,14 +308,15 @@ func (s *Server) requestPool() *requestPool {
 	return s.reqPool
 }
 
-// get reserves budget for a request of n bytes and returns an idle buffer
-// of capacity at least n, or nil and the capacity to make one with. held
-// is what put must give back.
-func (p *requestPool) get(n int, done <-chan struct{}) (buf []byte, held, size int) {
-	var timer *time.Timer
+// get reserves budget for rb's request of n bytes (rb.held) and returns an
+// idle buffer of capacity at least n, or nil and the capacity to make one
+// with. Give both back with put.
+func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf []byte, size int) {
+	var timer, tick *time.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+			tick.Stop()
 		}
 	}()
 	p.mu.Lock()
@@ -310,11 +336,14 @@ func (p *requestPool) get(n int, done <-chan struct{}) (buf []byte, held, size i
 		wake := p.released
 		p.mu.Unlock()
 		if timer == nil {
-			timer = time.NewTimer(p.maxWait)
+			timer, tick = time.NewTimer(p.maxWait), time.NewTimer(p.stallAfter)
 		}
-		over := false
+		over, check := false, false
 		select {
 		case <-wake:
+		case <-tick.C:
+			check = true
+			tick.Reset(p.stallAfter)
 		case <-timer.C:
 			over = true
 		case <-done:
@@ -324,6 +353,9 @@ func (p *requestPool) get(n int, done <-chan struct{}) (buf []byte, held, size i
 		if over {
 			p.overBudget++
 			break
+		}
+		if check {
+			p.demoteStalled(time.Now().UnixNano())
 		}
 	}
 	// The smallest idle buffer that fits the request, and the budget: one
@@ -335,14 +367,15 @@ func (p *requestPool) get(n int, done <-chan struct{}) (buf []byte, held, size i
 			best = i
 		}
 	}
+	held := p.size
 	if best >= 0 {
 		buf = p.idle[best]
 		p.removeIdle(best)
 		held = cap(buf)
-	} else {
-		held = p.size
 	}
 	p.held += held
+	rb.held, rb.demoted = held, false
+	p.holders = append(p.holders, rb)
 	// Idle buffers beyond the budget go, the smallest (the least likely
 	// to fit) first.
 	for len(p.idle) > 0 && p.held+p.idleBytes > p.budget {
@@ -354,15 +387,38 @@ func (p *requestPool) get(n int, done <-chan struct{}) (buf []byte, held, size i
 		}
 		freeLarge(p.removeIdle(small))
 	}
-	return buf, held, p.size
+	return buf, p.size
 }
 
-// put gives back held bytes of the budget and buf, which is kept for reuse
-// if it fits the budget and is not smaller than the buffers made now.
-func (p *requestPool) put(buf []byte, held int) {
+// demoteStalled stops counting the bytes of holders whose client has sent
+// nothing of their request since stallAfter before now.
+func (p *requestPool) demoteStalled(now int64) {
+	for _, h := range p.holders {
+		if at := h.reading.Load(); at != 0 && !h.demoted && now-at >= int64(p.stallAfter) {
+			h.demoted = true
+			p.held -= h.held
+			p.demotions++
+		}
+	}
+}
+
+// put gives back rb's budget and buf, which is kept for reuse if it fits
+// the budget and is not smaller than the buffers made now.
+func (p *requestPool) put(rb *requestBuffer, buf []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.held -= held
+	if !rb.demoted {
+		p.held -= rb.held
+	}
+	rb.demoted = false
+	for i, h := range p.holders {
+		if h == rb {
+			p.holders[i] = p.holders[len(p.holders)-1]
+			p.holders[len(p.holders)-1] = nil
+			p.holders = p.holders[:len(p.holders)-1]
+			break
+		}
+	}
 	if cap(buf) >= p.size && p.held+p.idleBytes+cap(buf) <= p.budget {
 		p.idle = append(p.idle, buf[:0])
 		p.idleBytes += cap(buf)

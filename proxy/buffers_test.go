@@ -114,14 +114,16 @@ func TestRequestPoolBudget(t *testing.T) {
 	const mb = 1 << 20
 	p := newRequestPool(3 * mb)
 	p.maxWait = time.Hour
-	buf, held, size := p.get(2*mb, nil)
-	if buf != nil || held != 2*mb || size != 2*mb {
-		t.Fatalf("first get: buf %v, held %d, size %d", buf != nil, held, size)
+	a := &requestBuffer{pool: p}
+	buf, size := p.get(a, 2*mb, nil)
+	if buf != nil || a.held != 2*mb || size != 2*mb {
+		t.Fatalf("first get: buf %v, held %d, size %d", buf != nil, a.held, size)
 	}
-	got := make(chan int)
+	b := &requestBuffer{pool: p}
+	got := make(chan struct{})
 	go func() {
-		_, h, _ := p.get(2*mb, nil)
-		got <- h
+		p.get(b, 2*mb, nil)
+		got <- struct{}{}
 	}()
 	waitFor(t, 10*time.Second, "the second request to wait", p.waiting)
 	select {
@@ -129,31 +131,70 @@ func TestRequestPoolBudget(t *testing.T) {
 		t.Fatal("the second request went beyond the budget")
 	default:
 	}
-	p.put(newLarge(size), held)
-	h2 := <-got
-	if p.held != h2 || p.overBudget != 0 {
-		t.Fatalf("held %d, want %d; over budget %d", p.held, h2, p.overBudget)
+	p.put(a, newLarge(size))
+	<-got
+	if p.held != b.held || p.overBudget != 0 {
+		t.Fatalf("held %d, want %d; over budget %d", p.held, b.held, p.overBudget)
 	}
 
 	// The connection closes while it waits.
+	c := &requestBuffer{pool: p}
 	done := make(chan struct{})
 	go func() {
-		_, h, _ := p.get(2*mb, done)
-		got <- h
+		p.get(c, 2*mb, done)
+		got <- struct{}{}
 	}()
 	waitFor(t, 10*time.Second, "the third request to wait", p.waiting)
 	close(done)
-	h3 := <-got
-	if p.overBudget != 1 || p.held != h2+h3 {
+	<-got
+	if p.overBudget != 1 || p.held != b.held+c.held {
 		t.Fatalf("after close: over budget %d, held %d", p.overBudget, p.held)
 	}
-	p.put(nil, h3)
+	p.put(c, nil)
 
 	// A request waits at most maxWait.
+	d := &requestBuffer{pool: p}
 	p.maxWait = time.Nanosecond
-	_, h4, _ := p.get(2*mb, nil)
-	if p.overBudget != 2 || p.held != h2+h4 {
+	p.get(d, 2*mb, nil)
+	if p.overBudget != 2 || p.held != b.held+d.held {
 		t.Fatalf("after maxWait: over budget %d, held %d", p.overBudget, p.held)
+	}
+}
+
+// TestRequestPoolDemotesStalledReader: a client that sends half of a large
+// request and stops does not hold up the others: a waiter demotes its
+// buffer's holder (its bytes stop counting) instead of waiting; when the
+// stalled request completes after all, the budget is not given back twice.
+func TestRequestPoolDemotesStalledReader(t *testing.T) {
+	const mb = 1 << 20
+	p := newRequestPool(3 * mb)
+	p.maxWait, p.stallAfter = time.Hour, time.Millisecond
+	frame := requestFrame(2*mb, 1)
+	cr, cw := io.Pipe()
+	stalled := requestBuffer{pool: p}
+	read := make(chan error, 1)
+	go func() {
+		_, err := stalled.read(bufio.NewReader(cr), 100<<20, nil)
+		read <- err
+	}()
+	if _, err := cw.Write(frame[:mb]); err != nil { // then nothing
+		t.Fatal(err)
+	}
+	other := &requestBuffer{pool: p}
+	p.get(other, 2*mb, nil) // would wait for ever without the demotion
+	if p.overBudget != 0 || p.demotions != 1 || p.held != other.held {
+		t.Fatalf("over budget %d, demotions %d, held %d (want %d)", p.overBudget, p.demotions, p.held, other.held)
+	}
+	if _, err := cw.Write(frame[mb:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	stalled.release()
+	p.put(other, nil)
+	if p.held != 0 {
+		t.Fatalf("held %d once both are given back", p.held)
 	}
 }
 
@@ -162,14 +203,15 @@ func TestRequestPoolBudget(t *testing.T) {
 // sizeWindow others.
 func TestRequestPoolSizeWindow(t *testing.T) {
 	p := newRequestPool(256 << 20)
-	_, h, size := p.get(64<<20, nil)
-	p.put(nil, h)
+	rb := &requestBuffer{pool: p}
+	_, size := p.get(rb, 64<<20, nil)
+	p.put(rb, nil)
 	if size < 64<<20 {
 		t.Fatalf("size %d for a 64 MiB request", size)
 	}
 	for range 2 * sizeWindow {
-		_, h, size = p.get(100<<10, nil)
-		p.put(nil, h)
+		_, size = p.get(rb, 100<<10, nil)
+		p.put(rb, nil)
 	}
 	if size != largeClass(100<<10) {
 		t.Fatalf("size %d after many 100 KiB requests, want %d", size, largeClass(100<<10))

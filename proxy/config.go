@@ -78,9 +78,9 @@ type Config struct {
 	// buffers of requests larger than 64 KiB (in practice Produce requests,
 	// which the proxy reads whole to decide them) while they are read and
 	// forwarded, plus idle buffers kept for the next ones. A request that
-	// does not fit waits, for at most 100 ms, until others have been
-	// forwarded (TCP holds its bytes meanwhile); one larger than the budget
-	// goes alone. Default 8 MiB: a few of the largest requests common
+	// does not fit waits until others have been forwarded (TCP holds its
+	// bytes meanwhile), for at most 500 ms, and not behind a client that has
+	// stopped sending its request; one larger than the budget goes alone. Default 8 MiB: a few of the largest requests common
 	// clients send (1 MB by default, several MB for franz-go).
 	RequestMemory int `yaml:"request_memory"`
 
