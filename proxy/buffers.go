@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"math/bits"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
@@ -91,44 +94,348 @@ func readPooledFrame(r io.Reader, maxSize int32) (bp *[]byte, body []byte, err e
 	return bp, frame[4:], nil
 }
 
-// requestBuffer is readLoop's one reused read buffer. It grows to the
-// largest request and shrinks back once requests have been much smaller for
-// a while (nats' readLoop does the same), so a producer sending large
-// batches does not allocate and zero a new buffer per request, and one
-// outsized request does not pin memory for the connection's life.
+// requestBuffer is readLoop's read buffer. Requests up to smallRequest
+// bytes go to the connection's own buffer, reused; it grows to the largest
+// of them and shrinks back once requests have been much smaller for a while
+// (nats' readLoop does the same). A larger request, in practice a Produce of
+// several MB that the proxy must hold whole to decide it, takes a buffer
+// from the server's requestPool and gives it back as soon as it has been
+// forwarded (release): idle connections pin no large buffer, and the bytes
+// held across connections have a budget.
 type requestBuffer struct {
 	buf   []byte
 	small int // consecutive requests under a quarter of cap(buf)
+
+	pool  *requestPool
+	large []byte // the request being handled, when it is large
+	held  int    // bytes of pool's budget it holds
+	// reading is when the large request's body last made progress (Unix
+	// ns), 0 once read: a waiter for budget demotes a holder whose client
+	// has stopped sending (requestPool.demoteStalled).
+	reading atomic.Int64
+	demoted bool // its bytes no longer count in the budget (under pool.mu)
 }
 
 const (
 	requestBufferStart = 4 << 10
 	shrinkAfter        = 64
+	// smallRequest is the largest request read into the connection's own
+	// buffer: every request but a big Produce.
+	smallRequest = 64 << 10
 )
 
-func (rb *requestBuffer) read(r io.Reader, maxSize int32) ([]byte, error) {
+// read reads one request frame and returns its body; the whole frame is
+// frame(body). Call release once the request's bytes are no longer needed.
+// done is closed when the connection closes: a wait for budget ends.
+func (rb *requestBuffer) read(r *bufio.Reader, maxSize int32, done <-chan struct{}) ([]byte, error) {
 	if rb.buf == nil {
 		rb.buf = make([]byte, requestBufferStart)
 	}
-	body, buf, err := protocol.ReadFrame(r, rb.buf, maxSize, protocol.RequestMinSize)
-	rb.buf = buf
+	if _, err := io.ReadFull(r, rb.buf[:4]); err != nil {
+		return nil, err
+	}
+	size, err := protocol.CheckSize(rb.buf[:4], maxSize, protocol.RequestMinSize)
 	if err != nil {
 		return nil, err
 	}
+	n := 4 + int(size)
+	if n > smallRequest {
+		return rb.readLarge(r, n, done)
+	}
+	if n > cap(rb.buf) {
+		// Doubled, not sized to n, so requests of slowly rising size do
+		// not reallocate each time. n is at most smallRequest here: a size
+		// prefix alone cannot make it pin much.
+		grown := make([]byte, max(n, min(2*cap(rb.buf), smallRequest)))
+		copy(grown, rb.buf[:4])
+		rb.buf = grown
+	}
+	rb.buf = rb.buf[:cap(rb.buf)]
+	if _, err := io.ReadFull(r, rb.buf[4:n]); err != nil {
+		return nil, bodyErr(err, size)
+	}
 	if cap(rb.buf) > requestBufferStart {
-		if 4+len(body) < cap(rb.buf)/4 {
+		if n < cap(rb.buf)/4 {
 			rb.small++
 		} else {
 			rb.small = 0
 		}
 	}
-	return body, nil
+	return rb.buf[4:n], nil
 }
 
-// maybeShrink drops an oversized buffer after many small requests. Call it
-// only once the previous request's bytes are no longer needed.
-func (rb *requestBuffer) maybeShrink() {
+// frame returns the whole frame, size prefix included, of the request
+// whose body read returned.
+func (rb *requestBuffer) frame(body []byte) []byte {
+	if rb.large != nil {
+		return rb.large[:4+len(body)]
+	}
+	return rb.buf[:4+len(body)]
+}
+
+func bodyErr(err error, size int32) error {
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("read frame body of %d bytes: %w", size, err)
+}
+
+// readLarge reads a request of n bytes, its size prefix already in rb.buf,
+// into a buffer of the pool.
+func (rb *requestBuffer) readLarge(r *bufio.Reader, n int, done <-chan struct{}) ([]byte, error) {
+	buf, size := rb.pool.get(rb, n, done)
+	if buf == nil {
+		buf = newLarge(size)
+	}
+	rb.large = buf
+	buf = buf[:cap(buf)]
+	copy(buf, rb.buf[:4])
+	have := 4
+	defer rb.reading.Store(0)
+	for {
+		// A buffer grows only as bytes arrive (its pages, for a mapped
+		// one): a peer that declares 100 MiB and sends 1 KiB pins little.
+		// Read in chunks, so that progress shows.
+		end := min(n, len(buf), have+readChunk)
+		rb.reading.Store(time.Now().UnixNano())
+		k, err := io.ReadFull(r, buf[have:end])
+		have += k
+		if err != nil {
+			return nil, bodyErr(err, int32(n-4))
+		}
+		if have == n {
+			return buf[4:n], nil
+		}
+		if have < len(buf) {
+			continue
+		}
+		grown := make([]byte, min(2*len(buf), size)) // size >= n
+		copy(grown, buf[:have])
+		buf = grown
+		rb.large = buf
+	}
+}
+
+// readChunk is how much of a large request's body readLarge reads before it
+// notes progress.
+const readChunk = 1 << 20
+
+// largeClass rounds a large request's size up to a quarter power of two
+// (at most 25% more), so that buffers fit requests of about the same size.
+func largeClass(n int) int {
+	step := 1 << (bits.Len(uint(n-1)) - 3)
+	return (n + step - 1) &^ (step - 1)
+}
+
+// release gives a large request's buffer back, and drops an oversized own
+// buffer after many small requests. Call it once the request read last has
+// been forwarded and nothing refers to its bytes.
+func (rb *requestBuffer) release() {
+	if rb.large != nil {
+		rb.pool.put(rb, rb.large)
+		rb.large, rb.held = nil, 0
+	}
 	if rb.small >= shrinkAfter {
 		rb.buf, rb.small = make([]byte, requestBufferStart), 0
 	}
+}
+
+// requestPool holds the buffers of large requests (see requestBuffer) for
+// all of a server's connections, within a budget of bytes (Config
+// RequestMemory): those of requests being read or forwarded, plus idle
+// buffers kept for the next ones.
+//
+// A request that does not fit waits until others give bytes back; its
+// bytes stay in the kernel's socket buffers meanwhile, and TCP slows its
+// client. One larger than the whole budget goes when nothing else is held.
+// A client that stalls halfway through a request must not stall every other
+// one: a holder whose body has made no progress for stallAfter is demoted,
+// its bytes no longer counted, and the waiters go on. Holders that are
+// forwarding are waited for, since a slow broker is backpressure, but for
+// at most maxBudgetWait: past it the request is read over budget, as it
+// would have been without one.
+//
+// Where the platform allows (buffers_unix.go) the buffers are anonymous
+// memory mappings, outside the Go heap: the garbage collector neither scans
+// them nor counts them in its heap goal, which would otherwise let the heap
+// grow by as much again as the buffers held (GOGC=100), and a buffer's
+// pages cost memory only once bytes have been written to them.
+type requestPool struct {
+	budget     int           // bytes
+	maxWait    time.Duration // maxBudgetWait; tests change it
+	stallAfter time.Duration // stallAfter; tests change it
+
+	mu        sync.Mutex
+	held      int      // budget held by requests
+	idle      [][]byte // buffers given back, for the next requests
+	idleBytes int
+	released  chan struct{}    // closed, and replaced, when bytes are given back
+	holders   []*requestBuffer // holding budget, for demoteStalled
+
+	size      int // capacity of the buffers made now
+	recentMax int // largest class of the requests since the window began
+	recent    int // requests since the window began
+
+	overBudget int // requests that stopped waiting and went over budget (tests)
+	demotions  int // holders demoted (tests)
+}
+
+// sizeWindow is how many large requests the size of new buffers follows:
+// one outsized request makes them larger only for this many.
+const sizeWindow = 64
+
+// maxBudgetWait bounds a request's wait for budget: many times what the
+// largest requests take to be forwarded on a loaded machine.
+const maxBudgetWait = 500 * time.Millisecond
+
+// stallAfter is how long a holder's client may send nothing of its request
+// before the holder is demoted; a waiter checks as often.
+const stallAfter = 100 * time.Millisecond
+
+func newRequestPool(budget int) *requestPool {
+	return &requestPool{budget: budget, maxWait: maxBudgetWait, stallAfter: stallAfter}
+}
+
+// requestPool returns the server's pool of large request buffers.
+func (s *Server) requestPool() *requestPool {
+	s.reqPoolOnce.Do(func() {
+		budget := s.Config.RequestMemory
+		if budget <= 0 { // a Config that skipped EnsureDefaults
+			budget = DefaultRequestMemory
+		}
+		s.reqPool = newRequestPool(budget)
+	})
+	return s.reqPool
+}
+
+// get reserves budget for rb's request of n bytes (rb.held) and returns an
+// idle buffer of capacity at least n, or nil and the capacity to make one
+// with. Give both back with put.
+func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf []byte, size int) {
+	var timer, tick *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+			tick.Stop()
+		}
+	}()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// Buffers are made the size of the largest recent request, so that
+	// each one kept fits the next request whatever its size; buffers sized
+	// to each request would seldom fit the next one, and be made again.
+	c := largeClass(n)
+	p.size, p.recentMax = max(p.size, c), max(p.recentMax, c)
+	if p.recent++; p.recent == sizeWindow {
+		p.size, p.recentMax, p.recent = p.recentMax, 0, 0
+	}
+	for p.held > 0 && p.held+p.size > p.budget {
+		if p.released == nil {
+			p.released = make(chan struct{})
+		}
+		wake := p.released
+		p.mu.Unlock()
+		if timer == nil {
+			timer, tick = time.NewTimer(p.maxWait), time.NewTimer(p.stallAfter)
+		}
+		over, check := false, false
+		select {
+		case <-wake:
+		case <-tick.C:
+			check = true
+			tick.Reset(p.stallAfter)
+		case <-timer.C:
+			over = true
+		case <-done:
+			over = true
+		}
+		p.mu.Lock()
+		if over {
+			p.overBudget++
+			break
+		}
+		if check {
+			p.demoteStalled(time.Now().UnixNano())
+		}
+	}
+	// The smallest idle buffer that fits the request, and the budget: one
+	// kept from larger requests may not.
+	best := -1
+	for i, b := range p.idle {
+		fits := cap(b) >= n && (p.held == 0 || p.held+cap(b) <= p.budget)
+		if fits && (best < 0 || cap(b) < cap(p.idle[best])) {
+			best = i
+		}
+	}
+	held := p.size
+	if best >= 0 {
+		buf = p.idle[best]
+		p.removeIdle(best)
+		held = cap(buf)
+	}
+	p.held += held
+	rb.held, rb.demoted = held, false
+	p.holders = append(p.holders, rb)
+	// Idle buffers beyond the budget go, the smallest (the least likely
+	// to fit) first.
+	for len(p.idle) > 0 && p.held+p.idleBytes > p.budget {
+		small := 0
+		for i, b := range p.idle {
+			if cap(b) < cap(p.idle[small]) {
+				small = i
+			}
+		}
+		freeLarge(p.removeIdle(small))
+	}
+	return buf, p.size
+}
+
+// demoteStalled stops counting the bytes of holders whose client has sent
+// nothing of their request since stallAfter before now.
+func (p *requestPool) demoteStalled(now int64) {
+	for _, h := range p.holders {
+		if at := h.reading.Load(); at != 0 && !h.demoted && now-at >= int64(p.stallAfter) {
+			h.demoted = true
+			p.held -= h.held
+			p.demotions++
+		}
+	}
+}
+
+// put gives back rb's budget and buf, which is kept for reuse if it fits
+// the budget and is not smaller than the buffers made now.
+func (p *requestPool) put(rb *requestBuffer, buf []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !rb.demoted {
+		p.held -= rb.held
+	}
+	rb.demoted = false
+	for i, h := range p.holders {
+		if h == rb {
+			p.holders[i] = p.holders[len(p.holders)-1]
+			p.holders[len(p.holders)-1] = nil
+			p.holders = p.holders[:len(p.holders)-1]
+			break
+		}
+	}
+	if cap(buf) >= p.size && p.held+p.idleBytes+cap(buf) <= p.budget {
+		p.idle = append(p.idle, buf[:0])
+		p.idleBytes += cap(buf)
+	} else {
+		freeLarge(buf)
+	}
+	if p.released != nil {
+		close(p.released)
+		p.released = nil
+	}
+}
+
+func (p *requestPool) removeIdle(i int) []byte {
+	b := p.idle[i]
+	p.idleBytes -= cap(b)
+	p.idle[i] = p.idle[len(p.idle)-1]
+	p.idle[len(p.idle)-1] = nil
+	p.idle = p.idle[:len(p.idle)-1]
+	return b
 }

@@ -74,6 +74,16 @@ type Config struct {
 	// Kafka's socket.request.max.bytes.
 	MaxFrameBytes int32 `yaml:"max_frame_bytes"`
 
+	// RequestMemory is the budget, in bytes over all connections, for the
+	// buffers of requests larger than 64 KiB (in practice Produce requests,
+	// which the proxy reads whole to decide them) while they are read and
+	// forwarded, plus idle buffers kept for the next ones. A request that
+	// does not fit waits until others have been forwarded (TCP holds its
+	// bytes meanwhile), for at most 500 ms, and not behind a client that has
+	// stopped sending its request; one larger than the budget goes alone. Default 8 MiB: a few of the largest requests common
+	// clients send (1 MB by default, several MB for franz-go).
+	RequestMemory int `yaml:"request_memory"`
+
 	// MaxInflight caps the requests of one client connection awaiting their
 	// response; when reached the proxy stops reading from that client
 	// (backpressure). Default 256.
@@ -350,6 +360,7 @@ const (
 	DefaultListen         = "127.0.0.1:9092"
 	DefaultAdmin          = "127.0.0.1:9080"
 	DefaultMaxInflight    = 256
+	DefaultRequestMemory  = 8 << 20
 	DefaultMaxConnections = 10000
 	DefaultDialTimeout    = 10 * time.Second
 	DefaultIdleTimeout    = 10 * time.Minute
@@ -375,6 +386,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxInflight == 0 {
 		c.MaxInflight = DefaultMaxInflight
+	}
+	if c.RequestMemory == 0 {
+		c.RequestMemory = DefaultRequestMemory
 	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
@@ -545,6 +559,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxFrameBytes < 1024 {
 		return bad("max_frame_bytes %d is below 1024", c.MaxFrameBytes)
+	}
+	if c.RequestMemory < 0 {
+		return bad("request_memory %d is negative", c.RequestMemory)
 	}
 	if c.MaxInflight < 1 {
 		return bad("max_inflight %d must be at least 1", c.MaxInflight)

@@ -75,6 +75,9 @@ type Server struct {
 
 	refusals refusalLog // connections refused for a limit, logged sparingly
 
+	reqPool     *requestPool // large requests' buffers (buffers.go), made on first use
+	reqPoolOnce sync.Once
+
 	// mu guards the fields below, and makes "not closing" and registering
 	// a listener, a session or a goroutine one step, so that nothing
 	// starts after Shutdown took its snapshot.

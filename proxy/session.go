@@ -199,25 +199,26 @@ func (c *session) readLoop() {
 
 	cfg := &c.s.Config
 	m := c.s.Metrics
-	var rb requestBuffer
+	rb := requestBuffer{pool: c.s.requestPool()}
+	defer rb.release()
 	// Buffered reads take a small request's size prefix and body, and often
 	// the next request too, in one syscall; large bodies bypass the buffer.
 	client := bufio.NewReaderSize(c.client, readBufferSize)
 	for {
-		rb.maybeShrink()
+		rb.release() // the previous request has been forwarded
 		if cfg.IdleTimeout > 0 {
 			c.client.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
 		}
 		if c.stopping.Load() { // after the deadline, so Shutdown's wins (see stopReading)
 			return
 		}
-		body, err := rb.read(client, cfg.MaxFrameBytes)
+		body, err := rb.read(client, cfg.MaxFrameBytes, c.closed)
 		if err != nil {
 			c.readFailed(err)
 			return
 		}
 		start := time.Now()
-		frame := rb.buf[:4+len(body)]
+		frame := rb.frame(body)
 		m.ClientReadBytes.Add(float64(len(frame)))
 		h, err := protocol.ParseRequestHeader(body)
 		if err != nil {

@@ -17,7 +17,7 @@ import (
 // Keys are kept as 128-bit hashes, computed by the caller with the topic
 // mixed in; two different keys collide with probability about 2^-128. Like
 // the other tables it reads no clock and allocates nothing per key once
-// sized.
+// sized; it starts empty and grows toward MaxKeys on demand (lazyRing).
 type KeyTable struct {
 	shards    []keyShard
 	layout    ringLayout
@@ -38,7 +38,8 @@ type KeyConfig struct {
 }
 
 const (
-	// DefaultMaxKeys is KeyConfig.MaxKeys's default: about 40 MiB full.
+	// DefaultMaxKeys is KeyConfig.MaxKeys's default: about 40 MiB full,
+	// allocated as keys arrive.
 	DefaultMaxKeys = 1 << 20
 	// DefaultKeyTTL is KeyConfig.TTL's default.
 	DefaultKeyTTL = 24 * time.Hour
@@ -73,7 +74,7 @@ func NewKeyTable(cfg KeyConfig) (*KeyTable, error) {
 	}
 	t := &KeyTable{shards: make([]keyShard, l.shards), layout: l, ttl: int64(cfg.TTL)}
 	for i := range t.shards {
-		t.shards[i].init(l.per)
+		t.shards[i].initLazy()
 	}
 	return t, nil
 }
@@ -140,7 +141,7 @@ func (t *KeyTable) Commit(lo, hi uint64, offset int64, now time.Time) {
 		}
 		s.forget(id)
 	}
-	if old, ok := s.push(id, keyEntry{hi: hi, offset: offset, seen: ns}); ok && ns-old.seen < t.ttl {
+	if old, ok := s.pushGrow(id, keyEntry{hi: hi, offset: offset, seen: ns}, t.layout.per); ok && ns-old.seen < t.ttl {
 		t.evictions.Add(1)
 	}
 }

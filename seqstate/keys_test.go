@@ -73,3 +73,33 @@ func TestKeyTableTake(t *testing.T) {
 		t.Fatalf("%v allocations", n)
 	}
 }
+
+// TestKeyTableLazy: a new table takes nothing for its cap (DefaultMaxKeys
+// is about 40 MiB full) and grows only to it.
+func TestKeyTableLazy(t *testing.T) {
+	kt, err := NewKeyTable(KeyConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1700000000, 0)
+	if _, ok := kt.Lookup(1, 2, now); ok {
+		t.Fatal("found a key in an empty table")
+	}
+	for i := range kt.shards {
+		if kt.shards[i].ring != nil {
+			t.Fatalf("shard %d sized before its first key", i)
+		}
+	}
+	kt, err = NewKeyTable(KeyConfig{MaxKeys: 512, TTL: time.Hour, Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 5000; i++ {
+		kt.Commit(i*0x9e3779b97f4a7c15, i, int64(i), now)
+	}
+	for i := range kt.shards {
+		if n := len(kt.shards[i].ring); n != 256 {
+			t.Fatalf("shard %d holds %d slots, want 256", i, n)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package seqstate
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +34,10 @@ import (
 //   - anything else is new.
 //
 // Like Table it is deterministic, reads no clock (time is an argument) and
-// allocates nothing per batch once its shards are sized.
+// allocates nothing per batch once its shards are sized. Its shards start
+// empty and grow toward their share of MaxIdentities as batches arrive
+// (lazyRing), so a proxy whose producers are all idempotent never pays for
+// it.
 
 // LegacyDecision is what the LegacyTable concludes about a legacy batch.
 //
@@ -108,7 +112,8 @@ type LegacyConfig struct {
 
 const (
 	// DefaultMaxIdentities bounds the LegacyTable when
-	// LegacyConfig.MaxIdentities is zero: about 16 MiB at ~64 B each.
+	// LegacyConfig.MaxIdentities is zero: about 16 MiB at ~64 B each,
+	// once that many batches have been seen (the table grows on demand).
 	DefaultMaxIdentities = 1 << 18
 	// DefaultLegacyWindow is LegacyConfig.Window's default.
 	DefaultLegacyWindow = 2 * time.Minute
@@ -168,7 +173,7 @@ func NewLegacyTable(cfg LegacyConfig) (*LegacyTable, error) {
 	}
 	t := &LegacyTable{shards: make([]legacyShard, l.shards), layout: l, window: int64(cfg.Window)}
 	for i := range t.shards {
-		t.shards[i].init(l.per)
+		t.shards[i].initLazy()
 	}
 	return t, nil
 }
@@ -205,7 +210,7 @@ func (s *legacyShard) lookup(id uint64, now, window int64) *legacyEntry {
 // ringIndex.push). An entry still in flight can be forgotten too: its
 // Commit or Release then finds nothing, which only loses a possible dedup.
 func (t *LegacyTable) insert(s *legacyShard, id uint64, e legacyEntry) {
-	if old, ok := s.push(id, e); ok && e.seen-old.seen < t.window {
+	if old, ok := s.pushGrow(id, e, t.layout.per); ok && e.seen-old.seen < t.window {
 		t.evictions.Add(1)
 	}
 }
@@ -419,3 +424,64 @@ func (t *LegacyTable) Len() int {
 // Evictions returns how many batches were forgotten before their window
 // ended because the table was full.
 func (t *LegacyTable) Evictions() uint64 { return t.evictions.Load() }
+
+// A lazy ring is a ringIndex that starts with no storage and grows toward
+// its capacity, so the tables that size one per shard from a cap (LegacyTable,
+// KeyTable: tens of MiB at their defaults) cost nothing until used and then
+// only what they hold. Growth happens only where the ring would first wrap,
+// when every slot below head has been written in order: doubling it there
+// and carrying on at the old length puts each entry in the slot a full-sized
+// ring would have, so what is forgotten, and when, is unchanged.
+//
+// These helpers reach into ringIndex's fields; they belong in ring.go and
+// live here only while that file is being changed elsewhere.
+
+// lazyRingStart is a lazy ring's first size (capped by its capacity).
+const lazyRingStart = 64
+
+// emptyRingIndex is the index of a lazy ring before its first push: one
+// empty word, so lookups and forget find nothing without a nil check. It is
+// never written: push is only reached through pushGrow, which sizes the
+// ring first, and del only after a find succeeded.
+var emptyRingIndex = []uint32{0}
+
+// initLazy makes r an empty lazy ring.
+func (r *ringIndex[E]) initLazy() {
+	*r = ringIndex[E]{index: emptyRingIndex}
+}
+
+// pushGrow is push on a lazy ring of the given capacity.
+func (r *ringIndex[E]) pushGrow(id uint64, e E, capacity int) (old E, evicted bool) {
+	if r.ring == nil {
+		r.init(min(lazyRingStart, capacity))
+	}
+	old, evicted = r.push(id, e)
+	if r.head == 0 && len(r.ring) < capacity {
+		r.grow(min(2*len(r.ring), capacity))
+	}
+	return old, evicted
+}
+
+// grow resizes a ring whose head has just wrapped to capacity slots, and
+// moves head to the first new slot.
+func (r *ringIndex[E]) grow(capacity int) {
+	head := len(r.ring)
+	ring := make([]E, capacity)
+	copy(ring, r.ring)
+	ids := make([]uint64, capacity)
+	copy(ids, r.ids)
+	size := 1 << bits.Len(uint(2*capacity-1)) // at most half full, as init
+	r.index, r.mask = make([]uint32, size), uint32(size-1)
+	r.ring, r.ids = ring, ids
+	for slot, id := range ids[:head] {
+		if id == 0 {
+			continue
+		}
+		i := r.home(id)
+		for r.index[i] != 0 {
+			i = (i + 1) & r.mask
+		}
+		r.index[i] = uint32(slot) + 1
+	}
+	r.head = uint32(head)
+}

@@ -91,6 +91,9 @@ func TestLegacyNoAllocs(t *testing.T) {
 	lt := newLegacy(t, LegacyConfig{MaxIdentities: 1 << 12})
 	now := time.Unix(1700000000, 0)
 	id := uint64(1)
+	for ; id < 1<<13; id++ { // grown to its cap (lazyRing)
+		lt.Check(id, 0, 1, now)
+	}
 	allocs := testing.AllocsPerRun(10000, func() {
 		id++
 		sinkLegacy = lt.Check(id, 0, 1, now)
@@ -188,5 +191,97 @@ func TestLegacyOrphanLeavesInFlight(t *testing.T) {
 	lt.Orphan(3, []uint64{id}, nil)
 	if r := lt.Check(id, 2, 4, now); r.Decision != LegacyDuplicate || r.BaseOffset != -1 {
 		t.Fatalf("moved retry after the connection's orphan: %+v", r)
+	}
+}
+
+// TestLegacyLazy: a new table allocates nothing for its cap, answers every
+// call on an empty shard, and once used grows only as far as its cap.
+func TestLegacyLazy(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	lt := newLegacy(t, LegacyConfig{}) // DefaultMaxIdentities: ~16 MiB full
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapInuse) - int64(before.HeapInuse); grew > 256<<10 {
+		t.Errorf("a new table takes %d KiB of heap", grew>>10)
+	}
+	now := time.Unix(1700000000, 0)
+	if n := testing.AllocsPerRun(100, func() {
+		lt.Commit(5, 1, 0, 0, now)
+		lt.Release(5, 1)
+		lt.Disown(5, 1)
+		lt.Adopt(5, 1, now)
+		lt.InFlightFrom(5, 1)
+		lt.MatchRetry(5, 0, 1, now)
+		lt.Orphan(1, []uint64{5}, nil)
+	}); n != 0 {
+		t.Errorf("%v allocations on an empty table", n)
+	}
+	for i := range lt.shards {
+		if lt.shards[i].ring != nil {
+			t.Fatalf("shard %d sized before its first batch", i)
+		}
+	}
+	runtime.KeepAlive(lt)
+
+	const max, shards = 1000, 4
+	lt = newLegacy(t, LegacyConfig{MaxIdentities: max, Shards: shards})
+	for id := uint64(1); id <= 10*max; id++ {
+		lt.Check(id*0x9e3779b97f4a7c15, 0, 1, now)
+	}
+	for i := range lt.shards {
+		if n := len(lt.shards[i].ring); n != max/shards {
+			t.Fatalf("shard %d holds %d slots, want its share %d", i, n, max/shards)
+		}
+	}
+	if n := lt.Len(); n > max {
+		t.Fatalf("%d identities kept, cap %d", n, max)
+	}
+}
+
+// TestLazyRingMatchesFullRing: a ring grown on demand keeps every entry in
+// the slot a ring sized up front would, and forgets the same entries at the
+// same pushes, whatever mix of pushes and forgets it sees; so the tables'
+// eviction order is that of the full-sized ring.
+func TestLazyRingMatchesFullRing(t *testing.T) {
+	for _, capacity := range []int{1, 3, lazyRingStart - 1, lazyRingStart, lazyRingStart + 1, 300, 1024} {
+		var full, lazy ringIndex[int]
+		full.init(capacity)
+		lazy.initLazy()
+		rng := uint64(capacity)
+		next := func(n uint64) uint64 { // xorshift: deterministic
+			rng ^= rng << 13
+			rng ^= rng >> 7
+			rng ^= rng << 17
+			return rng % n
+		}
+		ids := uint64(4 * capacity) // ids in play: some present, some not
+		for step := 0; step < 20*capacity+200; step++ {
+			id := 1 + next(ids)
+			if next(4) == 0 {
+				full.forget(id)
+				lazy.forget(id)
+			} else if _, ok := full.get(id); !ok {
+				o1, e1 := full.push(id, step)
+				o2, e2 := lazy.pushGrow(id, step, capacity)
+				if o1 != o2 || e1 != e2 {
+					t.Fatalf("cap %d step %d: full ring evicted (%d, %v), lazy (%d, %v)", capacity, step, o1, e1, o2, e2)
+				}
+			}
+			if full.n != lazy.n || full.head != lazy.head {
+				t.Fatalf("cap %d step %d: n %d/%d head %d/%d", capacity, step, full.n, lazy.n, full.head, lazy.head)
+			}
+			for id := uint64(1); id <= ids; id++ {
+				s1, ok1 := full.get(id)
+				s2, ok2 := lazy.get(id)
+				if ok1 != ok2 || s1 != s2 || (ok1 && full.ring[s1] != lazy.ring[s2]) {
+					t.Fatalf("cap %d step %d id %d: full (%d, %v), lazy (%d, %v)", capacity, step, id, s1, ok1, s2, ok2)
+				}
+			}
+		}
+		if len(lazy.ring) != capacity {
+			t.Fatalf("cap %d: lazy ring ended with %d slots", capacity, len(lazy.ring))
+		}
 	}
 }
