@@ -278,6 +278,8 @@ type requestPool struct {
 
 	overBudget int // requests that stopped waiting and went over budget (tests)
 	demotions  int // holders demoted (tests)
+
+	metrics *Metrics // nil in tests
 }
 
 // sizeWindow is how many large requests the size of new buffers follows:
@@ -292,8 +294,15 @@ const maxBudgetWait = 500 * time.Millisecond
 // before the holder is demoted; a waiter checks as often.
 const stallAfter = 100 * time.Millisecond
 
-func newRequestPool(budget int) *requestPool {
-	return &requestPool{budget: budget, maxWait: maxBudgetWait, stallAfter: stallAfter}
+func newRequestPool(budget int, m *Metrics) *requestPool {
+	return &requestPool{budget: budget, maxWait: maxBudgetWait, stallAfter: stallAfter, metrics: m}
+}
+
+// heldChanged reports p.held; call with mu held.
+func (p *requestPool) heldChanged() {
+	if p.metrics != nil {
+		p.metrics.reqMemHeld.Set(float64(p.held))
+	}
 }
 
 // requestPool returns the server's pool of large request buffers.
@@ -303,7 +312,7 @@ func (s *Server) requestPool() *requestPool {
 		if budget <= 0 { // a Config that skipped EnsureDefaults
 			budget = DefaultRequestMemory
 		}
-		s.reqPool = newRequestPool(budget)
+		s.reqPool = newRequestPool(budget, s.Metrics)
 	})
 	return s.reqPool
 }
@@ -358,6 +367,13 @@ func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf [
 			p.demoteStalled(time.Now().UnixNano())
 		}
 	}
+	if timer != nil && p.metrics != nil { // it waited
+		outcome := reqMemFit
+		if p.held > 0 && p.held+p.size > p.budget {
+			outcome = reqMemOverBudget
+		}
+		p.metrics.reqMemWaits[outcome].Inc()
+	}
 	// The smallest idle buffer that fits the request, and the budget: one
 	// kept from larger requests may not.
 	best := -1
@@ -374,6 +390,7 @@ func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf [
 		held = cap(buf)
 	}
 	p.held += held
+	p.heldChanged()
 	rb.held, rb.demoted = held, false
 	p.holders = append(p.holders, rb)
 	// Idle buffers beyond the budget go, the smallest (the least likely
@@ -398,6 +415,10 @@ func (p *requestPool) demoteStalled(now int64) {
 			h.demoted = true
 			p.held -= h.held
 			p.demotions++
+			p.heldChanged()
+			if p.metrics != nil {
+				p.metrics.reqMemStalled.Inc()
+			}
 		}
 	}
 }
@@ -409,6 +430,7 @@ func (p *requestPool) put(rb *requestBuffer, buf []byte) {
 	defer p.mu.Unlock()
 	if !rb.demoted {
 		p.held -= rb.held
+		p.heldChanged()
 	}
 	rb.demoted = false
 	for i, h := range p.holders {

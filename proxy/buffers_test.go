@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -43,7 +44,7 @@ func readRequest(t *testing.T, rb *requestBuffer, frame []byte) []byte {
 // which reuses it; a small request uses the connection's own buffer and
 // holds no budget.
 func TestLargeRequestBufferReleased(t *testing.T) {
-	p := newRequestPool(16 << 20)
+	p := newRequestPool(16<<20, nil)
 	a, b := requestBuffer{pool: p}, requestBuffer{pool: p}
 
 	readRequest(t, &a, requestFrame(1000, 1))
@@ -72,7 +73,7 @@ func TestLargeRequestBufferReleased(t *testing.T) {
 // TestLargeRequestBufferFreedBeyondBudget: a buffer that would take the
 // idle ones beyond the budget is not kept.
 func TestLargeRequestBufferFreedBeyondBudget(t *testing.T) {
-	p := newRequestPool(1 << 20)
+	p := newRequestPool(1<<20, nil)
 	rb := requestBuffer{pool: p}
 	readRequest(t, &rb, requestFrame(2<<20, 1)) // larger than the budget: alone
 	rb.release()
@@ -87,7 +88,7 @@ func TestLargeRequestBufferFreedBeyondBudget(t *testing.T) {
 // TestLargeRequestTruncated: a large request cut short fails like a small
 // one, and its buffer still goes back.
 func TestLargeRequestTruncated(t *testing.T) {
-	p := newRequestPool(16 << 20)
+	p := newRequestPool(16<<20, nil)
 	rb := requestBuffer{pool: p}
 	frame := requestFrame(1<<20, 1)
 	_, err := rb.read(bufio.NewReader(bytes.NewReader(frame[:1000])), 100<<20, nil)
@@ -112,7 +113,8 @@ func (p *requestPool) waiting() bool {
 // closes, or after maxWait, then over budget.
 func TestRequestPoolBudget(t *testing.T) {
 	const mb = 1 << 20
-	p := newRequestPool(3 * mb)
+	m := NewMetrics(nil)
+	p := newRequestPool(3*mb, m)
 	p.maxWait = time.Hour
 	a := &requestBuffer{pool: p}
 	buf, size := p.get(a, 2*mb, nil)
@@ -159,6 +161,10 @@ func TestRequestPoolBudget(t *testing.T) {
 	if p.overBudget != 2 || p.held != b.held+d.held {
 		t.Fatalf("after maxWait: over budget %d, held %d", p.overBudget, p.held)
 	}
+	fit, over := testutil.ToFloat64(m.reqMemWaits[reqMemFit]), testutil.ToFloat64(m.reqMemWaits[reqMemOverBudget])
+	if fit != 1 || over != 2 || testutil.ToFloat64(m.reqMemHeld) != float64(p.held) {
+		t.Fatalf("metrics: waits fit %v, over budget %v, held %v; want 1, 2, %d", fit, over, testutil.ToFloat64(m.reqMemHeld), p.held)
+	}
 }
 
 // TestRequestPoolDemotesStalledReader: a client that sends half of a large
@@ -167,7 +173,8 @@ func TestRequestPoolBudget(t *testing.T) {
 // stalled request completes after all, the budget is not given back twice.
 func TestRequestPoolDemotesStalledReader(t *testing.T) {
 	const mb = 1 << 20
-	p := newRequestPool(3 * mb)
+	m := NewMetrics(nil)
+	p := newRequestPool(3*mb, m)
 	p.maxWait, p.stallAfter = time.Hour, time.Millisecond
 	frame := requestFrame(2*mb, 1)
 	cr, cw := io.Pipe()
@@ -196,13 +203,16 @@ func TestRequestPoolDemotesStalledReader(t *testing.T) {
 	if p.held != 0 {
 		t.Fatalf("held %d once both are given back", p.held)
 	}
+	if n, held := testutil.ToFloat64(m.reqMemStalled), testutil.ToFloat64(m.reqMemHeld); n != 1 || held != 0 {
+		t.Fatalf("metrics: stalled %v, held %v; want 1, 0", n, held)
+	}
 }
 
 // TestRequestPoolSizeWindow: buffers are made the size of the largest
 // recent request, and one outsized request stops counting after
 // sizeWindow others.
 func TestRequestPoolSizeWindow(t *testing.T) {
-	p := newRequestPool(256 << 20)
+	p := newRequestPool(256<<20, nil)
 	rb := &requestBuffer{pool: p}
 	_, size := p.get(rb, 64<<20, nil)
 	p.put(rb, nil)

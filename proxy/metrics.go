@@ -46,6 +46,10 @@ type Metrics struct {
 	keysObserved    prometheus.Counter
 	passthrough     [numPassReasons]prometheus.Counter
 	waitTimeouts    prometheus.Counter
+	// The large-request budget (buffers.go).
+	reqMemWaits   [numReqMemWaits]prometheus.Counter
+	reqMemStalled prometheus.Counter
+	reqMemHeld    prometheus.Gauge
 
 	requests        *prometheus.CounterVec
 	requestDuration *prometheus.HistogramVec
@@ -159,6 +163,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for r, name := range passthroughReasons {
 		m.passthrough[r] = passthrough.WithLabelValues(name)
 	}
+	reqMemWaits := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "request_memory", Name: "waits_total",
+		Help: "Large requests that waited for the request_memory budget, by outcome: fit (others gave bytes back) or over_budget (read over the budget after 500 ms, or the connection closed)."}, []string{"outcome"})
+	for i, name := range reqMemWaitOutcomes {
+		m.reqMemWaits[i] = reqMemWaits.WithLabelValues(name)
+	}
+	m.reqMemStalled = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "request_memory", Name: "stalled_total",
+		Help: "Large requests whose client sent nothing of them for 100 ms while others waited: their bytes stopped counting against request_memory."})
+	m.reqMemHeld = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: "request_memory", Name: "held_bytes",
+		Help: "Bytes of the request_memory budget held by large requests being read or forwarded."})
 	m.waitTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "produce", Name: "wait_timeouts_total",
 		Help: "Retries that waited for their in-flight original past the request's timeout_ms and were answered REQUEST_TIMED_OUT."})
 	for _, r := range []string{brokerDial, brokerRead, brokerWrite, brokerProtocol, brokerTLS} {
@@ -174,7 +187,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.resentDropped, m.legacyUnread, dups, m.waitTimeouts, warmups, warmBytes, warmSeconds,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.resentDropped, m.legacyUnread, dups, m.waitTimeouts, reqMemWaits, m.reqMemStalled, m.reqMemHeld, warmups, warmBytes, warmSeconds,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 
@@ -332,3 +345,13 @@ func (m *Metrics) registerTable(t *seqstate.Table) {
 			func() float64 { return float64(t.Expirations()) }),
 	)
 }
+
+// Outcomes of a wait for the request_memory budget, for
+// dedupproxy_request_memory_waits_total{outcome}.
+const (
+	reqMemFit        = iota // others gave bytes back
+	reqMemOverBudget        // read over the budget
+	numReqMemWaits
+)
+
+var reqMemWaitOutcomes = [numReqMemWaits]string{reqMemFit: "fit", reqMemOverBudget: "over_budget"}
