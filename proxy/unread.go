@@ -97,6 +97,11 @@ func (u *unreadStore) put(conn uint64, refs []legacyRef, until int64, replace bo
 				delete(u.gone, id)
 			}
 		}
+		if len(u.gone) >= maxUnreadConns*legacyRingSize {
+			// A burst: forgetting which batches were disowned costs at
+			// most one more read of their partitions.
+			clear(u.gone)
+		}
 	}
 	uc := u.conns[conn]
 	if uc == nil {
@@ -126,14 +131,15 @@ func (u *unreadStore) put(conn uint64, refs []legacyRef, until int64, replace bo
 			disowned |= 1 << i
 		}
 	}
+	byFirst := u.byFirst
+	if conn&(1<<63) != 0 {
+		byFirst = u.byFirstLog
+	}
+	u.unindex(byFirst, conn, uc) // the refs replaced or trimmed must not stay indexed
 	uc.refs = append(uc.refs[:0], list...)
 	uc.disowned, uc.until = disowned, max(uc.until, until)
 	if until > u.until.Load() {
 		u.until.Store(until) // under mu: no lost update
-	}
-	byFirst := u.byFirst
-	if conn&(1<<63) != 0 {
-		byFirst = u.byFirstLog
 	}
 	for _, r := range uc.refs {
 		if r.first != 0 {
@@ -143,20 +149,24 @@ func (u *unreadStore) put(conn uint64, refs []legacyRef, until int64, replace bo
 	u.n.Store(int64(len(u.conns)))
 }
 
+// unindex removes from byFirst the refs of uc that point to conn. Call with
+// mu held.
+func (u *unreadStore) unindex(byFirst map[uint64]uint64, conn uint64, uc *unreadConn) {
+	for _, r := range uc.refs {
+		if byFirst[r.first] == conn {
+			delete(byFirst, r.first)
+		}
+	}
+}
+
 // drop forgets connection conn. Call with mu held.
 func (u *unreadStore) drop(conn uint64) {
 	uc := u.conns[conn]
 	if uc == nil {
 		return
 	}
-	for _, r := range uc.refs {
-		if u.byFirst[r.first] == conn {
-			delete(u.byFirst, r.first)
-		}
-		if u.byFirstLog[r.first] == conn {
-			delete(u.byFirstLog, r.first)
-		}
-	}
+	u.unindex(u.byFirst, conn, uc)
+	u.unindex(u.byFirstLog, conn, uc)
 	delete(u.conns, conn)
 	for i, c := range u.order {
 		if c == conn {

@@ -60,6 +60,19 @@ func TestUnreadStore(t *testing.T) {
 	if uc := u.conns[logConn(seqstate.Key{Topic: 2})]; len(uc.refs) != legacyRingSize || uc.refs[0].id != 1000+legacyRingSize {
 		t.Fatalf("a long tail keeps %d refs from %d, want the last %d", len(uc.refs), uc.refs[0].id, legacyRingSize)
 	}
+	// A busy partition read again and again: what is trimmed is no longer
+	// indexed either.
+	indexed := len(u.byFirstLog)
+	for round := range 10 {
+		more := make([]legacyRef, legacyRingSize)
+		for i := range more {
+			more[i] = ref(uint64(5000 + round*legacyRingSize + i))
+		}
+		u.addLog(seqstate.Key{Topic: 2}, more, until)
+	}
+	if n := len(u.byFirstLog); n != indexed {
+		t.Fatalf("%d first records indexed after ten more reads of one partition, want %d", n, indexed)
+	}
 
 	for c := uint64(2); c < 2+2*maxUnreadConns; c++ {
 		u.add(c, []legacyRef{ref(c << 20)}, until)
