@@ -194,7 +194,8 @@ func (c *session) warmScanned(h protocol.RequestHeader, sc *protocol.ProduceScan
 }
 
 // noteRetries passes each legacy batch of a Produce request to
-// planner.noteRetry. It returns how many batches it found unread.
+// planner.noteRetry and, in the connection's first requests, to
+// noteSiblingRetry. It returns how many batches it found unread.
 func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScanner) int {
 	pn := c.s.planner
 	if pn.legacy == nil || pn.settings.Load().mode != DedupEnforce || !c.trusted() {
