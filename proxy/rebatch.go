@@ -260,18 +260,10 @@ func (pn *planner) matchRebatch(pl *producePlan, i int, part *protocol.ProducePa
 	cands := pn.orphans.candidates(buf[:0], d.key, bh.NumRecords, now.UnixNano())
 	checked := false
 	for _, c := range cands {
-		// Cheapest test first: the first record, then the prefix's byte
-		// length (walking record lengths), then its hash, then the
-		// batch's CRC (only a batch the broker would accept is cut).
-		if c.first == 0 || c.first != d.first {
-			continue
-		}
-		size, ok := protocol.PrefixLen(part.Records, bh, int(c.count))
-		if !ok || int32(size) != c.size {
-			continue
-		}
-		id := protocol.PrefixIdentity(part.Records, bh, int(c.count), size)
-		if protocol.MixIdentity(id, uint32(d.key.Topic)) != c.id {
+		// Cheapest test first: the first record, then the prefix
+		// (isResend), then the batch's CRC (only a batch the broker
+		// would accept is cut).
+		if c.first == 0 || c.first != d.first || !pn.isResend(d.key, part, bh, c) {
 			continue
 		}
 		if !checked {
@@ -296,4 +288,29 @@ func (pn *planner) matchRebatch(pl *producePlan, i int, part *protocol.ProducePa
 		d.rebuiltAt, d.rebuiltEnd = start, len(out)
 		return
 	}
+}
+
+// isResend reports whether the batch (part, bh) of partition k holds the
+// records of ref: all of them, or as its first records. Cheapest test
+// first: the prefix's byte length (walking record lengths), then its hash;
+// callers have compared the first record.
+func (pn *planner) isResend(k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader, ref legacyRef) bool {
+	if ref.count > bh.NumRecords {
+		return false
+	}
+	var id uint64
+	exact := pn.matchFor(k.Topic) == MatchExact
+	if ref.count == bh.NumRecords {
+		id = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(k.Topic))
+	} else {
+		if exact {
+			return false // exact identities cover whole batches only
+		}
+		size, ok := protocol.PrefixLen(part.Records, bh, int(ref.count))
+		if !ok || int32(size) != ref.size {
+			return false
+		}
+		id = protocol.MixIdentity(protocol.PrefixIdentity(part.Records, bh, int(ref.count), size), uint32(k.Topic))
+	}
+	return id == ref.id
 }

@@ -249,16 +249,15 @@ func (u *unreadStore) unreadFrom(conn, id uint64, self bool, dst []legacyRef) []
 
 // noteRetry is called, before its partitions are warmed, for each legacy
 // batch of a Produce request (partition k, records part.Records with header
-// bh). When the batch resends, whole or as its first records, one answered
+// bh, first record hash first). When the batch resends, whole or as its first records, one answered
 // on a connection now closed or suspected, that answer and every later one
 // on that connection went unread: those batches are disowned and their
 // partitions forgotten, so the warm-up that follows reads them from the log
 // and stamps their records. It returns how many it disowned.
-func (pn *planner) noteRetry(k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader, now time.Time) (n int) {
+func (pn *planner) noteRetry(k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader, first uint64, now time.Time) (n int) {
 	if !pn.unread.live(now) || bh.NumRecords <= 0 {
 		return 0
 	}
-	first := protocol.FirstRecordHash(part.Records, bh)
 	var cands [2]unreadRef
 	for _, c := range pn.unread.candidates(cands[:0], k, first, now.UnixNano()) {
 		if pn.isResend(k, part, bh, c.legacyRef) {
@@ -268,29 +267,6 @@ func (pn *planner) noteRetry(k seqstate.Key, part *protocol.ProducePartition, bh
 		}
 	}
 	return n
-}
-
-// isResend reports whether the batch (part, bh) of partition k holds the
-// records of ref: all of them, or as its first records.
-func (pn *planner) isResend(k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader, ref legacyRef) bool {
-	if ref.count > bh.NumRecords {
-		return false
-	}
-	var id uint64
-	exact := pn.matchFor(k.Topic) == MatchExact
-	if ref.count == bh.NumRecords {
-		id = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(k.Topic))
-	} else {
-		if exact {
-			return false // a prefix cannot be matched exactly (rebatch.go)
-		}
-		size, ok := protocol.PrefixLen(part.Records, bh, int(ref.count))
-		if !ok || int32(size) != ref.size {
-			return false
-		}
-		id = protocol.MixIdentity(protocol.PrefixIdentity(part.Records, bh, int(ref.count), size), uint32(k.Topic))
-	}
-	return id == ref.id
 }
 
 // unreadFrom disowns every batch of connection (or partition tail) conn
@@ -329,9 +305,8 @@ const siblingRequests = 16
 // makes that connection suspected (planner.suspectGone): its batches in
 // flight make their partitions settle, so this request waits for them and
 // is then decided against their records (settle.go, resent.go).
-func (c *session) noteSiblingRetry(sibs []*session, k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader) {
+func (c *session) noteSiblingRetry(sibs []*session, k seqstate.Key, part *protocol.ProducePartition, bh *protocol.BatchHeader, first uint64) {
 	pn := c.s.planner
-	first := protocol.FirstRecordHash(part.Records, bh)
 	if first == 0 {
 		return
 	}

@@ -218,9 +218,10 @@ func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScan
 			continue
 		}
 		k := seqstate.Key{Topic: topic, Partition: part.Partition}
-		found += pn.noteRetry(k, part, &bh, now)
+		first := protocol.FirstRecordHash(part.Records, &bh)
+		found += pn.noteRetry(k, part, &bh, first, now)
 		if len(sibs) > 0 {
-			c.noteSiblingRetry(sibs, k, part, &bh)
+			c.noteSiblingRetry(sibs, k, part, &bh, first)
 		}
 	}
 	return found
