@@ -231,6 +231,49 @@ func TestLegacySlowBroker(t *testing.T) {
 	}
 }
 
+// heldLegacy is a proxy in front of a one-partition cluster that holds the
+// first Produce: the legacy batch a, b, c, sent on connection first and
+// held by the broker until release is closed. t0 is its records' time.
+type heldLegacy struct {
+	c        *kfake.Cluster
+	p        *testProxy
+	topic    string
+	t0       int64
+	original []byte
+	first    *rawConn
+	release  chan struct{}
+}
+
+func startHeldLegacy(t *testing.T, topic string) *heldLegacy {
+	t.Helper()
+	h := &heldLegacy{topic: topic, t0: time.Now().UnixMilli()}
+	h.c = newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	entered, release, _ := holdFirstProduce(h.c)
+	h.release = release
+	h.p = startProxy(t, h.c, nil)
+	h.original = stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{h.t0, h.t0, h.t0})
+	h.first = h.dial(t)
+	h.first.send(produceParts(topic, -1, part{0, h.original}))
+	<-entered
+	return h
+}
+
+// dial opens another connection of the same client (address and client id).
+func (h *heldLegacy) dial(t *testing.T) *rawConn {
+	t.Helper()
+	conn := dialRaw(t, h.p.addr())
+	conn.learnTopics(h.topic)
+	return conn
+}
+
+// logHolds fails t unless the partition holds want records.
+func (h *heldLegacy) logHolds(t *testing.T, want int64, what string) {
+	t.Helper()
+	if end := logEnd(t, h.c.ListenAddrs()[0], h.topic); end != want {
+		t.Fatalf("the log holds %d records, want %d (%s)", end, want, what)
+	}
+}
+
 // TestLegacyResplitAfterClientLeft: a client gives up on a Produce the
 // broker is still holding, closes its connection and sends the records
 // again on a new one, cut at another boundary behind newer records
@@ -239,37 +282,26 @@ func TestLegacySlowBroker(t *testing.T) {
 // records already appended are not written twice.
 func TestLegacyResplitAfterClientLeft(t *testing.T) {
 	t.Parallel()
-	const topic = "resplit"
-	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	entered, release, _ := holdFirstProduce(c)
-	p := startProxy(t, c, nil)
-	t0 := time.Now().UnixMilli()
-	first := dialRaw(t, p.addr())
-	first.learnTopics(topic)
-	first.send(produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{t0, t0, t0})}))
-	<-entered
-	first.conn.Close() // the client timed the request out
+	h := startHeldLegacy(t, "resplit")
+	h.first.conn.Close() // the client timed the request out
 	// The proxy notices at once (a read returns EOF); the test waits for
 	// it, a real client's reconnect usually takes longer.
-	waitFor(t, 10*time.Second, "the proxy to see the client leave", func() bool { return p.planner.settling.n.Load() >= 1 })
+	waitFor(t, 10*time.Second, "the proxy to see the client leave", func() bool { return h.p.planner.settling.n.Load() >= 1 })
 
-	second := dialRaw(t, p.addr())
-	second.learnTopics(topic)
-	req := produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"b", "c", "d"}, []int64{t0, t0, t0 + 1})})
+	second := h.dial(t)
+	req := produceParts(h.topic, -1, part{0, stampedLegacyBatch(t, []string{"b", "c", "d"}, []int64{h.t0, h.t0, h.t0 + 1})})
 	corr := second.send(req)
 	waitFor(t, 10*time.Second, "the resent records to wait for the original", func() bool {
-		return p.planner.nWaiting.Load() >= 1
+		return h.p.planner.nWaiting.Load() >= 1
 	})
-	close(release)
+	close(h.release)
 	if r := onlyPartition(t, second.recv(req, corr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
 		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
 	}
-	if n := testutil.ToFloat64(p.Metrics.resentDropped); n != 2 {
+	if n := testutil.ToFloat64(h.p.Metrics.resentDropped); n != 2 {
 		t.Fatalf("legacy_resent_records_dropped_total %v, want 2", n)
 	}
-	if end := logEnd(t, c.ListenAddrs()[0], topic); end != 4 {
-		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
-	}
+	h.logHolds(t, 4, "a, b, c, d once each")
 }
 
 // TestLegacyRetryBeforeCloseSettles: the client's retry of a held batch
@@ -280,37 +312,24 @@ func TestLegacyResplitAfterClientLeft(t *testing.T) {
 // not written twice.
 func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
 	t.Parallel()
-	const topic = "retrybeforeclose"
-	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	entered, release, _ := holdFirstProduce(c)
-	p := startProxy(t, c, nil)
-	t0 := time.Now().UnixMilli()
-	original := stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{t0, t0, t0})
-	first := dialRaw(t, p.addr())
-	first.learnTopics(topic)
-	first.send(produceParts(topic, -1, part{0, original}))
-	<-entered
-
-	second := dialRaw(t, p.addr())
-	second.learnTopics(topic)
-	retry := produceParts(topic, -1, part{0, original})
+	h := startHeldLegacy(t, "retrybeforeclose")
+	second := h.dial(t)
+	retry := produceParts(h.topic, -1, part{0, h.original})
 	retryCorr := second.send(retry)
 	waitFor(t, 10*time.Second, "the retry to wait, and the partition to settle", func() bool {
-		return p.planner.nWaiting.Load() >= 1 && p.planner.settling.n.Load() >= 1
+		return h.p.planner.nWaiting.Load() >= 1 && h.p.planner.settling.n.Load() >= 1
 	})
-	first.conn.Close() // noticed by now or not: the partition already waits
-	resend := produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"b", "c", "d"}, []int64{t0, t0, t0 + 1})})
+	h.first.conn.Close() // noticed by now or not: the partition already waits
+	resend := produceParts(h.topic, -1, part{0, stampedLegacyBatch(t, []string{"b", "c", "d"}, []int64{h.t0, h.t0, h.t0 + 1})})
 	resendCorr := second.send(resend)
-	close(release)
+	close(h.release)
 	if r := onlyPartition(t, second.recv(retry, retryCorr)); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("retry of the held batch: %+v, want error 0 at offset 0", r)
 	}
 	if r := onlyPartition(t, second.recv(resend, resendCorr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
 		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
 	}
-	if end := logEnd(t, c.ListenAddrs()[0], topic); end != 4 {
-		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
-	}
+	h.logHolds(t, 4, "a, b, c, d once each")
 }
 
 // TestLegacyResendBeforeCloseSettles: librdkafka times a request out,
@@ -321,28 +340,16 @@ func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
 // d is written.
 func TestLegacyResendBeforeCloseSettles(t *testing.T) {
 	t.Parallel()
-	const topic = "resendbeforeclose"
-	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	entered, release, _ := holdFirstProduce(c)
-	p := startProxy(t, c, nil)
-	t0 := time.Now().UnixMilli()
-	first := dialRaw(t, p.addr())
-	first.learnTopics(topic)
-	first.send(produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"a", "b", "c"}, []int64{t0, t0, t0})}))
-	<-entered
-
-	second := dialRaw(t, p.addr()) // the same client: same address, same client id
-	second.learnTopics(topic)
-	resend := produceParts(topic, -1, part{0, stampedLegacyBatch(t, []string{"a", "b", "c", "d"}, []int64{t0, t0, t0, t0 + 1})})
+	h := startHeldLegacy(t, "resendbeforeclose")
+	second := h.dial(t) // the same client: same address, same client id
+	resend := produceParts(h.topic, -1, part{0, stampedLegacyBatch(t, []string{"a", "b", "c", "d"}, []int64{h.t0, h.t0, h.t0, h.t0 + 1})})
 	corr := second.send(resend)
-	waitFor(t, 10*time.Second, "the resend to wait for the original", func() bool { return p.planner.nWaiting.Load() >= 1 })
-	close(release)
+	waitFor(t, 10*time.Second, "the resend to wait for the original", func() bool { return h.p.planner.nWaiting.Load() >= 1 })
+	close(h.release)
 	if r := onlyPartition(t, second.recv(resend, corr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
 		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
 	}
-	if end := logEnd(t, c.ListenAddrs()[0], topic); end != 4 {
-		t.Fatalf("the log holds %d records, want 4 (a, b, c, d once each)", end)
-	}
+	h.logHolds(t, 4, "a, b, c, d once each")
 }
 
 // TestLegacyUnreadAnswers: answers the proxy wrote to a connection that
