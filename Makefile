@@ -24,6 +24,8 @@ fuzz:
 	go test -run x -fuzz '^FuzzProduceHeader$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzDropLeadingRecords$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzRecordKeys$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzRewriteTopTagsSameSize$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzProduceWalker$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzTableVsModel$$' -fuzztime $(FUZZTIME) ./seqstate
 	go test -run x -fuzz '^FuzzApplyLog$$' -fuzztime $(FUZZTIME) ./proxy
 

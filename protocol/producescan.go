@@ -334,6 +334,7 @@ const (
 	batchMagicOffset      = 16
 	batchCRCOffset        = 17
 	batchAttributesOffset = 21
+	batchProducerIDOffset = 43
 	// batchLogOverhead is baseOffset + length: the bytes not counted in Length
 	// (Records.LOG_OVERHEAD).
 	batchLogOverhead = 12
