@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -114,6 +115,17 @@ type requestBuffer struct {
 	// has stopped sending (requestPool.demoteStalled).
 	reading atomic.Int64
 	demoted bool // its bytes no longer count in the budget (under pool.mu)
+
+	// A Produce request may be read with holes (holes.go) when src, the
+	// client's socket, is set and holesOK for the request.
+	src      syscall.RawConn
+	holesOK  bool
+	mover    *holeMover
+	tracker  *requestTracker // told of the bytes that bypass it; may be nil
+	sparse   bool            // large is the request's own mapping, with holes
+	holes    []hole
+	broken   bool // a hole could not be read back
+	readBack int  // hole bytes read back, not yet counted
 }
 
 const (
@@ -183,6 +195,14 @@ func bodyErr(err error, size int32) error {
 // readLarge reads a request of n bytes, its size prefix already in rb.buf,
 // into a buffer of the pool.
 func (rb *requestBuffer) readLarge(r *bufio.Reader, n int, done <-chan struct{}) ([]byte, error) {
+	if rb.src != nil && rb.holesOK {
+		// A Produce (API key 0) may leave its records in pipes.
+		if key, err := r.Peek(2); err == nil && key[0] == 0 && key[1] == 0 {
+			if body, ok, err := rb.readSparse(r, n, done); ok {
+				return body, err
+			}
+		}
+	}
 	buf, size := rb.pool.get(rb, n, done)
 	if buf == nil {
 		buf = newLarge(size)
@@ -231,7 +251,13 @@ func largeClass(n int) int {
 // buffer after many small requests. Call it once the request read last has
 // been forwarded and nothing refers to its bytes.
 func (rb *requestBuffer) release() {
-	if rb.large != nil {
+	switch {
+	case rb.sparse:
+		rb.dropHoles()
+		freeLarge(rb.large)
+		rb.pool.put(rb, nil)
+		rb.large, rb.held, rb.sparse = nil, 0, false
+	case rb.large != nil:
 		rb.pool.put(rb, rb.large)
 		rb.large, rb.held = nil, 0
 	}
@@ -321,13 +347,6 @@ func (s *Server) requestPool() *requestPool {
 // idle buffer of capacity at least n, or nil and the capacity to make one
 // with. Give both back with put.
 func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf []byte, size int) {
-	var timer, tick *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-			tick.Stop()
-		}
-	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// Buffers are made the size of the largest recent request, so that
@@ -338,7 +357,47 @@ func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf [
 	if p.recent++; p.recent == sizeWindow {
 		p.size, p.recentMax, p.recent = p.recentMax, 0, 0
 	}
-	for p.held > 0 && p.held+p.size > p.budget {
+	p.waitFor(p.size, done)
+	// The smallest idle buffer that fits the request, and the budget: one
+	// kept from larger requests may not.
+	best := -1
+	for i, b := range p.idle {
+		fits := cap(b) >= n && (p.held == 0 || p.held+cap(b) <= p.budget)
+		if fits && (best < 0 || cap(b) < cap(p.idle[best])) {
+			best = i
+		}
+	}
+	held := p.size
+	if best >= 0 {
+		buf = p.idle[best]
+		p.removeIdle(best)
+		held = cap(buf)
+	}
+	p.hold(rb, held)
+	return buf, p.size
+}
+
+// reserve reserves budget for rb's request of n bytes without a buffer: a
+// request with holes (holes.go) has a mapping of its own. Give it back with
+// put(rb, nil).
+func (p *requestPool) reserve(rb *requestBuffer, n int, done <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.waitFor(n, done)
+	p.hold(rb, n)
+}
+
+// waitFor waits, with mu held, until want bytes fit the budget, or until
+// the wait must end (see requestPool).
+func (p *requestPool) waitFor(want int, done <-chan struct{}) {
+	var timer, tick *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+			tick.Stop()
+		}
+	}()
+	for p.held > 0 && p.held+want > p.budget {
 		if p.released == nil {
 			p.released = make(chan struct{})
 		}
@@ -369,26 +428,15 @@ func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf [
 	}
 	if timer != nil && p.metrics != nil { // it waited
 		outcome := reqMemFit
-		if p.held > 0 && p.held+p.size > p.budget {
+		if p.held > 0 && p.held+want > p.budget {
 			outcome = reqMemOverBudget
 		}
 		p.metrics.reqMemWaits[outcome].Inc()
 	}
-	// The smallest idle buffer that fits the request, and the budget: one
-	// kept from larger requests may not.
-	best := -1
-	for i, b := range p.idle {
-		fits := cap(b) >= n && (p.held == 0 || p.held+cap(b) <= p.budget)
-		if fits && (best < 0 || cap(b) < cap(p.idle[best])) {
-			best = i
-		}
-	}
-	held := p.size
-	if best >= 0 {
-		buf = p.idle[best]
-		p.removeIdle(best)
-		held = cap(buf)
-	}
+}
+
+// hold counts held bytes for rb, with mu held.
+func (p *requestPool) hold(rb *requestBuffer, held int) {
 	p.held += held
 	p.heldChanged()
 	rb.held, rb.demoted = held, false
@@ -404,7 +452,6 @@ func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf [
 		}
 		freeLarge(p.removeIdle(small))
 	}
-	return buf, p.size
 }
 
 // demoteStalled stops counting the bytes of holders whose client has sent
@@ -441,10 +488,12 @@ func (p *requestPool) put(rb *requestBuffer, buf []byte) {
 			break
 		}
 	}
-	if cap(buf) >= p.size && p.held+p.idleBytes+cap(buf) <= p.budget {
+	switch {
+	case buf == nil: // reserve's
+	case cap(buf) >= p.size && p.held+p.idleBytes+cap(buf) <= p.budget:
 		p.idle = append(p.idle, buf[:0])
 		p.idleBytes += cap(buf)
-	} else {
+	default:
 		freeLarge(buf)
 	}
 	if p.released != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"testing"
@@ -240,10 +241,21 @@ func TestLargeClass(t *testing.T) {
 // TestLargeProducesWithinBudget: franz-go producers whose requests each
 // take most of the budget, or more, write every record once through the
 // proxy, byte for byte; the budget is all given back once they are done.
+// With holes (both legs plain TCP, on Linux) the records of their batches
+// go socket to socket (holes.go); without, through pooled buffers.
 func TestLargeProducesWithinBudget(t *testing.T) {
+	for _, holes := range []bool{holesSupported, false} {
+		t.Run(fmt.Sprintf("holes=%v", holes), func(t *testing.T) { testLargeProducesWithinBudget(t, holes) })
+		if !holesSupported {
+			break
+		}
+	}
+}
+
+func testLargeProducesWithinBudget(t *testing.T, holes bool) {
 	const topic, producers, perProducer, size = "large", 3, 12, 300 << 10
 	c := newCluster(t, kfake.SeedTopics(3, topic))
-	p := startProxy(t, c, func(cfg *Config) { cfg.RequestMemory = 1 << 20 })
+	p := startProxyWith(t, c, func(cfg *Config) { cfg.RequestMemory = 1 << 20 }, func(s *Server) { s.copyOnly = !holes })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -304,6 +316,19 @@ func TestLargeProducesWithinBudget(t *testing.T) {
 		defer pool.mu.Unlock()
 		return pool.held == 0
 	})
+	spliced := testutil.ToFloat64(p.Metrics.produceSpliced)
+	if holes {
+		// Every record but the few bytes each read took along with a
+		// batch header (the reader's buffer) went through a pipe.
+		if total := float64(producers * perProducer * size); spliced < total/2 {
+			t.Fatalf("%.0f of %.0f record bytes spliced", spliced, total)
+		}
+		waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return pipesInUse() == 0 })
+		return
+	}
+	if spliced != 0 {
+		t.Fatalf("%.0f bytes spliced with a leg that cannot", spliced)
+	}
 	if pool.size < size {
 		t.Fatalf("the buffers of the last requests are %d bytes: the records did not take the large path", pool.size)
 	}

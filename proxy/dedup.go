@@ -115,7 +115,7 @@ func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Ti
 	if err := sc.Reset(body[h.BodyOffset:], h.APIVersion); err != nil {
 		return nil, err
 	}
-	pl := pn.plan(h, sc, c.id, c.trusted(), now)
+	pl := pn.plan(h, sc, c.id, c.trusted(), c.fill, now)
 	if err := sc.Err(); err != nil {
 		if pl != nil {
 			pn.fail(pl)
@@ -146,6 +146,12 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 	// run first and hide it).
 	c.unqueued = pl
 	testHook("plan")
+	// Answers merged in, or partitions left out: the request's bytes are
+	// needed whole.
+	if (pl.anyLocal && !c.fillRequest()) || (c.req != nil && c.req.broken) {
+		c.log.Error("closing connection: cannot read back the records of a produce request held in pipes")
+		return false
+	}
 	if pl.acks == 0 {
 		// Nothing comes back, so nothing was registered. Kafka closes the
 		// connection when an acks=0 write fails (KafkaApis

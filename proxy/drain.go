@@ -139,6 +139,15 @@ func (t *requestTracker) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// passed accounts for n body bytes of the frame being read that went past
+// the tracker (spliced, holes.go); eof reports that the client closed.
+func (t *requestTracker) passed(n int, eof bool) {
+	t.skip = max(t.skip-n, 0)
+	if eof {
+		t.hungUp.Store(true)
+	}
+}
+
 func (t *requestTracker) scan(b []byte) {
 	for len(b) > 0 {
 		if t.skip > 0 {

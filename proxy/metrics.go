@@ -50,6 +50,9 @@ type Metrics struct {
 	reqMemWaits   [numReqMemWaits]prometheus.Counter
 	reqMemStalled prometheus.Counter
 	reqMemHeld    prometheus.Gauge
+	// Produce record bytes kept out of the proxy's memory (holes.go).
+	produceSpliced  prometheus.Counter
+	produceReadBack prometheus.Counter
 
 	requests        *prometheus.CounterVec
 	requestDuration *prometheus.HistogramVec
@@ -172,6 +175,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Large requests whose client sent nothing of them for 100 ms while others waited: their bytes stopped counting against request_memory."})
 	m.reqMemHeld = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: "request_memory", Name: "held_bytes",
 		Help: "Bytes of the request_memory budget held by large requests being read or forwarded."})
+	m.produceSpliced = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "produce", Name: "spliced_bytes_total",
+		Help: "Record bytes of large idempotent batches moved from client to broker socket to socket (splice), never in the proxy's memory."})
+	m.produceReadBack = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "produce", Name: "spliced_read_back_bytes_total",
+		Help: "Record bytes held in pipes that the proxy read back, to answer a batch itself or to rebuild a request."})
 	m.waitTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "produce", Name: "wait_timeouts_total",
 		Help: "Retries that waited for their in-flight original past the request's timeout_ms and were answered REQUEST_TIMED_OUT."})
 	for _, r := range []string{brokerDial, brokerRead, brokerWrite, brokerProtocol, brokerTLS} {
@@ -187,7 +194,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.resentDropped, m.legacyUnread, dups, m.waitTimeouts, reqMemWaits, m.reqMemStalled, m.reqMemHeld, warmups, warmBytes, warmSeconds,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.resentDropped, m.legacyUnread, dups, m.waitTimeouts, reqMemWaits, m.reqMemStalled, m.reqMemHeld, m.produceSpliced, m.produceReadBack, warmups, warmBytes, warmSeconds,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 

@@ -200,6 +200,10 @@ type producePlan struct {
 	idem    []idemBatch
 	seqOuts []seqstate.Outcome
 	settled []idemSettled
+	// fill reads the request's holes back into place (holes.go) before
+	// any record bytes of an idempotent batch are read; false when it
+	// cannot, and the connection then closes. Nil when there are none.
+	fill func() bool
 }
 
 // idemBatch is what planIdempotent needs of decision i's partition.
@@ -238,6 +242,7 @@ func getPlan() *producePlan {
 	pl.keys, pl.drops = pl.keys[:0], pl.drops[:0]
 	pl.seqOps, pl.idem, pl.seqOuts, pl.settled = pl.seqOps[:0], pl.idem[:0], pl.seqOuts[:0], pl.settled[:0]
 	pl.upstream = nil
+	pl.fill = nil
 	select { // a stale token from an earlier use
 	case <-pl.ready:
 	default:
@@ -247,7 +252,7 @@ func getPlan() *producePlan {
 
 func putPlan(pl *producePlan) {
 	putFrame(pl.upstream)
-	pl.upstream = nil
+	pl.upstream, pl.fill = nil, nil
 	if cap(pl.body) > maxPooledFrame {
 		pl.body = nil
 	}
@@ -313,7 +318,8 @@ var timedOut = protocol.LocalPartitionResult{ErrorCode: kerr.RequestTimedOut.Cod
 // cluster needs no authentication). It returns nil when the request goes
 // upstream as it came and nothing needs its response: dedup off, or no
 // partition the planner could key.
-func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, conn uint64, trusted bool, now time.Time) *producePlan {
+// fill, when not nil, reads the request's holes back into place (holes.go).
+func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, conn uint64, trusted bool, fill func() bool, now time.Time) *producePlan {
 	var pl *producePlan
 	enforce := pn.settings.Load().mode == DedupEnforce
 	acks := sc.Acks
@@ -353,6 +359,7 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 			pl = getPlan()
 			pl.version, pl.corrID, pl.acks, pl.conn = h.APIVersion, h.CorrelationID, acks, conn
 			pl.deadline = now.Add(min(time.Duration(max(sc.TimeoutMillis, 0))*time.Millisecond, maxWaitTimeout) + waitMargin)
+			pl.fill = fill
 		}
 		pl.decisions = append(pl.decisions, produceDecision{ti: part.TopicIndex, pi: part.PartitionIndex, maxTS: bh.MaxTimestamp})
 		i := len(pl.decisions) - 1
@@ -400,7 +407,7 @@ func (pn *planner) planIdempotent(pl *producePlan, enforce bool, now time.Time) 
 		// 4–12): the proxy answers only a batch the broker would not
 		// reject on its own. A CRC pass over the batch: only on the
 		// paths that answer.
-		answerable := func() bool { return enforce && protocol.BatchValid(part.Records, &bh) == 0 }
+		answerable := func() bool { return enforce && pl.filled() && protocol.BatchValid(part.Records, &bh) == 0 }
 		switch r := d.result; r.Decision {
 		case seqstate.Accept:
 			d.pending = acks != 0
@@ -439,7 +446,7 @@ func (pn *planner) planIdempotent(pl *producePlan, enforce bool, now time.Time) 
 			// when they are real. If it appends, the table follows.
 			d.commit = acks != 0
 		}
-		if header, ok := pn.keyHeaderFor(topic); ok && d.act == actForward && d.commit {
+		if header, ok := pn.keyHeaderFor(topic); ok && d.act == actForward && d.commit && pl.filled() {
 			pn.applyKeys(pl, i, part, &bh, header, false /* drop */, now)
 		}
 		pl.account(d)
@@ -447,6 +454,18 @@ func (pn *planner) planIdempotent(pl *producePlan, enforce bool, now time.Time) 
 	// Its slices alias the request body, which the pooled plan outlives.
 	clear(pl.idem)
 	pl.idem = pl.idem[:0]
+}
+
+// filled reads the request's holes back, if it has any (see fill).
+func (pl *producePlan) filled() bool {
+	if pl.fill == nil {
+		return true
+	}
+	if !pl.fill() {
+		return false // and stays so: the connection closes
+	}
+	pl.fill = nil
+	return true
 }
 
 // lookupTopic returns the table's key for a topic named in a Produce

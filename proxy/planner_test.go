@@ -70,7 +70,7 @@ func (h *planHarness) plan(req *kmsg.ProduceRequest, trusted bool) *producePlan 
 	if err := h.scan.Reset(body[hdr.BodyOffset:], hdr.APIVersion); err != nil {
 		h.t.Fatal(err)
 	}
-	pl := h.pn.plan(hdr, &h.scan, h.conn, trusted, h.now)
+	pl := h.pn.plan(hdr, &h.scan, h.conn, trusted, nil, h.now)
 	if err := h.scan.Err(); err != nil {
 		h.t.Fatal(err)
 	}

@@ -69,8 +69,11 @@ type session struct {
 	// Large Fetch responses are spliced socket to socket (relay.go) when
 	// both legs are plain TCP; nil otherwise.
 	rawClient, rawUp syscall.RawConn
-	splice           *splicer    // responseLoop's, made on first use
-	stream           fetchStream // responseLoop's, for Fetch v16+ (fetchstream.go)
+	tracker          *requestTracker // the client connection's, when it has one
+	req              *requestBuffer  // readLoop's: the request being handled (holes.go)
+	fill             func() bool     // fillRequest, made once for the planner
+	splice           *splicer        // responseLoop's, made on first use
+	stream           fetchStream     // responseLoop's, for Fetch v16+ (fetchstream.go)
 
 	// waitUpstream's hand-shake with readLoop, under upMu.
 	upMu        sync.Mutex
@@ -111,10 +114,11 @@ func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logge
 	if !s.copyOnly {
 		inner := client
 		if tr, ok := client.(*requestTracker); ok {
-			inner = tr.Conn
+			inner, c.tracker = tr.Conn, tr
 		}
 		c.rawClient, c.rawUp, _ = rawConns(inner, upstream)
 	}
+	c.fill = c.fillRequest
 	return c
 }
 
@@ -199,7 +203,11 @@ func (c *session) readLoop() {
 
 	cfg := &c.s.Config
 	m := c.s.Metrics
-	rb := requestBuffer{pool: c.s.requestPool()}
+	rb := requestBuffer{pool: c.s.requestPool(), tracker: c.tracker}
+	if holesSupported && c.rawClient != nil && c.rawUp != nil {
+		rb.src, rb.mover = c.rawClient, newHoleMover()
+	}
+	c.req = &rb
 	defer rb.release()
 	// Buffered reads take a small request's size prefix and body, and often
 	// the next request too, in one syscall; large bodies bypass the buffer.
@@ -212,6 +220,7 @@ func (c *session) readLoop() {
 		if c.stopping.Load() { // after the deadline, so Shutdown's wins (see stopReading)
 			return
 		}
+		rb.holesOK = rb.src != nil && c.holesAllowed()
 		body, err := rb.read(client, cfg.MaxFrameBytes, c.closed)
 		if err != nil {
 			c.readFailed(err)
@@ -291,7 +300,13 @@ func (c *session) forward(frame []byte) bool {
 	if c.s.Config.WriteTimeout > 0 {
 		c.upstream.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
 	}
-	if _, err := c.upstream.Write(frame); err != nil {
+	var err error
+	if rb := c.req; rb != nil && len(rb.holes) > 0 {
+		err = c.writeAround(rb, frame)
+	} else {
+		_, err = c.upstream.Write(frame)
+	}
+	if err != nil {
 		c.s.Metrics.brokerError(brokerWrite)
 		c.log.Warn("closing connection: write to broker failed", "err", err)
 		c.upstream.Close()

@@ -1,0 +1,207 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+)
+
+// Record bytes that never enter the proxy (docs/produce-path.md).
+//
+// The planner decides an idempotent batch from its 61-byte header: the
+// records' fingerprint derives from the header's CRC, and it reads the
+// records only to check that CRC before it answers a retry itself. So when
+// both legs are plain TCP on Linux, a large Produce request is read with
+// protocol.ProduceWalker: the records of each large idempotent batch (a hole)
+// go from the client's socket into a pipe with splice(2), everything else
+// into a mapping of the request's size whose hole pages are never written,
+// and so take no memory. The request, as the planner sees it, has the right
+// size and every header; its holes read as zeros.
+//
+// Forwarded as it came (the common case), the request is written upstream
+// around its holes, each spliced from its pipe. Whenever the proxy needs any
+// record bytes of an idempotent batch (to answer a retry, or to rebuild the
+// request without some partitions), fillHoles first reads every hole back
+// into place, and the request is then exactly what a whole read gives.
+
+// minHole is the fewest record bytes worth a pipe: below it, splicing costs
+// more syscalls than the copy it saves (as for Fetch, relay.go).
+const minHole = 16 << 10
+
+// maxHoles bounds the pipes one request holds; the records of further
+// batches are read.
+const maxHoles = 16
+
+// hole is record bytes of the current request that are in a pipe.
+type hole struct {
+	off, n int // in the frame
+	p      *recordPipe
+}
+
+// readSparse reads a Produce request of n bytes with holes (see above). ok
+// is false, with nothing read, when it cannot (no mapping): the caller reads
+// the request whole.
+func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}) (body []byte, ok bool, err error) {
+	buf := mapRequest(n)
+	if buf == nil {
+		return nil, false, nil
+	}
+	rb.pool.reserve(rb, n, done)
+	rb.large, rb.sparse = buf, true
+	copy(buf, rb.buf[:4])
+	body = buf[4:n]
+	defer rb.reading.Store(0)
+	progress := func() { rb.reading.Store(time.Now().UnixNano()) }
+	var w protocol.ProduceWalker
+	w.Reset(len(body), minHole)
+	have := 0
+	for have < len(body) {
+		progress()
+		need, gap, end := w.Next(body[:have])
+		switch {
+		case end:
+			need = len(body)
+		case gap > 0:
+			// What the reader already holds is read; the rest of the
+			// hole goes to a pipe, up to what the pipe takes, and
+			// whatever is left is read.
+			need = have + gap
+			k := min(r.Buffered(), gap)
+			if _, err := io.ReadFull(r, body[have:have+k]); err != nil {
+				return nil, true, bodyErr(err, int32(n-4))
+			}
+			have += k
+			if rest := need - have; rest >= minHole && len(rb.holes) < maxHoles {
+				moved, err := rb.spliceIn(4+have, rest, progress)
+				if err != nil {
+					return nil, true, bodyErr(err, int32(n-4))
+				}
+				have += moved
+			}
+		}
+		for have < need {
+			end := min(need, have+readChunk)
+			k, err := io.ReadFull(r, body[have:end])
+			have += k
+			if err != nil {
+				return nil, true, bodyErr(err, int32(n-4))
+			}
+			progress()
+		}
+	}
+	return body, true, nil
+}
+
+// spliceIn moves up to n bytes of a hole at frame offset off from the
+// client's socket into a pipe, and reports how many it moved: fewer when no
+// pipe is free or the pipe filled up. The caller reads the rest.
+func (rb *requestBuffer) spliceIn(off, n int, progress func()) (int, error) {
+	p := getPipe()
+	if p == nil {
+		return 0, nil
+	}
+	moved, err := rb.mover.in(rb.src, p, n, progress)
+	if moved > 0 {
+		rb.holes = append(rb.holes, hole{off: off, n: moved, p: p})
+		if rb.tracker != nil {
+			rb.tracker.passed(moved, err == io.ErrUnexpectedEOF)
+		}
+	} else {
+		putPipe(p, err == nil)
+	}
+	return moved, err
+}
+
+// fillHoles reads every hole back into place. False when a pipe fails: the
+// request can then be neither forwarded nor answered.
+func (rb *requestBuffer) fillHoles() bool {
+	if rb.broken {
+		return false
+	}
+	for i := range rb.holes {
+		h := &rb.holes[i]
+		if err := readPipe(h.p, rb.large[h.off:h.off+h.n]); err != nil {
+			rb.broken = true
+			return false
+		}
+		putPipe(h.p, true)
+		h.p = nil
+		rb.readBack += h.n
+	}
+	rb.holes = rb.holes[:0]
+	return true
+}
+
+// dropHoles closes the pipes of holes neither forwarded nor read back.
+func (rb *requestBuffer) dropHoles() {
+	for i := range rb.holes {
+		if p := rb.holes[i].p; p != nil {
+			putPipe(p, false)
+		}
+	}
+	clear(rb.holes)
+	rb.holes = rb.holes[:0]
+	rb.broken = false
+}
+
+// errHolesElsewhere is a frame with holes that is not the request read: a
+// bug, caught before a byte of it goes upstream.
+var errHolesElsewhere = errors.New("a produce request with holes is not the frame being forwarded")
+
+// writeAround writes the request frame upstream around its holes, splicing
+// each from its pipe.
+func (c *session) writeAround(rb *requestBuffer, frame []byte) error {
+	if len(frame) == 0 || len(rb.large) == 0 || &frame[0] != &rb.large[0] {
+		return errHolesElsewhere
+	}
+	pos, spliced := 0, 0
+	for i := range rb.holes {
+		h := &rb.holes[i]
+		if h.off+h.n > len(frame) {
+			return errHolesElsewhere
+		}
+		if _, err := c.upstream.Write(frame[pos:h.off]); err != nil {
+			return err
+		}
+		if err := rb.mover.out(c.rawUp, h.p, h.n); err != nil {
+			return err
+		}
+		putPipe(h.p, true)
+		h.p = nil
+		pos = h.off + h.n
+		spliced += h.n
+	}
+	rb.holes = rb.holes[:0]
+	c.s.Metrics.produceSpliced.Add(float64(spliced))
+	_, err := c.upstream.Write(frame[pos:])
+	return err
+}
+
+// fillRequest is the planner's fill (producePlan.fill) for this connection's
+// request being read.
+func (c *session) fillRequest() bool {
+	rb := c.req
+	if rb == nil || len(rb.holes) == 0 {
+		return rb == nil || !rb.broken
+	}
+	ok := rb.fillHoles()
+	if rb.readBack > 0 {
+		c.s.Metrics.produceReadBack.Add(float64(rb.readBack))
+		rb.readBack = 0
+	}
+	return ok
+}
+
+// holesAllowed reports whether the next request may be read with holes:
+// both legs plain TCP on Linux, and no idempotency keys to read from
+// records (keys.go), whose configuration can change at any time.
+func (c *session) holesAllowed() bool {
+	if !holesSupported || c.rawClient == nil || c.rawUp == nil {
+		return false
+	}
+	pn := c.s.planner
+	return pn.keys == nil || len(pn.settings.Load().keyHeader) == 0
+}
