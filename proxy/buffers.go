@@ -119,6 +119,7 @@ type requestBuffer struct {
 	// A Produce request may be read with holes (holes.go) when src, the
 	// client's socket, is set and holesOK for the request.
 	src      syscall.RawConn
+	direct   io.Reader // the client connection under the buffered reader
 	holesOK  bool
 	mover    *holeMover
 	tracker  *requestTracker // told of the bytes that bypass it; may be nil

@@ -84,6 +84,14 @@ type Config struct {
 	// clients send (1 MB by default, several MB for franz-go).
 	RequestMemory int `yaml:"request_memory"`
 
+	// ProduceSplice keeps the records of large idempotent batches out of the
+	// proxy's memory: spliced from the client's socket into pipes and from
+	// the pipes to the broker (Linux, plain TCP on both legs; holes.go). It
+	// lowers the proxy's memory and can lower its CPU where splice(2) is
+	// cheaper than a copy; on our test VM's loopback it cost more CPU than
+	// it saved (docs/performance.md), hence off by default.
+	ProduceSplice bool `yaml:"produce_splice"`
+
 	// MaxInflight caps the requests of one client connection awaiting their
 	// response; when reached the proxy stops reading from that client
 	// (backpressure). Default 256.

@@ -31,6 +31,10 @@ import (
 // more syscalls than the copy it saves (as for Fetch, relay.go).
 const minHole = 16 << 10
 
+// directRead is the largest read that bypasses the buffered reader while
+// a request with holes is read.
+const directRead = 4 << 10
+
 // maxHoles bounds the pipes one request holds; the records of further
 // batches are read.
 const maxHoles = 16
@@ -45,6 +49,9 @@ type hole struct {
 // is false, with nothing read, when it cannot (no mapping): the caller reads
 // the request whole.
 func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}) (body []byte, ok bool, err error) {
+	if rb.direct == nil {
+		return nil, false, nil
+	}
 	buf := mapRequest(n)
 	if buf == nil {
 		return nil, false, nil
@@ -84,7 +91,14 @@ func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}
 		}
 		for have < need {
 			end := min(need, have+readChunk)
-			k, err := io.ReadFull(r, body[have:end])
+			var src io.Reader = r
+			if r.Buffered() == 0 && end-have < directRead {
+				// The fields before a batch's records: read alone, so
+				// that the reader does not take the records along into
+				// memory.
+				src = rb.direct
+			}
+			k, err := io.ReadFull(src, body[have:end])
 			have += k
 			if err != nil {
 				return nil, true, bodyErr(err, int32(n-4))
@@ -157,6 +171,8 @@ func (c *session) writeAround(rb *requestBuffer, frame []byte) error {
 	if len(frame) == 0 || len(rb.large) == 0 || &frame[0] != &rb.large[0] {
 		return errHolesElsewhere
 	}
+	cork(c.rawUp, true)
+	defer cork(c.rawUp, false)
 	pos, spliced := 0, 0
 	for i := range rb.holes {
 		h := &rb.holes[i]
@@ -196,10 +212,10 @@ func (c *session) fillRequest() bool {
 }
 
 // holesAllowed reports whether the next request may be read with holes:
-// both legs plain TCP on Linux, and no idempotency keys to read from
+// produce_splice on, both legs plain TCP on Linux, and no idempotency keys to read from
 // records (keys.go), whose configuration can change at any time.
 func (c *session) holesAllowed() bool {
-	if !holesSupported || c.rawClient == nil || c.rawUp == nil {
+	if !holesSupported || !c.s.Config.ProduceSplice || c.rawClient == nil || c.rawUp == nil {
 		return false
 	}
 	pn := c.s.planner

@@ -205,7 +205,7 @@ func (c *session) readLoop() {
 	m := c.s.Metrics
 	rb := requestBuffer{pool: c.s.requestPool(), tracker: c.tracker}
 	if holesSupported && c.rawClient != nil && c.rawUp != nil {
-		rb.src, rb.mover = c.rawClient, newHoleMover()
+		rb.src, rb.direct, rb.mover = c.rawClient, c.client, newHoleMover()
 	}
 	c.req = &rb
 	defer rb.release()
