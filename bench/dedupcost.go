@@ -24,7 +24,7 @@ func runDedupCost(ctx context.Context, cfg Config, dir string, base loadSpec, id
 	defer up.close()
 	var eps []endpoint
 	for _, mode := range []string{"off", "enforce"} {
-		px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, mode)
+		px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, mode, cfg.proxyExtra()...)
 		if err != nil {
 			return row, err
 		}

@@ -66,6 +66,7 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.StringVar(&cfg.Acks, "acks", cfg.Acks, "all, leader or none (idempotence needs all)")
 	fs.BoolVar(&cfg.Idempotent, "idempotent", cfg.Idempotent, "idempotent producers (producer ids and sequences, what the proxy deduplicates)")
 	fs.StringVar(&cfg.Dedup, "dedup", cfg.Dedup, "proxy dedup mode: enforce, observe or off")
+	fs.BoolVar(&cfg.ProduceSplice, "produce-splice", cfg.ProduceSplice, "turn on the proxy's produce_splice: records of large idempotent batches spliced socket to socket (Linux)")
 	fs.Float64Var(&cfg.RetryRate, "retry-rate", cfg.RetryRate, "fraction of Produce acknowledgements the fault shim drops (cutting the connection) in batched phases; 0 runs without the shim")
 	fs.Float64Var(&cfg.LostAckRate, "lostack-rate", cfg.LostAckRate, "drop rate of the separate lost-ack scenario (1 KiB, idempotent, enforce); 0 skips it")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of each phase (one target, one repetition)")

@@ -30,11 +30,14 @@ type Config struct {
 	Acks        string        `json:"acks"`
 	Idempotent  bool          `json:"idempotent"`
 	Dedup       string        `json:"dedup"`
-	RetryRate   float64       `json:"retry_rate"`   // lost acks in the throughput matrix
-	LostAckRate float64       `json:"lostack_rate"` // the separate lost-ack scenario; 0 skips it
-	Duration    time.Duration `json:"duration"`     // per phase
-	Records     int64         `json:"records"`      // per phase, 0 = duration only
-	Reps        int           `json:"reps"`         // direct/proxy pairs per row
+	// ProduceSplice turns on the proxy's produce_splice (records of large
+	// idempotent batches moved socket to socket).
+	ProduceSplice bool          `json:"produce_splice"`
+	RetryRate     float64       `json:"retry_rate"`   // lost acks in the throughput matrix
+	LostAckRate   float64       `json:"lostack_rate"` // the separate lost-ack scenario; 0 skips it
+	Duration      time.Duration `json:"duration"`     // per phase
+	Records       int64         `json:"records"`      // per phase, 0 = duration only
+	Reps          int           `json:"reps"`         // direct/proxy pairs per row
 	// Recovery sets kgo's retry backoff and metadata min age (0 keeps kgo's
 	// defaults). After a cut connection kgo refreshes metadata before
 	// retrying, by default at most every 5s, so each lost acknowledgement
@@ -214,7 +217,7 @@ func stack(ctx context.Context, cfg Config, dir, kind string, topics []string, p
 		return nil, stop, err
 	}
 	stops = append(stops, fl.close)
-	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, dedup)
+	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, dedup, cfg.proxyExtra()...)
 	if err != nil {
 		return nil, stop, err
 	}
@@ -439,4 +442,13 @@ feed:
 	m.RSSPerEntry = float64(after.rss-before.rss) / grown
 	m.HeapPerEntry = (metricValue(mAfter, "go_memstats_heap_inuse_bytes") - metricValue(mBefore, "go_memstats_heap_inuse_bytes")) / grown
 	return m, nil
+}
+
+// proxyExtra is the proxy configuration the flags add to the measured
+// proxies.
+func (c *Config) proxyExtra() []string {
+	if c.ProduceSplice {
+		return []string{"produce_splice: true\n"}
+	}
+	return nil
 }

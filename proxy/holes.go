@@ -171,8 +171,6 @@ func (c *session) writeAround(rb *requestBuffer, frame []byte) error {
 	if len(frame) == 0 || len(rb.large) == 0 || &frame[0] != &rb.large[0] {
 		return errHolesElsewhere
 	}
-	cork(c.rawUp, true)
-	defer cork(c.rawUp, false)
 	pos, spliced := 0, 0
 	for i := range rb.holes {
 		h := &rb.holes[i]

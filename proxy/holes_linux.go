@@ -186,14 +186,3 @@ func pipesInUse() int {
 	defer pipes.mu.Unlock()
 	return pipes.inUse
 }
-
-// cork holds back partial segments on the socket while a request is
-// written around its holes, so that its headers and records leave in full
-// segments, and lets them go when on is false.
-func cork(rc syscall.RawConn, on bool) {
-	v := 0
-	if on {
-		v = 1
-	}
-	rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CORK, v) })
-}

@@ -25,5 +25,3 @@ func (m *holeMover) in(syscall.RawConn, *recordPipe, int, func()) (int, error) {
 const holesSupported = false
 
 func pipesInUse() int { return 0 }
-
-func cork(syscall.RawConn, bool) {}
