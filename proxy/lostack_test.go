@@ -151,12 +151,15 @@ func (bl *batchLog) repeats() (distinct, repeated int) {
 
 // lostAckSetup starts a 1-broker cluster, a proxy whose broker listener is
 // advertised at a shim that drops the dropAt-th Produce acknowledgement.
-func lostAckSetup(t *testing.T, topic string, partitions int32, dropAt int64) (*kfake.Cluster, *testProxy, *ackDropShim, *batchLog) {
+func lostAckSetup(t *testing.T, topic string, partitions int32, dropAt int64, mods ...func(*Config)) (*kfake.Cluster, *testProxy, *ackDropShim, *batchLog) {
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
 	bl := logBatches(c)
 	shim := newAckDropShim(t, dropAt)
 	p := startProxy(t, c, func(cfg *Config) {
 		cfg.Nodes = map[int32]NodeConfig{0: {Advertise: shim.ln.Addr().String()}}
+		for _, mod := range mods {
+			mod(cfg)
+		}
 	})
 	target, ok := p.nodes.listenAddr(0)
 	if !ok {
@@ -204,11 +207,32 @@ func consumeDirect(t *testing.T, c *kfake.Cluster, topic string, n int) {
 // itself, and the topic holds every record exactly once, in order.
 func TestLostAckFranzGo(t *testing.T) {
 	t.Parallel()
-	const topic, n = "lostack-kgo", 3000
-	c, p, shim, bl := lostAckSetup(t, topic, 3, 3)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DefaultProduceTopic(topic),
-		kgo.MetadataMinAge(100*time.Millisecond), kgo.ProducerLinger(5*time.Millisecond),
-		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	testLostAckFranzGo(t, "lostack-kgo", false)
+}
+
+// TestLostAckFranzGoSpliced is TestLostAckFranzGo with produce_splice and
+// 2 KB uncompressed records: the batches' records are in pipes, and the
+// retry is answered from them read back (holes.go).
+func TestLostAckFranzGoSpliced(t *testing.T) {
+	requireHoles(t)
+	t.Parallel()
+	testLostAckFranzGo(t, "lostack-kgo-spliced", true)
+}
+
+func testLostAckFranzGo(t *testing.T, topic string, spliced bool) {
+	const n = 3000
+	format := "%d"
+	opts := []kgo.Opt{kgo.DefaultProduceTopic(topic),
+		kgo.MetadataMinAge(100 * time.Millisecond), kgo.ProducerLinger(5 * time.Millisecond),
+		kgo.RecordPartitioner(kgo.RoundRobinPartitioner())}
+	var mods []func(*Config)
+	if spliced {
+		format = "%02000d" // parsed back by consumeDirect
+		opts = append(opts, kgo.ProducerBatchCompression(kgo.NoCompression()))
+		mods = append(mods, func(cfg *Config) { cfg.ProduceSplice = true })
+	}
+	c, p, shim, bl := lostAckSetup(t, topic, 3, 3, mods...)
+	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers(p.addr()))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +242,7 @@ func TestLostAckFranzGo(t *testing.T) {
 	for chunk := 0; chunk < n; chunk += 300 {
 		recs := make([]*kgo.Record, 300)
 		for i := range recs {
-			recs[i] = &kgo.Record{Value: []byte(strconv.Itoa(chunk + i))}
+			recs[i] = &kgo.Record{Value: []byte(fmt.Sprintf(format, chunk+i))}
 		}
 		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			t.Fatalf("produce: %v", err)
@@ -236,6 +260,11 @@ func TestLostAckFranzGo(t *testing.T) {
 	}
 	if dups < 1 {
 		t.Errorf("the proxy answered no retry")
+	}
+	if moved := testutil.ToFloat64(p.Metrics.produceSpliced); spliced && moved == 0 {
+		t.Errorf("no record bytes spliced")
+	} else if spliced {
+		t.Logf("record bytes spliced %.0f, read back %.0f", moved, testutil.ToFloat64(p.Metrics.produceReadBack))
 	}
 }
 
