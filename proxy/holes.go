@@ -90,15 +90,18 @@ func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}
 			}
 		}
 		for have < need {
-			end := min(need, have+readChunk)
-			var src io.Reader = r
-			if r.Buffered() == 0 && end-have < directRead {
-				// The fields before a batch's records: read alone, so
-				// that the reader does not take the records along into
-				// memory.
-				src = rb.direct
+			var k int
+			var err error
+			if r.Buffered() == 0 && need-have < directRead {
+				// The fields before a batch's records: read past the
+				// buffered reader, which would take 32 KiB of records
+				// along into memory, but in one read of up to
+				// directRead when the bytes are there (the walker
+				// starts the hole after whatever was read).
+				k, err = io.ReadAtLeast(rb.direct, body[have:min(len(body), have+directRead)], need-have)
+			} else {
+				k, err = io.ReadFull(r, body[have:min(need, have+readChunk)])
 			}
-			k, err := io.ReadFull(src, body[have:end])
 			have += k
 			if err != nil {
 				return nil, true, bodyErr(err, int32(n-4))
