@@ -204,7 +204,7 @@ func (c *session) readLoop() {
 	cfg := &c.s.Config
 	m := c.s.Metrics
 	rb := requestBuffer{pool: c.s.requestPool(), tracker: c.tracker}
-	if holesSupported && c.rawClient != nil && c.rawUp != nil {
+	if holesSupported && cfg.ProduceSplice && c.rawClient != nil && c.rawUp != nil {
 		rb.src, rb.direct, rb.mover = c.rawClient, c.client, newHoleMover()
 	}
 	c.req = &rb
