@@ -233,6 +233,42 @@ func BenchmarkTableMemory(b *testing.B) {
 	}
 }
 
+// BenchmarkTableFresh is the heap of a default table (New(Config{}), 8
+// shards here) holding 64 entries of distinct producer ids, spread over all
+// its shards, as in a proxy serving a few producers: B/table is the
+// HeapAlloc delta after GC, B/64entries the part the entries add to the
+// empty table. One op builds such a table.
+func BenchmarkTableFresh(b *testing.B) {
+	const producers = 64
+	build := func(tab *Table) {
+		topic := tab.topic("orders")
+		for pid := range producers {
+			tab.Commit(Key{ProducerID: int64(pid), Topic: topic}, Batch{FirstSeq: 0, Count: 1}, 0, 1, benchNow)
+		}
+	}
+	runtime.GC()
+	runtime.GC()
+	var before, empty, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	tab, _ := New(Config{})
+	runtime.GC()
+	runtime.ReadMemStats(&empty)
+	build(tab)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if tab.Len() != producers {
+		b.Fatalf("len %d", tab.Len())
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		t, _ := New(Config{})
+		build(t)
+	}
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc), "B/table")
+	b.ReportMetric(float64(after.HeapAlloc-empty.HeapAlloc), "B/64entries")
+	runtime.KeepAlive(tab)
+}
+
 // BenchmarkTopic looks up a known topic among 1000, by name from a request
 // buffer and by topic ID, as the proxy does for every partition of every
 // Produce.
