@@ -368,42 +368,46 @@ func (t *Table) dumpAll(tb testing.TB) string {
 	total := 0
 	for i := range t.shards {
 		s := &t.shards[i].shard
-		s.mu.Lock()
-		keys, idxs := s.walk(tb, i)
-		total += len(keys)
-		if int(s.used) != len(keys)+len(s.free) {
-			tb.Fatalf("shard %d: used %d != live %d + free %d", i, s.used, len(keys), len(s.free))
-		}
-		if len(keys) > s.capacity {
-			tb.Fatalf("shard %d: %d entries over capacity %d", i, len(keys), s.capacity)
-		}
-		fmt.Fprintf(&sb, "shard %d:", i)
-		seen := map[int32]bool{}
-		for j, k := range keys {
-			idx := idxs[j]
-			if seen[idx] || slices.Contains(s.free, uint32(idx)) {
-				tb.Fatalf("shard %d: slab index %d used twice", i, idx)
+		func() {
+			// A Fatalf below must not leave the lock held: run's deferred
+			// compareState calls dumpAll again.
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			keys, idxs := s.walk(tb, i)
+			total += len(keys)
+			if int(s.used) != len(keys)+len(s.free) {
+				tb.Fatalf("shard %d: used %d != live %d + free %d", i, s.used, len(keys), len(s.free))
 			}
-			seen[idx] = true
-			e := s.entry(idx)
-			if e.h.n == 0 || int(e.h.n) > e.len() {
-				tb.Fatalf("shard %d: key %v holds %d batches", i, k, e.h.n)
+			if len(keys) > s.capacity {
+				tb.Fatalf("shard %d: %d entries over capacity %d", i, len(keys), s.capacity)
 			}
-			fmt.Fprintf(&sb, " {%v e=%d seen=%d", k, e.h.epoch, e.h.lastSeen)
-			for j := 0; j < int(e.h.n); j++ {
-				x := e.at(j)
-				off, ts := e.offsets(e.pos(j))
-				fmt.Fprintf(&sb, " %d-%d/%d/%v/%d/%d", e.firstOf(j), x.lastSeq(), x.fingerprint, x.pending(), off, ts)
+			fmt.Fprintf(&sb, "shard %d:", i)
+			seen := map[int32]bool{}
+			for j, k := range keys {
+				idx := idxs[j]
+				if seen[idx] || slices.Contains(s.free, uint32(idx)) {
+					tb.Fatalf("shard %d: slab index %d used twice", i, idx)
+				}
+				seen[idx] = true
+				e := s.entry(idx)
+				if e.h.n == 0 || int(e.h.n) > e.len() {
+					tb.Fatalf("shard %d: key %v holds %d batches", i, k, e.h.n)
+				}
+				fmt.Fprintf(&sb, " {%v e=%d seen=%d", k, e.h.epoch, e.h.lastSeen)
+				for j := 0; j < int(e.h.n); j++ {
+					x := e.at(j)
+					off, ts := e.offsets(e.pos(j))
+					fmt.Fprintf(&sb, " %d-%d/%d/%v/%d/%d", e.firstOf(j), x.lastSeq(), x.fingerprint, x.pending(), off, ts)
+				}
+				sb.WriteString("}")
 			}
-			sb.WriteString("}")
-		}
-		sb.WriteString(" fences:")
-		for _, pid := range s.fences.Keys() {
-			f, _ := s.fences.Peek(pid)
-			fmt.Fprintf(&sb, " %d=%d@%d", pid, f.epoch, f.seen)
-		}
-		sb.WriteString("\n")
-		s.mu.Unlock()
+			sb.WriteString(" fences:")
+			for _, pid := range s.fences.Keys() {
+				f, _ := s.fences.Peek(pid)
+				fmt.Fprintf(&sb, " %d=%d@%d", pid, f.epoch, f.seen)
+			}
+			sb.WriteString("\n")
+		}()
 	}
 	if total != t.Len() || total > int(t.shards[0].maxEntries)+len(t.shards)-1 {
 		tb.Fatalf("%d entries in the shards, Len %d, MaxEntries %d, %d shards", total, t.Len(), t.shards[0].maxEntries, len(t.shards))
