@@ -381,6 +381,7 @@ func (t *Table) dumpAll(tb testing.TB) string {
 			if len(keys) > s.capacity {
 				tb.Fatalf("shard %d: %d entries over capacity %d", i, len(keys), s.capacity)
 			}
+			s.checkSlab(tb, i, idxs)
 			fmt.Fprintf(&sb, "shard %d:", i)
 			seen := map[int32]bool{}
 			for j, k := range keys {
@@ -413,6 +414,47 @@ func (t *Table) dumpAll(tb testing.TB) string {
 		tb.Fatalf("%d entries in the shards, Len %d, MaxEntries %d, %d shards", total, t.Len(), t.shards[0].maxEntries, len(t.shards))
 	}
 	return sb.String()
+}
+
+// checkSlab checks the slab pages against the entries at slab indexes idxs:
+// only the first page may be short, room counts what the pages hold and
+// covers the indexes handed out, the view of mru is current, and every wide
+// value is keyed by a marked slot of a live entry (none left at an address
+// a page move abandoned).
+func (s *shard) checkSlab(tb testing.TB, i int, idxs []int32) {
+	room := 0
+	for p, pg := range s.pages {
+		if p > 0 && len(pg.h) != 1<<s.pageShift || len(pg.h) > 1<<s.pageShift ||
+			len(pg.s) != len(pg.h)*s.retained+MaxRetainedBatches-s.retained {
+			tb.Fatalf("shard %d: page %d of %d holds %d headers, %d slots", i, p, len(s.pages), len(pg.h), len(pg.s))
+		}
+		room += len(pg.h)
+	}
+	if int(s.room) != room || s.used > s.room {
+		tb.Fatalf("shard %d: room %d, pages hold %d, used %d", i, s.room, room, s.used)
+	}
+	want := entry{}
+	if s.mru != nilIndex {
+		want = s.entry(s.mru)
+	}
+	if s.mruEntry != want {
+		tb.Fatalf("shard %d: stale view of mru %d", i, s.mru)
+	}
+	wide := 0
+	for _, idx := range idxs {
+		e := s.entry(idx)
+		for j := range e.len() {
+			if e.s[j].offDelta == wideDelta {
+				if _, ok := s.wide[&e.s[j]]; !ok {
+					tb.Fatalf("shard %d: slot %d of entry %d marked wide, no value", i, j, idx)
+				}
+				wide++
+			}
+		}
+	}
+	if wide != len(s.wide) {
+		tb.Fatalf("shard %d: %d wide values, %d slots of live entries marked", i, len(s.wide), wide)
+	}
 }
 
 // walk lists the shard's keys and slab indexes from least to most recently
