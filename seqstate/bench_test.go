@@ -193,7 +193,8 @@ func BenchmarkCheckCommitParallel(b *testing.B) {
 // The first target, 150 B/entry with 5 retained batches, is met;
 // its later one, 100 B, is not (the package documentation, Layout, says
 // where the 148.6 B go and why; docs/performance.md lists what was
-// weighed). The per-request API changed no byte of it.
+// weighed). Neither the per-request API nor the growing first page (see
+// shard.addRoom) changed a byte of it.
 func BenchmarkTableMemory(b *testing.B) {
 	const entries = 1_000_000
 	for _, retained := range []int{1, 5} {
@@ -231,6 +232,46 @@ func BenchmarkTableMemory(b *testing.B) {
 			runtime.KeepAlive(tab)
 		})
 	}
+}
+
+// BenchmarkTableFresh is the heap of a default table (New(Config{}), 8
+// shards here) holding 64 entries of distinct producer ids, spread over all
+// its shards, as in a proxy serving a few producers: B/table is the
+// HeapAlloc delta after GC, B/64entries the part the entries add to the
+// empty table. One op builds such a table.
+//
+//	                 full 4096-entry first pages   first page growing from 8
+//	B/table          4,527,664                     17,504
+//	B/64entries      4,522,680                     12,536
+func BenchmarkTableFresh(b *testing.B) {
+	const producers = 64
+	build := func(tab *Table) {
+		topic := tab.topic("orders")
+		for pid := range producers {
+			tab.Commit(Key{ProducerID: int64(pid), Topic: topic}, Batch{FirstSeq: 0, Count: 1}, 0, 1, benchNow)
+		}
+	}
+	runtime.GC()
+	runtime.GC()
+	var before, empty, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	tab, _ := New(Config{})
+	runtime.GC()
+	runtime.ReadMemStats(&empty)
+	build(tab)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if tab.Len() != producers {
+		b.Fatalf("len %d", tab.Len())
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		t, _ := New(Config{})
+		build(t)
+	}
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc), "B/table")
+	b.ReportMetric(float64(after.HeapAlloc-empty.HeapAlloc), "B/64entries")
+	runtime.KeepAlive(tab)
 }
 
 // BenchmarkTopic looks up a known topic among 1000, by name from a request

@@ -83,7 +83,8 @@ func decodeDelta(d int32, base int64) int64 {
 }
 
 // wideMap holds, per shard, the exact values of slots whose deltas do not
-// fit, keyed by the slot's address (slab pages never move). It is empty
+// fit, keyed by the slot's address (a slab page moves only while it is a
+// shard's only page, and shard.resizeFirst re-keys them). It is empty
 // unless offsets or timestamps within one window are more than 2^31 apart.
 type wideMap map[*slot][2]int64
 

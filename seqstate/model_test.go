@@ -368,47 +368,93 @@ func (t *Table) dumpAll(tb testing.TB) string {
 	total := 0
 	for i := range t.shards {
 		s := &t.shards[i].shard
-		s.mu.Lock()
-		keys, idxs := s.walk(tb, i)
-		total += len(keys)
-		if int(s.used) != len(keys)+len(s.free) {
-			tb.Fatalf("shard %d: used %d != live %d + free %d", i, s.used, len(keys), len(s.free))
-		}
-		if len(keys) > s.capacity {
-			tb.Fatalf("shard %d: %d entries over capacity %d", i, len(keys), s.capacity)
-		}
-		fmt.Fprintf(&sb, "shard %d:", i)
-		seen := map[int32]bool{}
-		for j, k := range keys {
-			idx := idxs[j]
-			if seen[idx] || slices.Contains(s.free, uint32(idx)) {
-				tb.Fatalf("shard %d: slab index %d used twice", i, idx)
+		func() {
+			// A Fatalf below must not leave the lock held: run's deferred
+			// compareState calls dumpAll again.
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			keys, idxs := s.walk(tb, i)
+			total += len(keys)
+			if int(s.used) != len(keys)+len(s.free) {
+				tb.Fatalf("shard %d: used %d != live %d + free %d", i, s.used, len(keys), len(s.free))
 			}
-			seen[idx] = true
-			e := s.entry(idx)
-			if e.h.n == 0 || int(e.h.n) > e.len() {
-				tb.Fatalf("shard %d: key %v holds %d batches", i, k, e.h.n)
+			if len(keys) > s.capacity {
+				tb.Fatalf("shard %d: %d entries over capacity %d", i, len(keys), s.capacity)
 			}
-			fmt.Fprintf(&sb, " {%v e=%d seen=%d", k, e.h.epoch, e.h.lastSeen)
-			for j := 0; j < int(e.h.n); j++ {
-				x := e.at(j)
-				off, ts := e.offsets(e.pos(j))
-				fmt.Fprintf(&sb, " %d-%d/%d/%v/%d/%d", e.firstOf(j), x.lastSeq(), x.fingerprint, x.pending(), off, ts)
+			s.checkSlab(tb, i, idxs)
+			fmt.Fprintf(&sb, "shard %d:", i)
+			seen := map[int32]bool{}
+			for j, k := range keys {
+				idx := idxs[j]
+				if seen[idx] || slices.Contains(s.free, uint32(idx)) {
+					tb.Fatalf("shard %d: slab index %d used twice", i, idx)
+				}
+				seen[idx] = true
+				e := s.entry(idx)
+				if e.h.n == 0 || int(e.h.n) > e.len() {
+					tb.Fatalf("shard %d: key %v holds %d batches", i, k, e.h.n)
+				}
+				fmt.Fprintf(&sb, " {%v e=%d seen=%d", k, e.h.epoch, e.h.lastSeen)
+				for j := 0; j < int(e.h.n); j++ {
+					x := e.at(j)
+					off, ts := e.offsets(e.pos(j))
+					fmt.Fprintf(&sb, " %d-%d/%d/%v/%d/%d", e.firstOf(j), x.lastSeq(), x.fingerprint, x.pending(), off, ts)
+				}
+				sb.WriteString("}")
 			}
-			sb.WriteString("}")
-		}
-		sb.WriteString(" fences:")
-		for _, pid := range s.fences.Keys() {
-			f, _ := s.fences.Peek(pid)
-			fmt.Fprintf(&sb, " %d=%d@%d", pid, f.epoch, f.seen)
-		}
-		sb.WriteString("\n")
-		s.mu.Unlock()
+			sb.WriteString(" fences:")
+			for _, pid := range s.fences.Keys() {
+				f, _ := s.fences.Peek(pid)
+				fmt.Fprintf(&sb, " %d=%d@%d", pid, f.epoch, f.seen)
+			}
+			sb.WriteString("\n")
+		}()
 	}
 	if total != t.Len() || total > int(t.shards[0].maxEntries)+len(t.shards)-1 {
 		tb.Fatalf("%d entries in the shards, Len %d, MaxEntries %d, %d shards", total, t.Len(), t.shards[0].maxEntries, len(t.shards))
 	}
 	return sb.String()
+}
+
+// checkSlab checks the slab pages against the entries at slab indexes idxs:
+// only the first page may be short, room counts what the pages hold and
+// covers the indexes handed out, the view of mru is current, and every wide
+// value is keyed by a marked slot of a live entry (none left at an address
+// a page move abandoned).
+func (s *shard) checkSlab(tb testing.TB, i int, idxs []int32) {
+	room := 0
+	for p, pg := range s.pages {
+		if p > 0 && len(pg.h) != 1<<s.pageShift || len(pg.h) > 1<<s.pageShift ||
+			len(pg.s) != len(pg.h)*s.retained+MaxRetainedBatches-s.retained {
+			tb.Fatalf("shard %d: page %d of %d holds %d headers, %d slots", i, p, len(s.pages), len(pg.h), len(pg.s))
+		}
+		room += len(pg.h)
+	}
+	if int(s.room) != room || s.used > s.room {
+		tb.Fatalf("shard %d: room %d, pages hold %d, used %d", i, s.room, room, s.used)
+	}
+	want := entry{}
+	if s.mru != nilIndex {
+		want = s.entry(s.mru)
+	}
+	if s.mruEntry != want {
+		tb.Fatalf("shard %d: stale view of mru %d", i, s.mru)
+	}
+	wide := 0
+	for _, idx := range idxs {
+		e := s.entry(idx)
+		for j := range e.len() {
+			if e.s[j].offDelta == wideDelta {
+				if _, ok := s.wide[&e.s[j]]; !ok {
+					tb.Fatalf("shard %d: slot %d of entry %d marked wide, no value", i, j, idx)
+				}
+				wide++
+			}
+		}
+	}
+	if wide != len(s.wide) {
+		tb.Fatalf("shard %d: %d wide values, %d slots of live entries marked", i, len(s.wide), wide)
+	}
 }
 
 // walk lists the shard's keys and slab indexes from least to most recently

@@ -367,15 +367,17 @@ type shard struct {
 	expiration  int64
 	pageShift   uint
 	pageMask    uint32   // 1<<pageShift - 1
-	pages       []page   // page p holds entries p<<pageShift ...
+	pages       []page   // page p holds entries p<<pageShift ...; the first may be shorter (see addRoom)
+	room        uint32   // entries the pages hold
 	used        uint32   // entries ever handed out (the slab's high-water mark)
 	free        []uint32 // indexes handed back by removals
 	evictions   atomic.Uint64
 	expirations atomic.Uint64
 }
 
-// page is one slab page: 1<<pageShift headers and retained slots for each,
-// plus MaxRetainedBatches-retained spare slots (see entry).
+// page is one slab page: 1<<pageShift headers (fewer in a first page still
+// growing, see addRoom) and retained slots for each, plus
+// MaxRetainedBatches-retained spare slots (see entry).
 type page struct {
 	h []header
 	s []slot
@@ -399,10 +401,15 @@ func (s *shard) init(maxEntries, shards, fences, retained int, expiration int64,
 	s.mru, s.lru = nilIndex, nilIndex
 	s.idxMask = uint32(1)<<bits.Len32(uint32(capacity)) - 1 // holds capacity itself
 	s.index = make([]uint32, 8)
-	// Pages of up to 4096 entries: small enough that a shard wastes at most
-	// one partly used page, large enough that the page tables stay short and
-	// that the slot page's spare slots (see entry), which push it into one
-	// more 8 KiB runtime page, cost under 2 bytes per entry.
+	// Pages of up to 4096 entries: large enough that the page tables stay
+	// short and that the slot page's spare slots (see entry), which push it
+	// into one more 8 KiB runtime page, cost at most 2 bytes per entry for
+	// any RetainedBatches. Smaller full pages would fall in Go's small size
+	// classes, where the spare slots round some slot pages up by as much as
+	// a quarter (256 entries: +1.2 B/entry measured with 5 retained
+	// batches, ~+30 computed with 8). A full first page, ~557 KB with 5
+	// retained batches, would be most of a small table's heap, so the first
+	// page starts small and grows instead (see addRoom).
 	s.pageShift = uint(min(12, bits.Len(uint(capacity-1))))
 	s.pageMask = 1<<s.pageShift - 1
 }
@@ -565,11 +572,8 @@ func (s *shard) insert(k Key) entry {
 	} else {
 		idx = int32(s.used)
 		s.used++
-		if p := int(uint32(idx) >> s.pageShift); p == len(s.pages) {
-			size := 1 << s.pageShift
-			// MaxRetainedBatches-retained spare slots let the last entry's
-			// ring be an array pointer (see entry).
-			s.pages = append(s.pages, page{h: make([]header, size), s: make([]slot, size*s.retained+MaxRetainedBatches-s.retained)})
+		if uint32(idx) == s.room {
+			s.addRoom()
 		}
 	}
 	if (s.live+1)*4 > len(s.index)*3 {
@@ -588,6 +592,61 @@ func (s *shard) insert(k Key) entry {
 	*e.h = header{key: k}
 	s.pushFront(idx, e)
 	return e
+}
+
+// firstPageEntries is the size of a shard's first slab page when it is
+// allocated: ~1.3 KB with 5 retained batches.
+const firstPageEntries = 8
+
+// addRoom makes room for one more entry, slab index s.room. The first page
+// doubles until it is full size, so a shard's slab costs about what its
+// entries need (at most twice, plus Go's size-class rounding) until it holds
+// a page's worth; then full pages are added. Only insert calls it, before
+// taking the view of the new entry.
+func (s *shard) addRoom() {
+	switch full := 1 << s.pageShift; {
+	case len(s.pages) == 0:
+		s.pages = append(s.pages, s.newPage(min(firstPageEntries, full)))
+		s.room = uint32(len(s.pages[0].h))
+	case int(s.room) < full: // the first page, still growing
+		s.resizeFirst(2 * int(s.room))
+	default:
+		s.pages = append(s.pages, s.newPage(full))
+		s.room += uint32(full)
+	}
+}
+
+func (s *shard) newPage(n int) page {
+	// MaxRetainedBatches-retained spare slots let the last entry's ring be
+	// an array pointer (see entry).
+	return page{h: make([]header, n), s: make([]slot, n*s.retained+MaxRetainedBatches-s.retained)}
+}
+
+// resizeFirst moves the shard's only page to a new one of n entries (more, or
+// fewer than it holds but no fewer than s.used), copying the entries. Entry
+// views are addresses in the page, so it re-keys the wide values (by slot
+// address, see wideMap) and retakes the view of mru; the callers, insert and
+// compact, hold no other view across it.
+func (s *shard) resizeFirst(n int) {
+	old, p := s.pages[0], s.newPage(n)
+	copy(p.h, old.h)
+	copy(p.s, old.s)
+	if len(s.wide) > 0 {
+		for j := range min(len(old.s), len(p.s)) {
+			if old.s[j].offDelta != wideDelta {
+				continue
+			}
+			// A slot past s.used may still be marked: move leaves its
+			// source as it was.
+			if v, ok := s.wide[&old.s[j]]; ok {
+				s.wide[&p.s[j]] = v
+				delete(s.wide, &old.s[j])
+			}
+		}
+	}
+	s.pages[0] = p
+	s.room = uint32(n)
+	s.setMRU(s.mru)
 }
 
 // grow doubles the index and reinserts every word at its home position.
@@ -651,13 +710,15 @@ func (s *shard) remove(idx int32) {
 const compactMinUsed = 64
 
 // compact moves the shard's entries to the lowest slab indexes, drops the
-// slab pages no entry then uses, and rebuilds the index at the size the
-// entries need; the LRU order, the entries and their wide values are
-// unchanged. remove calls it when fewer than half the entries the slab has
-// handed out are live, so a shard's slab and index stay within about twice
-// its live entries (plus a page): a shard that once held many entries (any
-// shard may grow to MaxEntries) gives the memory back when they go. Its
-// cost, O(entries), is amortized over the removals that halved the shard.
+// slab pages no entry then uses (and shrinks the first page if it is the
+// only one left, to the size addRoom would have grown it to), and rebuilds
+// the index at the size the entries need; the LRU order, the entries and
+// their wide values are unchanged. remove calls it when fewer than half the
+// entries the slab has handed out are live, so a shard's slab and index stay
+// within about twice its live entries (plus a partly used page): a shard
+// that once held many entries (any shard may grow to MaxEntries) gives the
+// memory back when they go. Its cost, O(entries), is amortized over the
+// removals that halved the shard.
 func (s *shard) compact() {
 	target := uint32(s.live)
 	// Slab indexes below target are live or free, so there are as many
@@ -695,7 +756,19 @@ func (s *shard) compact() {
 	keep := int((target + 1<<s.pageShift - 1) >> s.pageShift)
 	clear(s.pages[keep:])
 	s.pages = s.pages[:keep]
+	s.room = uint32(keep) << s.pageShift
 	s.setMRU(s.mru) // the view of the new slab index
+	if keep == 1 {
+		n := firstPageEntries
+		for n < int(target) {
+			n *= 2
+		}
+		if n < len(s.pages[0].h) {
+			s.resizeFirst(n)
+		} else {
+			s.room = uint32(len(s.pages[0].h))
+		}
+	}
 }
 
 // move moves entry from to the free slab index to, with its LRU links and
