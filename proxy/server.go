@@ -130,6 +130,16 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
+	if s.Config.ProduceSplice {
+		// Say so when it cannot apply, rather than leave an operator to
+		// wonder why dedupproxy_produce_spliced_bytes_total stays at 0.
+		switch {
+		case !holesSupported:
+			s.Logger.Warn("produce_splice has no effect: it needs Linux's splice(2)")
+		case s.Config.TLS.Enabled() || s.Config.UpstreamTLS.Enabled:
+			s.Logger.Warn("produce_splice applies to plain TCP legs only: it has no effect where TLS is on")
+		}
+	}
 	s.mu.Lock()
 	switch {
 	case s.closing.Load():
