@@ -3,8 +3,10 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -173,4 +175,112 @@ func TestProduceSpliceClientGone(t *testing.T) {
 		t.Fatalf("produce after: %+v", r)
 	}
 	checkValues(t, partitionValues(t, c, topic, 0, 1), 1, v)
+}
+
+// TestProduceSpliceByteExact sends requests of random shapes (seeded):
+// versions 7 to 12, several partitions, idempotent batches on both sides of
+// the hole threshold, legacy batches, written in random pieces so that
+// holes start wherever the buffered reader stopped. The broker must receive
+// every partition's records byte for byte, and a resent request must be
+// answered by the proxy without reaching it.
+func TestProduceSpliceByteExact(t *testing.T) {
+	requireHoles(t)
+	t.Parallel()
+	const topic, partitions, requests = "holes-exact", 8, 24
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
+	var mu sync.Mutex
+	got := map[int32][][]byte{} // records the broker received, per partition
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			for _, pp := range tp.Partitions {
+				got[pp.Partition] = append(got[pp.Partition], bytes.Clone(pp.Records))
+			}
+		}
+		return nil, nil, false
+	})
+	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = true })
+	raw := dialRaw(t, p.addr())
+	raw.learnTopics(topic)
+	rng := rand.New(rand.NewPCG(13, 1))
+	want := map[int32][][]byte{}
+	resent := 0
+	for i := range requests {
+		req := kmsg.NewPtrProduceRequest()
+		req.SetVersion(int16(7 + rng.IntN(6)))
+		req.Acks, req.TimeoutMillis = -1, 5000
+		rt := kmsg.NewProduceRequestTopic()
+		rt.Topic = topic
+		idempotent := false
+		for _, part := range rng.Perm(partitions)[:1+rng.IntN(partitions)] {
+			pid := int64(1000 + i*partitions + part) // a new producer: always accepted
+			size := []int{1 << 10, minHole - 100, minHole + 100, 70 << 10, 300 << 10}[rng.IntN(5)]
+			if rng.IntN(5) == 0 {
+				pid = -1
+			}
+			idempotent = idempotent || pid >= 0
+			value := make([]byte, size)
+			for j := range value {
+				value[j] = byte(rng.Uint32())
+			}
+			rp := kmsg.NewProduceRequestTopicPartition()
+			rp.Partition = int32(part)
+			rp.Records = recordBatch(t, pid, 0, 0, 1+rng.IntN(3), string(value))
+			rt.Partitions = append(rt.Partitions, rp)
+			want[int32(part)] = append(want[int32(part)], rp.Records)
+		}
+		req.Topics = append(req.Topics, rt)
+		raw.corr++
+		frame := kmsg.NewRequestFormatter(kmsg.FormatterClientID("raw")).AppendRequest(nil, req, raw.corr)
+		for len(frame) > 0 {
+			n := min(len(frame), 1+rng.IntN(100<<10))
+			if _, err := raw.conn.Write(frame[:n]); err != nil {
+				t.Fatal(err)
+			}
+			frame = frame[n:]
+		}
+		resp := raw.recv(req, raw.corr).(*kmsg.ProduceResponse)
+		for _, pr := range resp.Topics[0].Partitions {
+			if pr.ErrorCode != 0 {
+				t.Fatalf("request %d (v%d), partition %d: error %d", i, req.Version, pr.Partition, pr.ErrorCode)
+			}
+		}
+		if i%6 == 5 && idempotent { // the same request again: a retry the proxy answers
+			before, brokerBefore := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]), testutil.ToFloat64(p.Metrics.dupAnswered[dupByBroker])
+			raw.roundTrip(req)
+			resent++
+			after, brokerAfter := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]), testutil.ToFloat64(p.Metrics.dupAnswered[dupByBroker])
+			if after == before {
+				t.Fatalf("request %d (%d partitions) resent: no retry answered by the proxy (by the broker: %v)", i, len(rt.Partitions), brokerAfter-brokerBefore)
+			}
+		}
+	}
+	if resent == 0 {
+		t.Fatal("no request was resent")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for part, batches := range want {
+		// Legacy resends reach the broker when the proxy cannot answer
+		// them from memory; only idempotent batches are compared in full.
+		if len(got[part]) < len(batches) {
+			t.Fatalf("partition %d: broker received %d batches, want at least %d", part, len(got[part]), len(batches))
+		}
+		k := 0
+		for _, b := range batches {
+			for k < len(got[part]) && !bytes.Equal(got[part][k], b) {
+				k++
+			}
+			if k == len(got[part]) {
+				t.Fatalf("partition %d: a batch of %d bytes did not reach the broker as sent", part, len(b))
+			}
+			k++
+		}
+	}
+	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s == 0 {
+		t.Fatal("nothing spliced")
+	}
+	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return pipesInUse() == 0 })
 }
