@@ -122,6 +122,7 @@ type requestBuffer struct {
 	direct   io.Reader // the client connection under the buffered reader
 	holesOK  bool
 	mover    *holeMover
+	pipes    *pipePool       // the server's
 	tracker  *requestTracker // told of the bytes that bypass it; may be nil
 	sparse   bool            // large is the request's own mapping, with holes
 	holes    []hole

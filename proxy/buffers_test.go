@@ -323,7 +323,7 @@ func testLargeProducesWithinBudget(t *testing.T, holes bool) {
 		if total := float64(producers * perProducer * size); spliced < total/2 {
 			t.Fatalf("%.0f of %.0f record bytes spliced", spliced, total)
 		}
-		waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return pipesInUse() == 0 })
+		waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.inUseNow() == 0 })
 		return
 	}
 	if spliced != 0 {

@@ -116,7 +116,7 @@ func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}
 // client's socket into a pipe, and reports how many it moved: fewer when no
 // pipe is free or the pipe filled up. The caller reads the rest.
 func (rb *requestBuffer) spliceIn(off, n int, progress func()) (int, error) {
-	p := getPipe()
+	p := rb.pipes.get()
 	if p == nil {
 		return 0, nil
 	}
@@ -127,7 +127,7 @@ func (rb *requestBuffer) spliceIn(off, n int, progress func()) (int, error) {
 			rb.tracker.passed(moved, err == io.ErrUnexpectedEOF)
 		}
 	} else {
-		putPipe(p, err == nil)
+		rb.pipes.put(p, err == nil)
 	}
 	return moved, err
 }
@@ -144,7 +144,7 @@ func (rb *requestBuffer) fillHoles() bool {
 			rb.broken = true
 			return false
 		}
-		putPipe(h.p, true)
+		rb.pipes.put(h.p, true)
 		h.p = nil
 		rb.readBack += h.n
 	}
@@ -156,7 +156,7 @@ func (rb *requestBuffer) fillHoles() bool {
 func (rb *requestBuffer) dropHoles() {
 	for i := range rb.holes {
 		if p := rb.holes[i].p; p != nil {
-			putPipe(p, false)
+			rb.pipes.put(p, false)
 		}
 	}
 	clear(rb.holes)
@@ -186,7 +186,7 @@ func (c *session) writeAround(rb *requestBuffer, frame []byte) error {
 		if err := rb.mover.out(c.rawUp, h.p, h.n); err != nil {
 			return err
 		}
-		putPipe(h.p, true)
+		rb.pipes.put(h.p, true)
 		h.p = nil
 		pos = h.off + h.n
 		spliced += h.n

@@ -13,10 +13,10 @@ import (
 // when it is forwarded, never through the proxy's memory.
 type recordPipe struct{ r, w int }
 
-// pipes are shared by the server's connections: made on demand, a few kept
-// idle, and bounded in number so that clients cannot run the process out of
-// file descriptors (a request that finds none reads its bytes instead).
-var pipes struct {
+// pipePool holds a server's pipes: made on demand, a few kept idle, and
+// bounded in number so that clients cannot run the process out of file
+// descriptors (a request that finds none reads its bytes instead).
+type pipePool struct {
 	mu    sync.Mutex
 	idle  []*recordPipe
 	inUse int
@@ -27,16 +27,16 @@ const (
 	maxPipesInUse = 256
 )
 
-func getPipe() *recordPipe {
-	pipes.mu.Lock()
-	defer pipes.mu.Unlock()
-	if pipes.inUse >= maxPipesInUse {
+func (pp *pipePool) get() *recordPipe {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if pp.inUse >= maxPipesInUse {
 		return nil
 	}
 	var p *recordPipe
-	if n := len(pipes.idle); n > 0 {
-		p = pipes.idle[n-1]
-		pipes.idle = pipes.idle[:n-1]
+	if n := len(pp.idle); n > 0 {
+		p = pp.idle[n-1]
+		pp.idle = pp.idle[:n-1]
 	} else {
 		var fds [2]int
 		if syscall.Pipe2(fds[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK) != nil {
@@ -48,22 +48,40 @@ func getPipe() *recordPipe {
 		// what does not fit is read instead.
 		unix.FcntlInt(uintptr(p.w), unix.F_SETPIPE_SZ, splicePipeSize)
 	}
-	pipes.inUse++
+	pp.inUse++
 	return p
 }
 
-// putPipe gives p back: kept when empty and there is room, else closed
+// put gives p back: kept when empty and there is room, else closed
 // (closing drops any bytes left in it).
-func putPipe(p *recordPipe, empty bool) {
-	pipes.mu.Lock()
-	defer pipes.mu.Unlock()
-	pipes.inUse--
-	if empty && len(pipes.idle) < maxIdlePipes {
-		pipes.idle = append(pipes.idle, p)
+func (pp *pipePool) put(p *recordPipe, empty bool) {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	pp.inUse--
+	if empty && len(pp.idle) < maxIdlePipes {
+		pp.idle = append(pp.idle, p)
 		return
 	}
 	syscall.Close(p.r)
 	syscall.Close(p.w)
+}
+
+// inUseNow is how many pipes hold holes now (tests).
+func (pp *pipePool) inUseNow() int {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	return pp.inUse
+}
+
+// close closes the idle pipes (Server.Close).
+func (pp *pipePool) close() {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	for _, p := range pp.idle {
+		syscall.Close(p.r)
+		syscall.Close(p.w)
+	}
+	pp.idle = nil
 }
 
 // holeMover moves a hole's bytes; one per connection, so that the callbacks
@@ -179,10 +197,3 @@ func mapRequest(n int) []byte {
 }
 
 const holesSupported = true
-
-// pipesInUse is how many pipes hold holes now (tests).
-func pipesInUse() int {
-	pipes.mu.Lock()
-	defer pipes.mu.Unlock()
-	return pipes.inUse
-}

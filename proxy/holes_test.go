@@ -108,7 +108,7 @@ func TestProduceSpliceRetries(t *testing.T) {
 	}
 	checkValues(t, partitionValues(t, c, topic, 0, 3), 3, v0)
 	checkValues(t, partitionValues(t, c, topic, 1, 2), 2, v1)
-	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return pipesInUse() == 0 })
+	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.inUseNow() == 0 })
 }
 
 // TestProduceSpliceBatchLargerThanPipe: a batch that outgrows its pipe is
@@ -131,7 +131,7 @@ func TestProduceSpliceBatchLargerThanPipe(t *testing.T) {
 		t.Fatalf("%.0f of %d record bytes spliced: want the pipe's share, not all", s, len(b)-batchHeaderLen)
 	}
 	checkValues(t, partitionValues(t, c, topic, 0, 2), 2, v)
-	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return pipesInUse() == 0 })
+	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.inUseNow() == 0 })
 }
 
 // batchHeaderLen is a v2 record batch's header.
@@ -159,13 +159,13 @@ func TestProduceSpliceClientGone(t *testing.T) {
 	if _, err := conn.Write(frame[:len(frame)/2]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the hole to be spliced", func() bool { return pipesInUse() > 0 })
+	waitFor(t, 10*time.Second, "the hole to be spliced", func() bool { return p.pipes.inUseNow() > 0 })
 	conn.Close()
 	waitFor(t, 10*time.Second, "the pipe and the budget to be given back", func() bool {
 		pool := p.requestPool()
 		pool.mu.Lock()
 		defer pool.mu.Unlock()
-		return pipesInUse() == 0 && pool.held == 0
+		return p.pipes.inUseNow() == 0 && pool.held == 0
 	})
 	if !strings.Contains(p.logs.String(), "truncated frame") {
 		t.Fatalf("no log line for the truncated request:\n%s", p.logs.String())
@@ -282,5 +282,5 @@ func TestProduceSpliceByteExact(t *testing.T) {
 	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s == 0 {
 		t.Fatal("nothing spliced")
 	}
-	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return pipesInUse() == 0 })
+	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.inUseNow() == 0 })
 }

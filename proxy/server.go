@@ -76,6 +76,7 @@ type Server struct {
 	refusals refusalLog // connections refused for a limit, logged sparingly
 
 	reqPool     *requestPool // large requests' buffers (buffers.go), made on first use
+	pipes       pipePool     // pipes holding produce records (holes.go)
 	reqPoolOnce sync.Once
 
 	// mu guards the fields below, and makes "not closing" and registering
@@ -583,11 +584,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	go s.cutFetchOnly(sessions, done, ctx.Done())
 	select {
 	case <-done:
+		s.pipes.close() // every session has ended
 		return nil
 	case <-ctx.Done():
 	}
 	select {
 	case <-done: // both ready: the drain finished in time
+		s.pipes.close()
 		return nil
 	default:
 	}

@@ -205,7 +205,7 @@ func (c *session) readLoop() {
 	m := c.s.Metrics
 	rb := requestBuffer{pool: c.s.requestPool(), tracker: c.tracker}
 	if holesSupported && cfg.ProduceSplice && c.rawClient != nil && c.rawUp != nil {
-		rb.src, rb.direct, rb.mover = c.rawClient, c.client, newHoleMover()
+		rb.src, rb.direct, rb.mover, rb.pipes = c.rawClient, c.client, newHoleMover(), &c.s.pipes
 	}
 	c.req = &rb
 	defer rb.release()
