@@ -116,8 +116,9 @@ type requestBuffer struct {
 	reading atomic.Int64
 	demoted bool // its bytes no longer count in the budget (under pool.mu)
 
-	// A Produce request may be read with holes (holes.go) when src, the
-	// client's socket, is set and holesOK for the request.
+	// A Produce request may be read with holes (holes.go) when holesOK:
+	// src, the client's socket, is set (produce_splice on, both legs plain
+	// TCP on Linux) and no idempotency keys are read.
 	src      syscall.RawConn
 	direct   io.Reader // the client connection under the buffered reader
 	holesOK  bool
@@ -197,7 +198,7 @@ func bodyErr(err error, size int32) error {
 // readLarge reads a request of n bytes, its size prefix already in rb.buf,
 // into a buffer of the pool.
 func (rb *requestBuffer) readLarge(r *bufio.Reader, n int, done <-chan struct{}) ([]byte, error) {
-	if rb.src != nil && rb.holesOK {
+	if rb.holesOK {
 		// A Produce (API key 0) may leave its records in pipes.
 		if key, err := r.Peek(2); err == nil && key[0] == 0 && key[1] == 0 {
 			if body, ok, err := rb.readSparse(r, n, done); ok {

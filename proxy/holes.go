@@ -49,9 +49,6 @@ type hole struct {
 // is false, with nothing read, when it cannot (no mapping): the caller reads
 // the request whole.
 func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}) (body []byte, ok bool, err error) {
-	if rb.direct == nil {
-		return nil, false, nil
-	}
 	buf := mapRequest(n)
 	if buf == nil {
 		return nil, false, nil
@@ -212,13 +209,10 @@ func (c *session) fillRequest() bool {
 	return ok
 }
 
-// holesAllowed reports whether the next request may be read with holes:
-// produce_splice on, both legs plain TCP on Linux, and no idempotency keys to read from
-// records (keys.go), whose configuration can change at any time.
-func (c *session) holesAllowed() bool {
-	if !holesSupported || !c.s.Config.ProduceSplice || c.rawClient == nil || c.rawUp == nil {
-		return false
-	}
+// keysRead reports whether idempotency keys are configured (keys.go): the
+// planner then reads records, so requests are read whole. The configuration
+// can change at any time, so it is asked per request.
+func (c *session) keysRead() bool {
 	pn := c.s.planner
-	return pn.keys == nil || len(pn.settings.Load().keyHeader) == 0
+	return pn.keys != nil && len(pn.settings.Load().keyHeader) > 0
 }

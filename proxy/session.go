@@ -220,7 +220,7 @@ func (c *session) readLoop() {
 		if c.stopping.Load() { // after the deadline, so Shutdown's wins (see stopReading)
 			return
 		}
-		rb.holesOK = rb.src != nil && c.holesAllowed()
+		rb.holesOK = rb.src != nil && !c.keysRead()
 		body, err := rb.read(client, cfg.MaxFrameBytes, c.closed)
 		if err != nil {
 			c.readFailed(err)
