@@ -125,7 +125,8 @@ type requestBuffer struct {
 	mover    *holeMover
 	pipes    *pipePool       // the server's
 	tracker  *requestTracker // told of the bytes that bypass it; may be nil
-	sparse   bool            // large is the request's own mapping, with holes
+	sparse   bool            // large is a mapping of the pipe pool, with holes
+	dirty    int             // pages of that mapping that may hold bytes
 	holes    []hole
 	broken   bool // a hole could not be read back
 	readBack int  // hole bytes read back, not yet counted
@@ -257,9 +258,9 @@ func (rb *requestBuffer) release() {
 	switch {
 	case rb.sparse:
 		rb.dropHoles()
-		freeLarge(rb.large)
+		rb.pipes.keepMapping(rb.large, rb.dirty)
 		rb.pool.put(rb, nil)
-		rb.large, rb.held, rb.sparse = nil, 0, false
+		rb.large, rb.held, rb.sparse, rb.dirty = nil, 0, false, 0
 	case rb.large != nil:
 		rb.pool.put(rb, rb.large)
 		rb.large, rb.held = nil, 0

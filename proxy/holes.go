@@ -17,9 +17,9 @@ import (
 // both legs are plain TCP on Linux, a large Produce request is read with
 // protocol.ProduceWalker: the records of each large idempotent batch (a hole)
 // go from the client's socket into a pipe with splice(2), everything else
-// into a mapping of the request's size whose hole pages are never written,
-// and so take no memory. The request, as the planner sees it, has the right
-// size and every header; its holes read as zeros.
+// into a mapping (pipePool.mapping) whose hole pages are not written, and so
+// take no memory. The request, as the planner sees it, has the right size
+// and every header; its holes hold zeros or an earlier request's bytes.
 //
 // Forwarded as it came (the common case), the request is written upstream
 // around its holes, each spliced from its pipe. Whenever the proxy needs any
@@ -49,12 +49,14 @@ type hole struct {
 // is false, with nothing read, when it cannot (no mapping): the caller reads
 // the request whole.
 func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}) (body []byte, ok bool, err error) {
-	buf := mapRequest(n)
+	buf, dirty := rb.pipes.mapping(n)
 	if buf == nil {
 		return nil, false, nil
 	}
 	rb.pool.reserve(rb, n, done)
 	rb.large, rb.sparse = buf, true
+	// Until the read completes, count every page as written.
+	rb.dirty = dirty + pages(0, n)
 	copy(buf, rb.buf[:4])
 	body = buf[4:n]
 	defer rb.reading.Store(0)
@@ -106,7 +108,29 @@ func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}
 			progress()
 		}
 	}
+	rb.dirty = dirty + rb.pagesWritten(n)
 	return body, true, nil
+}
+
+// pages is how many memory pages the bytes [from, to) touch.
+func pages(from, to int) int {
+	if to <= from {
+		return 0
+	}
+	return (to+pageSize-1)/pageSize - from/pageSize
+}
+
+const pageSize = 4 << 10
+
+// pagesWritten is how many pages of a request of n bytes read with holes
+// hold bytes: all but the holes' insides.
+func (rb *requestBuffer) pagesWritten(n int) int {
+	written, pos := 0, 0
+	for _, h := range rb.holes {
+		written += pages(pos, h.off)
+		pos = h.off + h.n
+	}
+	return written + pages(pos, n)
 }
 
 // spliceIn moves up to n bytes of a hole at frame offset off from the
@@ -144,6 +168,7 @@ func (rb *requestBuffer) fillHoles() bool {
 		rb.pipes.put(h.p, true)
 		h.p = nil
 		rb.readBack += h.n
+		rb.dirty += pages(h.off, h.off+h.n)
 	}
 	rb.holes = rb.holes[:0]
 	return true

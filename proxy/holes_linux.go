@@ -16,15 +16,33 @@ type recordPipe struct{ r, w int }
 // pipePool holds a server's pipes: made on demand, a few kept idle, and
 // bounded in number so that clients cannot run the process out of file
 // descriptors (a request that finds none reads its bytes instead).
+//
+// It also keeps the mappings of requests with holes for reuse: a fresh
+// mapping per request cost a page fault for every page written into it and,
+// when it was unmapped, a TLB flush on every thread, together a fifth of the
+// proxy's CPU with produce_splice (docs/performance.md).
 type pipePool struct {
 	mu    sync.Mutex
 	idle  []*recordPipe
 	inUse int
+	maps  []requestMapping // idle
+}
+
+// requestMapping is a kept mapping and how many of its pages were written
+// since it was last emptied: its hole pages never were, so it holds about
+// that much memory.
+type requestMapping struct {
+	b     []byte
+	dirty int
 }
 
 const (
 	maxIdlePipes  = 16
 	maxPipesInUse = 256
+	// maxIdleMappings and keptDirtyPages bound what idle mappings hold:
+	// at most 4 × 256 KiB.
+	maxIdleMappings = 4
+	keptDirtyPages  = 64
 )
 
 func (pp *pipePool) get() *recordPipe {
@@ -73,7 +91,7 @@ func (pp *pipePool) inUseNow() int {
 	return pp.inUse
 }
 
-// close closes the idle pipes (Server.Close).
+// close closes the idle pipes and unmaps the idle mappings (Server.Close).
 func (pp *pipePool) close() {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
@@ -82,6 +100,55 @@ func (pp *pipePool) close() {
 		syscall.Close(p.w)
 	}
 	pp.idle = nil
+	for _, m := range pp.maps {
+		syscall.Munmap(m.b)
+	}
+	pp.maps = nil
+}
+
+// mapping returns a private anonymous mapping of at least n bytes for a
+// request with holes, and how many of its pages hold bytes, or nil. An idle
+// one is reused; a new one is sized to n's class (largeClass), so that
+// requests of about the same size share it. Unwritten pages take no memory.
+// A reused mapping's hole pages hold whatever an earlier request left: they
+// are only ever read after being filled.
+func (pp *pipePool) mapping(n int) (b []byte, dirty int) {
+	pp.mu.Lock()
+	for i := len(pp.maps) - 1; i >= 0; i-- {
+		if m := pp.maps[i]; len(m.b) >= n {
+			pp.maps = append(pp.maps[:i], pp.maps[i+1:]...)
+			pp.mu.Unlock()
+			return m.b, m.dirty
+		}
+	}
+	pp.mu.Unlock()
+	b, err := syscall.Mmap(-1, 0, largeClass(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return nil, 0
+	}
+	return b, 0
+}
+
+// keepMapping takes back a mapping from mapping, dirty pages of it written.
+// One that holds more than keptDirtyPages is emptied first (MADV_DONTNEED:
+// its pages go back to the system and read as zeros); beyond
+// maxIdleMappings it is unmapped.
+func (pp *pipePool) keepMapping(b []byte, dirty int) {
+	if dirty > keptDirtyPages {
+		if unix.Madvise(b, unix.MADV_DONTNEED) != nil {
+			syscall.Munmap(b)
+			return
+		}
+		dirty = 0
+	}
+	pp.mu.Lock()
+	if len(pp.maps) < maxIdleMappings {
+		pp.maps = append(pp.maps, requestMapping{b: b, dirty: dirty})
+		pp.mu.Unlock()
+		return
+	}
+	pp.mu.Unlock()
+	syscall.Munmap(b)
 }
 
 // holeMover moves a hole's bytes; one per connection, so that the callbacks
@@ -183,17 +250,6 @@ func readPipe(p *recordPipe, b []byte) error {
 		b = b[n:]
 	}
 	return nil
-}
-
-// mapRequest returns a private anonymous mapping of n bytes for a request
-// with holes, or nil: the hole pages are never written, so they take no
-// memory.
-func mapRequest(n int) []byte {
-	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
-		return nil
-	}
-	return b
 }
 
 const holesSupported = true
