@@ -80,7 +80,7 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.StringVar(&cfg.DedupCostUpstream, "dedupcost-upstream", cfg.DedupCostUpstream, "upstream of the dedup-cost scenario: sink or kfake")
 	fs.IntVar(&cfg.ConsumeMB, "consume-mb", cfg.ConsumeMB, "MB pre-filled into a kfake that keeps records and read back per phase in the consume row; 0 skips it")
 	fs.IntVar(&cfg.ConsumeSize, "consume-size", cfg.ConsumeSize, "record size of the consume row")
-	fs.StringVar(&cfg.ProxyBin, "proxy-bin", "", "prebuilt dedupproxy binary; empty builds ./cmd/dedupproxy into a temporary directory")
+	fs.StringVar(&cfg.ProxyBin, "proxy-bin", "", "prebuilt dedupproxy binary; empty builds ./cmd/dedupproxy with deploy/build.sh into a temporary directory")
 	out := fs.String("out", "bench/results", "directory for results.md, results.svg and results.json; empty writes none")
 	timeout := fs.Duration("timeout", 20*time.Minute, "bound on the whole run")
 	if err := fs.Parse(args); err != nil {

@@ -56,7 +56,7 @@ type Config struct {
 	ConsumeMB   int `json:"consume_mb"`
 	ConsumeSize int `json:"consume_record_size"`
 
-	ProxyBin string       `json:"-"` // prebuilt proxy; empty builds ./cmd/dedupproxy
+	ProxyBin string       `json:"-"` // prebuilt proxy; empty builds ./cmd/dedupproxy (deploy/build.sh)
 	Log      *slog.Logger `json:"-"`
 }
 

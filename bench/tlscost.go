@@ -50,7 +50,7 @@ func tlsMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.IntVar(&cfg.Partitions, "partitions", cfg.Partitions, "partitions of the topic")
 	fs.DurationVar(&cfg.Duration, "duration", 5*time.Second, "length of each phase")
 	fs.IntVar(&cfg.Reps, "reps", 4, "plain/TLS pairs; odd repetitions run TLS first")
-	fs.StringVar(&cfg.ProxyBin, "proxy-bin", "", "prebuilt dedupproxy binary; empty builds ./cmd/dedupproxy")
+	fs.StringVar(&cfg.ProxyBin, "proxy-bin", "", "prebuilt dedupproxy binary; empty builds ./cmd/dedupproxy with deploy/build.sh")
 	out := fs.String("out", "bench/results/tls.md", "write the report (markdown) here too; empty writes none")
 	if err := fs.Parse(args); err != nil {
 		return err
