@@ -280,12 +280,14 @@ func RecordKeys(dst []RecordKey, records []byte, h *BatchHeader, name string) ([
 }
 
 // MixIdentity combines a records identity with the topic it was sent to
-// (an interned topic id), so that the same records sent to two topics are
-// two identities. The partition is left out: a retry may carry a batch to
-// another partition (kafkajs partitions keyless records round-robin on
-// every attempt), so it is kept beside the identity instead. Never 0.
-func MixIdentity(recordsID uint64, topic uint32) uint64 {
-	x := mix64(recordsID ^ mix64(uint64(topic)))
+// (an interned topic id) and the principal that sent it (the caller's
+// number), so that the same records sent to two topics, or by two
+// principals, are two identities. The partition is left out: a retry may
+// carry a batch to another partition (kafkajs partitions keyless records
+// round-robin on every attempt), so it is kept beside the identity instead.
+// Never 0.
+func MixIdentity(recordsID uint64, topic, principal uint32) uint64 {
+	x := mix64(recordsID ^ mix64(uint64(topic)|uint64(principal)<<32))
 	if x == 0 {
 		return 1
 	}

@@ -36,7 +36,7 @@ func TestRecordsIdentity(t *testing.T) {
 	if id == RecordsIdentity(other, &ho, false) || id == RecordsIdentity(fewer, &hf, false) {
 		t.Fatal("different records share an identity")
 	}
-	if MixIdentity(id, 1) == MixIdentity(id, 2) {
+	if MixIdentity(id, 1, 0) == MixIdentity(id, 2, 0) || MixIdentity(id, 1, 0) == MixIdentity(id, 1, 1) {
 		t.Fatal("topics share an identity")
 	}
 	if n := testing.AllocsPerRun(100, func() { sinkID = RecordsIdentity(a, &ha, false) }); n != 0 {

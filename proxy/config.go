@@ -92,6 +92,17 @@ type Config struct {
 	// it saved (docs/performance.md), hence off by default.
 	ProduceSplice bool `yaml:"produce_splice"`
 
+	// UnauthenticatedMaxFrameBytes caps a request frame from a client the
+	// broker has not yet authenticated (docs/security.md); a larger one
+	// closes the connection. Default 512 KiB, Kafka's
+	// sasl.server.max.receive.size.
+	UnauthenticatedMaxFrameBytes int32 `yaml:"unauthenticated_max_frame_bytes"`
+
+	// OAuthBearerPrincipalClaim is the token claim that names an
+	// OAUTHBEARER client's principal, as the brokers'
+	// sasl.oauthbearer.sub.claim.name. Default "sub".
+	OAuthBearerPrincipalClaim string `yaml:"oauthbearer_principal_claim"`
+
 	// MaxInflight caps the requests of one client connection awaiting their
 	// response; when reached the proxy stops reading from that client
 	// (backpressure). Default 256.
@@ -375,6 +386,9 @@ const (
 	DefaultWriteTimeout   = 30 * time.Second
 	DefaultDrainTimeout   = 30 * time.Second
 
+	DefaultUnauthenticatedMaxFrameBytes = 512 << 10
+	DefaultOAuthBearerPrincipalClaim    = "sub"
+
 	DefaultCertReloadInterval = 10 * time.Second
 )
 
@@ -391,6 +405,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxFrameBytes == 0 {
 		c.MaxFrameBytes = protocol.DefaultMaxFrameSize
+	}
+	if c.UnauthenticatedMaxFrameBytes == 0 {
+		c.UnauthenticatedMaxFrameBytes = DefaultUnauthenticatedMaxFrameBytes
+	}
+	if c.OAuthBearerPrincipalClaim == "" {
+		c.OAuthBearerPrincipalClaim = DefaultOAuthBearerPrincipalClaim
 	}
 	if c.MaxInflight == 0 {
 		c.MaxInflight = DefaultMaxInflight

@@ -70,31 +70,18 @@ func (m responseMapper) ObserveTopics(topics []protocol.TopicInfo) {
 	m.table.InternTopics(refs)
 }
 
-// trusted reports whether batches on this connection may be decided: not
-// before the broker has accepted the connection. A client that started SASL
-// is trusted once SaslAuthenticate succeeded; one that did not, once some
-// broker answered a request that needs no authentication on a listener
-// without SASL (a SASL listener closes such a connection instead). So an
-// unauthenticated client can neither probe offsets nor occupy another
-// producer's window.
-func (c *session) trusted() bool {
-	if c.saslStarted.Load() {
-		return c.saslDone.Load()
-	}
-	return c.s.openUpstream.Load()
-}
-
-// noteResponse learns from a broker response what trusted needs.
+// noteResponse learns from a broker response what authenticated needs:
+// the end of a SASL exchange, or that the cluster answers clients that
+// never authenticated (so it requires no authentication).
 func (c *session) noteResponse(p *pending, body []byte) {
 	switch kmsg.Key(p.key) {
 	case kmsg.ApiVersions, kmsg.SASLHandshake:
 	case kmsg.SASLAuthenticate:
-		off, err := protocol.ResponseBodyOffset(body, p.key, p.version)
-		if err == nil && len(body) >= off+2 && body[off] == 0 && body[off+1] == 0 {
-			c.saslDone.Store(true)
+		if off, err := protocol.ResponseBodyOffset(body, p.key, p.version); err == nil {
+			c.noteAuthAnswer(p, body[off:])
 		}
 	default:
-		if !c.saslStarted.Load() && !c.s.openUpstream.Load() {
+		if !c.auth.started.Load() && !c.s.openUpstream.Load() {
 			c.s.openUpstream.Store(true)
 		}
 	}
@@ -115,7 +102,8 @@ func (c *session) planProduce(h protocol.RequestHeader, body []byte, now time.Ti
 	if err := sc.Reset(body[h.BodyOffset:], h.APIVersion); err != nil {
 		return nil, err
 	}
-	pl := pn.plan(h, sc, c.id, c.trusted(), c.fill, now)
+	who, trusted := c.authenticated()
+	pl := pn.plan(h, sc, c.id, who.id, trusted, c.fill, now)
 	if err := sc.Err(); err != nil {
 		if pl != nil {
 			pn.fail(pl)
@@ -183,9 +171,16 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 		c.unqueued = nil
 		return c.forward(frame)
 	}
-	// The proxy answers some partitions itself: keep the client's request
-	// to merge the answers into.
-	pl.body = append(pl.body[:0], body[h.BodyOffset:]...)
+	// The proxy answers some partitions itself: keep the request's
+	// skeleton to merge the answers into.
+	if !c.keepSkeleton(pl, h, body) {
+		pn.fail(pl)
+		p.plan = nil
+		c.unqueued = nil
+		putPlan(pl)
+		c.release(p)
+		return false
+	}
 	var reduced []byte
 	if pl.anyUp {
 		if reduced = c.reduce(pl, h, body); reduced == nil {
@@ -208,6 +203,31 @@ func (c *session) sendPlanned(pl *producePlan, h protocol.RequestHeader, body, f
 	c.kickResponseLoop() // no broker response will wake it
 	return true
 }
+
+// keepSkeleton keeps in pl what its answer is built from: the request's
+// topics and partitions in order, without their records (a few bytes per
+// partition), so that a request the proxy answers copies none of its
+// records. A skeleton larger than smallRequest holds request_memory budget
+// until the answer is written (docs/security.md, "Memory").
+func (c *session) keepSkeleton(pl *producePlan, h protocol.RequestHeader, body []byte) bool {
+	out, _, err := protocol.RewriteProduce(pl.skeleton[:0], body[h.BodyOffset:], h.APIVersion, withoutRecords)
+	if err != nil {
+		c.log.Error("cannot copy produce request; closing connection", "err", err)
+		return false
+	}
+	pl.skeleton = out
+	if len(out) > smallRequest {
+		hold := &requestBuffer{pool: c.s.requestPool()}
+		hold.pool.reserve(hold, len(out), c.closed)
+		pl.skeletonHold = hold
+	}
+	return true
+}
+
+// withoutRecords keeps every partition of a request with empty records.
+func withoutRecords(int, int) (bool, []byte) { return true, noRecords }
+
+var noRecords = []byte{}
 
 // reduce builds the frame of a Produce request holding only the forwarded
 // partitions, in c.reduceBuf.
@@ -265,7 +285,7 @@ func (c *session) finishProduce(p *pending) {
 	if pl.upstream != nil {
 		upBody = (*pl.upstream)[4+pl.upOff:]
 	}
-	bp := getFrame(len(pl.body) + 64)
+	bp := getFrame(len(pl.skeleton) + 64)
 	out, err := c.s.planner.answer((*bp)[:0], pl, upBody)
 	if err != nil {
 		c.log.Error("cannot build produce response; closing connection", "err", err)

@@ -27,10 +27,10 @@ func (pn *planner) keyHeaderFor(topic seqstate.TopicID) (string, bool) {
 	return h, ok
 }
 
-// topicKey mixes the topic into a record key: the same key on two topics is
-// two keys.
-func topicKey(k protocol.RecordKey, topic seqstate.TopicID) (lo, hi uint64) {
-	return k.Lo ^ (uint64(topic)+1)*0x9e3779b97f4a7c15, k.Hi
+// topicKey mixes the topic and the principal into a record key: the same
+// key on two topics, or from two principals, is two keys.
+func topicKey(k protocol.RecordKey, key seqstate.Key) (lo, hi uint64) {
+	return k.Lo ^ (uint64(key.Topic)+1)*0x9e3779b97f4a7c15, k.Hi ^ (uint64(key.Principal)+1)*0xbf58476d1ce4e5b9
 }
 
 // applyKeys reads the idempotency keys of decision i's batch, headed for
@@ -58,7 +58,7 @@ func (pn *planner) applyKeys(pl *producePlan, i int, part *protocol.ProduceParti
 		if !keys[j].Present {
 			continue
 		}
-		lo, hi := topicKey(keys[j], d.key.Topic)
+		lo, hi := topicKey(keys[j], d.key)
 		off, ok := pn.keys.Lookup(lo, hi, now)
 		if !ok {
 			continue
@@ -116,7 +116,7 @@ func (pn *planner) commitKeys(pl *producePlan, d *produceDecision, base int64, n
 			if base >= 0 {
 				off = base + delta
 			}
-			lo, hi := topicKey(k, d.key.Topic)
+			lo, hi := topicKey(k, d.key)
 			pn.keys.Commit(lo, hi, off, now)
 		}
 		delta++

@@ -67,6 +67,9 @@ type Metrics struct {
 	// Listeners and connection limits (server.go, nodes.go).
 	listenerErrors *prometheus.CounterVec
 	refusedConns   *prometheus.CounterVec
+
+	// Authentication (auth.go).
+	authUnfollowed prometheus.Counter
 }
 
 type apiMetrics struct {
@@ -92,6 +95,7 @@ const (
 	clientIdle      = "idle_timeout"
 	clientWrite     = "write"
 	clientRequest   = "bad_request"
+	clientUnauth    = "unauthenticated_frame" // a frame above unauthenticated_max_frame_bytes before authentication
 )
 
 // NewMetrics creates the metrics and registers them, with the Go and
@@ -184,7 +188,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{brokerDial, brokerRead, brokerWrite, brokerProtocol, brokerTLS} {
 		m.brokerErrors.WithLabelValues(r)
 	}
-	for _, r := range []string{clientFrame, clientHeader, clientTLS, clientPlaintext, clientHandshake, clientHTTP, clientIdle, clientWrite, clientRequest} {
+	for _, r := range []string{clientFrame, clientHeader, clientTLS, clientPlaintext, clientHandshake, clientHTTP, clientIdle, clientWrite, clientRequest, clientUnauth} {
 		m.clientErrors.WithLabelValues(r)
 	}
 	if reg != nil {
@@ -209,8 +213,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{refusedMaxConns, refusedMaxPerIP} {
 		m.refusedConns.WithLabelValues(r)
 	}
+	m.authUnfollowed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "auth_unfollowed_total",
+		Help: "SASL exchanges with a mechanism the proxy cannot follow (GSSAPI, custom): their connections are relayed and never deduplicated."})
 	if reg != nil {
-		reg.MustRegister(m.listenerErrors, m.refusedConns)
+		reg.MustRegister(m.listenerErrors, m.refusedConns, m.authUnfollowed)
 	}
 	return m
 }

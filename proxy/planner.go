@@ -186,7 +186,10 @@ type producePlan struct {
 	deadline time.Time
 	nWaits   int           // unresolved waits (guarded by planner.waitMu)
 	ready    chan struct{} // receives when nWaits reaches 0 (cap 1, may hold a stale token)
-	body     []byte        // copy of the request body, when anyLocal
+	// skeleton is the request body without records (keepSkeleton), when
+	// anyLocal; skeletonHold holds its budget when it is large.
+	skeleton     []byte
+	skeletonHold *requestBuffer
 	upstream *[]byte       // upstream response frame, when anyUp and anyLocal
 	upOff    int           // its body offset after the size prefix
 	rebuilt  []byte        // rebuilt batches of actRebatch decisions
@@ -237,7 +240,7 @@ func getPlan() *producePlan {
 	pl.decisions = pl.decisions[:0]
 	pl.anyLocal, pl.anyUp, pl.reuse, pl.moved, pl.retried = false, false, false, false, false
 	pl.nWaits = 0
-	pl.body = pl.body[:0]
+	pl.skeleton = pl.skeleton[:0]
 	pl.rebuilt = pl.rebuilt[:0]
 	pl.keys, pl.drops = pl.keys[:0], pl.drops[:0]
 	pl.seqOps, pl.idem, pl.seqOuts, pl.settled = pl.seqOps[:0], pl.idem[:0], pl.seqOuts[:0], pl.settled[:0]
@@ -253,8 +256,12 @@ func getPlan() *producePlan {
 func putPlan(pl *producePlan) {
 	putFrame(pl.upstream)
 	pl.upstream, pl.fill = nil, nil
-	if cap(pl.body) > maxPooledFrame {
-		pl.body = nil
+	if h := pl.skeletonHold; h != nil {
+		h.pool.put(h, nil)
+		pl.skeletonHold = nil
+	}
+	if cap(pl.skeleton) > maxPooledFrame {
+		pl.skeleton = nil
 	}
 	if cap(pl.rebuilt) > maxPooledFrame {
 		pl.rebuilt = nil
@@ -314,12 +321,13 @@ var timedOut = protocol.LocalPartitionResult{ErrorCode: kerr.RequestTimedOut.Cod
 
 // plan decides every partition of a Produce request whose header is h and
 // whose body (after the header) sc has been Reset on. trusted says whether
-// the connection may have batches decided (it has authenticated, or the
-// cluster needs no authentication). It returns nil when the request goes
+// the connection may have batches decided: the broker has authenticated it
+// (or the cluster needs no authentication) as principal, which scopes every
+// key (docs/security.md). It returns nil when the request goes
 // upstream as it came and nothing needs its response: dedup off, or no
 // partition the planner could key.
 // fill, when not nil, reads the request's holes back into place (holes.go).
-func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, conn uint64, trusted bool, fill func() bool, now time.Time) *producePlan {
+func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, conn uint64, principal principalID, trusted bool, fill func() bool, now time.Time) *producePlan {
 	var pl *producePlan
 	enforce := pn.settings.Load().mode == DedupEnforce
 	acks := sc.Acks
@@ -365,10 +373,10 @@ func (pn *planner) plan(h protocol.RequestHeader, sc *protocol.ProduceScanner, c
 		i := len(pl.decisions) - 1
 		d := &pl.decisions[i]
 		if bh.ProducerID < 0 {
-			pn.planLegacy(pl, i, part, &bh, topic, match == MatchExact, now)
+			pn.planLegacy(pl, i, part, &bh, seqstate.Key{ProducerID: -1, Topic: topic, Partition: part.Partition, Principal: principal}, match == MatchExact, now)
 			continue
 		}
-		d.key = seqstate.Key{ProducerID: bh.ProducerID, Topic: topic, Partition: part.Partition}
+		d.key = seqstate.Key{ProducerID: bh.ProducerID, Topic: topic, Partition: part.Partition, Principal: principal}
 		d.batch = seqstate.Batch{Epoch: bh.ProducerEpoch, FirstSeq: bh.BaseSequence, Count: bh.LastOffsetDelta + 1,
 			Fingerprint: protocol.RecordsFingerprint(part.Records, &bh)}
 		pl.seqOps = append(pl.seqOps, seqstate.Op{Key: d.key, Batch: d.batch})
@@ -494,13 +502,14 @@ func (pl *producePlan) account(d *produceDecision) {
 // connection is answered with the original's offset; a retry of one in
 // flight from another connection waits for its outcome; everything else is
 // forwarded and, with acks=all, remembered once appended.
-func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePartition, bh *protocol.BatchHeader, topic seqstate.TopicID, exact bool, now time.Time) {
+func (pn *planner) planLegacy(pl *producePlan, i int, part *protocol.ProducePartition, bh *protocol.BatchHeader, key seqstate.Key, exact bool, now time.Time) {
 	d := &pl.decisions[i]
 	d.legacy = true
-	d.key = seqstate.Key{ProducerID: -1, Topic: topic, Partition: part.Partition}
+	d.key = key
+	topic := key.Topic
 	d.batch.Count, d.size = bh.NumRecords, bh.RecordsLen()
 	d.first = protocol.FirstRecordHash(part.Records, bh)
-	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic))
+	d.ident = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(topic), key.Principal)
 	enforce := pn.settings.Load().mode == DedupEnforce
 	d.lresult = pn.legacy.Check(d.ident, part.Partition, pl.conn, now)
 	if enforce && d.lresult.Decision == seqstate.LegacyInFlight {
@@ -631,10 +640,16 @@ func (pn *planner) waitsDone(pl *producePlan) bool {
 }
 
 // resolve hands the outcome of decision d to every request waiting on it.
-// The caller has updated the table first (see wait).
+// The caller has updated the table first (see wait). Waiters inherit only a
+// success: an error was the broker's answer to another request, and a
+// waiter is decided afresh instead — answered REQUEST_TIMED_OUT, which every
+// client retries, and its retry goes to the broker (docs/security.md).
 func (pn *planner) resolve(d *produceDecision, r protocol.LocalPartitionResult) {
 	if pn.nWaiting.Load() == 0 {
 		return
+	}
+	if r.ErrorCode != 0 {
+		r = timedOut
 	}
 	wk := waitKeyOf(d)
 	pn.waitMu.Lock()
@@ -902,7 +917,7 @@ func (pn *planner) answer(dst []byte, pl *producePlan, upBody []byte) ([]byte, e
 	dst = append(dst, 0, 0, 0, 0)
 	dst = protocol.AppendResponseHeader(dst, int16(kmsg.Produce), pl.version, pl.corrID)
 	di := 0
-	out, err := protocol.MergeProduceResponse(dst, pl.version, pl.body, upBody, func(ti, pi int) (protocol.LocalPartitionResult, bool) {
+	out, err := protocol.MergeProduceResponse(dst, pl.version, pl.skeleton, upBody, func(ti, pi int) (protocol.LocalPartitionResult, bool) {
 		// decisions are in request order, so a cursor finds each one.
 		for ; di < len(pl.decisions); di++ {
 			d := &pl.decisions[di]
@@ -974,7 +989,7 @@ func (l *logStartOffsets) shard(k seqstate.Key) *logStartShard {
 
 // get returns the log start offset of k's partition, or -1 when unknown.
 func (l *logStartOffsets) get(k seqstate.Key) int64 {
-	k.ProducerID = 0
+	k = k.PartitionKey()
 	s := l.shard(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -988,7 +1003,7 @@ func (l *logStartOffsets) set(k seqstate.Key, v int64) {
 	if v < 0 {
 		return
 	}
-	k.ProducerID = 0
+	k = k.PartitionKey()
 	s := l.shard(k)
 	s.mu.Lock()
 	if old, ok := s.m[k]; !ok || old != v {

@@ -150,7 +150,7 @@ func TestFinishProduceMergeFailureCloses(t *testing.T) {
 	}
 	body := frameOf(mixed)[4:]
 	h, _ := protocol.ParseRequestHeader(body)
-	pl.body = append(pl.body[:0], body[h.BodyOffset:]...)
+	pl.skeleton = append(pl.skeleton[:0], body[h.BodyOffset:]...)
 	empty := kmsg.NewPtrProduceResponse()
 	empty.SetVersion(9)
 	bp := getFrame(64)

@@ -70,12 +70,12 @@ func (h *planHarness) plan(req *kmsg.ProduceRequest, trusted bool) *producePlan 
 	if err := h.scan.Reset(body[hdr.BodyOffset:], hdr.APIVersion); err != nil {
 		h.t.Fatal(err)
 	}
-	pl := h.pn.plan(hdr, &h.scan, h.conn, trusted, nil, h.now)
+	pl := h.pn.plan(hdr, &h.scan, h.conn, 0 /* ANONYMOUS */, trusted, nil, h.now)
 	if err := h.scan.Err(); err != nil {
 		h.t.Fatal(err)
 	}
 	if pl != nil {
-		pl.body = append(pl.body[:0], body[hdr.BodyOffset:]...)
+		pl.skeleton = append(pl.skeleton[:0], body[hdr.BodyOffset:]...)
 	}
 	return pl
 }
@@ -286,8 +286,10 @@ func TestPlanAcksOneDuplicateForwarded(t *testing.T) {
 
 // TestPlanInFlightRetryGetsOriginalOutcome: a retry of a batch still in
 // flight waits, is never forwarded, and is answered with the original's
-// outcome; a retry answered from an unknown outcome gets
-// REQUEST_TIMED_OUT, never success with offset -1 (rule 4).
+// outcome when that is a success; an error outcome, or an unknown one, is
+// not inherited: the retry gets REQUEST_TIMED_OUT, so that the client
+// sends it again and the broker decides it (docs/security.md), never
+// success with offset -1 (rule 4).
 func TestPlanInFlightRetryGetsOriginalOutcome(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -299,7 +301,7 @@ func TestPlanInFlightRetryGetsOriginalOutcome(t *testing.T) {
 		}, brokerResult{offset: 40}},
 		{"rejected", func(h *planHarness, orig *producePlan) {
 			h.complete(orig, map[int32]brokerResult{0: {err: kerr.NotLeaderForPartition.Code}})
-		}, brokerResult{err: kerr.NotLeaderForPartition.Code, offset: -1}},
+		}, brokerResult{err: kerr.RequestTimedOut.Code, offset: -1}},
 		{"timed out after append", func(h *planHarness, orig *producePlan) {
 			h.complete(orig, map[int32]brokerResult{0: {err: kerr.RequestTimedOut.Code}})
 		}, brokerResult{err: kerr.RequestTimedOut.Code, offset: -1}},

@@ -301,7 +301,7 @@ func (pn *planner) isResend(k seqstate.Key, part *protocol.ProducePartition, bh 
 	var id uint64
 	exact := pn.matchFor(k.Topic) == MatchExact
 	if ref.count == bh.NumRecords {
-		id = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(k.Topic))
+		id = protocol.MixIdentity(protocol.RecordsIdentity(part.Records, bh, exact), uint32(k.Topic), k.Principal)
 	} else {
 		if exact {
 			return false // exact identities cover whole batches only
@@ -310,7 +310,7 @@ func (pn *planner) isResend(k seqstate.Key, part *protocol.ProducePartition, bh 
 		if !ok || int32(size) != ref.size {
 			return false
 		}
-		id = protocol.MixIdentity(protocol.PrefixIdentity(part.Records, bh, int(ref.count), size), uint32(k.Topic))
+		id = protocol.MixIdentity(protocol.PrefixIdentity(part.Records, bh, int(ref.count), size), uint32(k.Topic), k.Principal)
 	}
 	return id == ref.id
 }

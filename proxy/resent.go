@@ -53,7 +53,7 @@ func (pn *planner) rememberUnacked(k seqstate.Key, b []byte, bh *protocol.BatchH
 		return stamps // compressed: its records cannot be read one by one
 	}
 	for i, st := range stamps {
-		lo, hi := topicKey(st, k.Topic)
+		lo, hi := topicKey(st, k) // k.Principal 0: read from the log, only ANONYMOUS resends match
 		table.Commit(lo, hi, bh.BaseOffset+int64(i), now)
 	}
 	until := now.Add(pn.legacyWindow).UnixNano()
@@ -84,7 +84,7 @@ func (pn *planner) applyResent(pl *producePlan, i int, part *protocol.ProducePar
 	table := pn.unacked.Load() // not nil: unackedLive
 	known, base, together := 0, int64(-1), true
 	for j := start; j < len(stamps); j++ {
-		lo, hi := topicKey(stamps[j], d.key.Topic)
+		lo, hi := topicKey(stamps[j], d.key)
 		off, ok := table.Take(lo, hi, now) // each stamp answers for one resend
 		pl.drops = append(pl.drops, ok)
 		if !ok {

@@ -51,8 +51,11 @@ type Server struct {
 
 	nodes        nodeRegistry
 	planner      *planner
-	openUpstream atomic.Bool // a broker answered a request without authentication (see session.trusted)
+	openUpstream atomic.Bool // a broker answered a request without authentication (see session.authenticated)
 	answerLog    logLimiter  // lines about batches the proxy answered itself
+
+	principals      principals // numbers for the principals of authenticated connections (auth.go)
+	unfollowedMechs sync.Map   // SASL mechanisms the proxy cannot follow, said once each
 
 	// TLS (tls.go), set by Start: the client listeners' and the admin
 	// listener's certificates, TLS to brokers, and every certificate
@@ -518,6 +521,9 @@ func (s *Server) handle(c net.Conn, node int32) {
 	}
 	tr := newRequestTracker(c)
 	sess := newSession(s, id, tr, up, log.With("broker", addr))
+	if tc, ok := c.(*tlsConn); ok {
+		sess.noteTLSPrincipal(tc.ConnectionState())
+	}
 	if !s.track(sess, tr) {
 		c.Close()
 		up.Close()

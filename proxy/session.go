@@ -49,11 +49,13 @@ type session struct {
 	closeOnce  sync.Once
 	closed     chan struct{} // closed by closeAll: waits give up
 
-	// SASL (see trusted): saslStarted is set by readLoop when the client
-	// sends SaslHandshake or SaslAuthenticate, saslDone by responseLoop
-	// when the broker accepts SaslAuthenticate.
-	saslStarted atomic.Bool
-	saslDone    atomic.Bool
+	// Authentication (auth.go): the SASL exchange as readLoop and
+	// responseLoop see it, the TLS client certificate's principal, and
+	// unscoped once the proxy cannot scope the connection's state.
+	auth     authState
+	tlsName  string
+	tlsID    principalID
+	unscoped atomic.Bool
 
 	clientID  string                          // from the first request, for log lines
 	sibling   siblingKey                      // readLoop's: this client's key among the server's connections
@@ -221,7 +223,14 @@ func (c *session) readLoop() {
 			return
 		}
 		rb.holesOK = rb.src != nil && !c.keysRead()
-		body, err := rb.read(client, cfg.MaxFrameBytes, c.closed)
+		maxFrame := cfg.MaxFrameBytes
+		if !c.isAuthenticated() {
+			// Kafka's sasl.server.max.receive.size: before the broker
+			// knows who the client is, it may not make anyone buffer
+			// 100 MiB.
+			maxFrame = min(maxFrame, cfg.UnauthenticatedMaxFrameBytes)
+		}
+		body, err := rb.read(client, maxFrame, c.closed)
 		if err != nil {
 			c.readFailed(err)
 			return
@@ -275,7 +284,7 @@ func (c *session) readLoop() {
 		case int16(kmsg.InitProducerID):
 			initTxn = c.s.planner.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
 		case int16(kmsg.SASLHandshake), int16(kmsg.SASLAuthenticate):
-			c.saslStarted.Store(true)
+			c.noteAuthRequest(h, body)
 		}
 		if respond {
 			p := c.newPending(h, start, api)
@@ -332,6 +341,9 @@ func (c *session) readFailed(err error) {
 	case errors.Is(err, protocol.ErrLooksLikeHTTP):
 		m.clientError(clientHTTP)
 		c.log.Warn("closing client connection: it speaks HTTP, not the Kafka protocol", "err", err)
+	case errors.Is(err, protocol.ErrFrameTooLarge) && !c.isAuthenticated():
+		m.clientError(clientUnauth)
+		c.log.Warn("closing client connection: request too large before authentication (unauthenticated_max_frame_bytes)", "err", err)
 	case errors.Is(err, protocol.ErrFrameTooLarge), errors.Is(err, protocol.ErrFrameSize):
 		m.clientError(clientFrame)
 		c.log.Warn("closing client connection: bad frame", "err", err)

@@ -35,7 +35,7 @@ type settleState struct {
 const maxSettlingPartitions = 4096
 
 func settleKey(k seqstate.Key) seqstate.Key {
-	k.ProducerID = 0
+	k = k.PartitionKey()
 	return k
 }
 

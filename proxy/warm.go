@@ -58,7 +58,7 @@ func (w *warmer) shard(k seqstate.Key) *warmShard {
 // begin returns the warm-up of partition k and whether the caller must run
 // it (it is the first to ask).
 func (w *warmer) begin(k seqstate.Key) (*warmState, bool) {
-	k.ProducerID = 0
+	k = k.PartitionKey()
 	sh := w.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -75,7 +75,7 @@ func (w *warmer) begin(k seqstate.Key) (*warmState, bool) {
 
 // isWarm reports whether partition k's warm-up has ended.
 func (w *warmer) isWarm(k seqstate.Key) bool {
-	k.ProducerID = 0
+	k = k.PartitionKey()
 	sh := w.shard(k)
 	sh.mu.Lock()
 	st, ok := sh.parts[k]
@@ -94,7 +94,7 @@ func (w *warmer) isWarm(k seqstate.Key) bool {
 // forget makes partition k warm again on its next touch: a batch's outcome
 // became unknown (its upstream connection broke), and the log will tell.
 func (w *warmer) forget(k seqstate.Key) {
-	k.ProducerID = 0
+	k = k.PartitionKey()
 	sh := w.shard(k)
 	sh.mu.Lock()
 	if st, ok := sh.parts[k]; ok {
@@ -198,7 +198,8 @@ func (c *session) warmScanned(h protocol.RequestHeader, sc *protocol.ProduceScan
 // noteSiblingRetry. It returns how many batches it found unread.
 func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScanner) int {
 	pn := c.s.planner
-	if pn.legacy == nil || pn.settings.Load().mode != DedupEnforce || !c.trusted() {
+	who, trusted := c.authenticated()
+	if pn.legacy == nil || pn.settings.Load().mode != DedupEnforce || !trusted {
 		return 0
 	}
 	now := time.Now()
@@ -217,7 +218,7 @@ func (c *session) noteRetries(h protocol.RequestHeader, sc *protocol.ProduceScan
 		if !ok || pn.matchFor(topic) == MatchOff {
 			continue
 		}
-		k := seqstate.Key{Topic: topic, Partition: part.Partition}
+		k := seqstate.Key{Topic: topic, Partition: part.Partition, Principal: who.id}
 		first := protocol.FirstRecordHash(part.Records, &bh)
 		found += pn.noteRetry(k, part, &bh, first, now)
 		if len(sibs) > 0 {
@@ -471,7 +472,7 @@ func (pn *planner) applyLog(k seqstate.Key, records []byte, now time.Time) (n in
 			batch := seqstate.Batch{Epoch: bh.ProducerEpoch, FirstSeq: bh.BaseSequence, Count: bh.LastOffsetDelta + 1}
 			pn.table.Commit(key, batch, bh.BaseOffset, bh.MaxTimestamp, now)
 		case pn.legacy != nil && match != MatchOff:
-			id := protocol.MixIdentity(protocol.RecordsIdentity(b, &bh, match == MatchExact), uint32(k.Topic))
+			id := protocol.MixIdentity(protocol.RecordsIdentity(b, &bh, match == MatchExact), uint32(k.Topic), 0 /* read from the log: ANONYMOUS only (docs/security.md) */)
 			if pn.legacy.Remember(id, k.Partition, bh.BaseOffset, bh.MaxTimestamp, now) && match == MatchRecords {
 				// Appended, but its client was answered an error: it may
 				// resend these records inside other batches (resent.go).
@@ -497,7 +498,7 @@ func (pn *planner) applyLog(k seqstate.Key, records []byte, now time.Time) (n in
 			if keys, err = protocol.RecordKeys(keys[:0], b, &bh, header); err == nil {
 				for i, rk := range keys {
 					if rk.Present {
-						lo, hi := topicKey(rk, k.Topic)
+						lo, hi := topicKey(rk, k)
 						pn.keys.Commit(lo, hi, bh.BaseOffset+int64(i), now)
 					}
 				}

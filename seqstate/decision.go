@@ -88,12 +88,19 @@ type TopicID uint32
 
 // Key identifies one producer on one partition: Kafka keeps producer state per
 // (partition, PID) and shares nothing between partitions
-// (ProducerStateManager.producers is per partition log).
+// (ProducerStateManager.producers is per partition log). The proxy scopes it
+// by principal too, so that a batch carrying another principal's producer id
+// can neither be answered from that principal's writes nor change its state
+// (docs/security.md).
 type Key struct {
 	ProducerID int64
 	Topic      TopicID
 	Partition  int32
+	Principal  uint32 // the caller's number for the authenticated principal; 0 for one alone
 }
+
+// PartitionKey is k's partition alone: producer id and principal zeroed.
+func (k Key) PartitionKey() Key { return Key{Topic: k.Topic, Partition: k.Partition} }
 
 // Batch is what the table needs from a v2 RecordBatch header.
 type Batch struct {

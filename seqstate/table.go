@@ -418,7 +418,7 @@ func (s *shard) init(maxEntries, shards, fences, retained int, expiration int64,
 // bits. The seed is random per table, so clients choosing producer ids cannot
 // aim for collisions; placement never affects a decision.
 func (s *shard) hash(k Key) uint32 {
-	hi, lo := bits.Mul64(uint64(k.ProducerID)^s.seed0, (uint64(k.Topic)<<32|uint64(uint32(k.Partition)))^s.seed1)
+	hi, lo := bits.Mul64(uint64(k.ProducerID)^s.seed0^uint64(k.Principal)<<32, (uint64(k.Topic)<<32|uint64(uint32(k.Partition)))^s.seed1)
 	h := hi ^ lo
 	return uint32(h) ^ uint32(h>>32)
 }
