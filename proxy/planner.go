@@ -190,11 +190,11 @@ type producePlan struct {
 	// anyLocal; skeletonHold holds its budget when it is large.
 	skeleton     []byte
 	skeletonHold *requestBuffer
-	upstream *[]byte       // upstream response frame, when anyUp and anyLocal
-	upOff    int           // its body offset after the size prefix
-	rebuilt  []byte        // rebuilt batches of actRebatch decisions
-	keys     []protocol.RecordKey
-	drops    []bool // drops[j]: the record of keys[j] is not sent upstream
+	upstream     *[]byte // upstream response frame, when anyUp and anyLocal
+	upOff        int     // its body offset after the size prefix
+	rebuilt      []byte  // rebuilt batches of actRebatch decisions
+	keys         []protocol.RecordKey
+	drops        []bool // drops[j]: the record of keys[j] is not sent upstream
 	// The idempotent batches go to the table together, so that a request
 	// takes its shard lock once to decide them (plan stashes seqOps and
 	// idem, planIdempotent decides) and once to settle them (seqOuts, with
