@@ -202,7 +202,7 @@ func rebuild(dst, records []byte, h *BatchHeader, skip int, drop []bool) ([]byte
 
 // RecordKey is one record's idempotency key (see RecordKeys): a 128-bit
 // hash (XXH3-128) of its value, or Present false when the record has no
-// such header.
+// such header, or only an empty one.
 type RecordKey struct {
 	Lo, Hi  uint64
 	Present bool
@@ -266,7 +266,8 @@ func RecordKeys(dst []RecordKey, records []byte, h *BatchHeader, name string) ([
 			}
 			v := r[p+m2 : p+m2+int(max(vl, 0))]
 			p += m2 + int(max(vl, 0))
-			if !k.Present && vl >= 0 && string(hk) == name {
+			// An empty or null value names no operation: it is no key.
+			if !k.Present && vl > 0 && string(hk) == name {
 				h := xxh3.Hash128(v)
 				k = RecordKey{Lo: h.Lo, Hi: h.Hi, Present: true}
 			}

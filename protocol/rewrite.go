@@ -86,8 +86,9 @@ type TopicObserver interface {
 // TopicInfo is a topic named in a Metadata response. ID is all zero before
 // Metadata v10 (KIP-516 topic IDs).
 type TopicInfo struct {
-	Name string
-	ID   [16]byte
+	Name       string
+	ID         [16]byte
+	Partitions int32 // how many partitions the response lists
 }
 
 // Responses that carry a broker address, checked against every struct with a
@@ -262,7 +263,7 @@ func observeTopics(o TopicObserver, topics []kmsg.MetadataResponseTopic) {
 		if t.ErrorCode != 0 || t.Topic == nil || *t.Topic == "" {
 			continue
 		}
-		seen = append(seen, TopicInfo{Name: *t.Topic, ID: t.TopicID})
+		seen = append(seen, TopicInfo{Name: *t.Topic, ID: t.TopicID, Partitions: int32(len(t.Partitions))})
 	}
 	if len(seen) > 0 {
 		o.ObserveTopics(seen)

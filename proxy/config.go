@@ -305,12 +305,17 @@ type WarmConfig struct {
 	// MaxBytes bounds the tail read per partition. Default 4194304
 	// (4 MiB): at least the last few batches of any producer.
 	MaxBytes int `yaml:"max_bytes"`
+	// MaxConcurrent bounds the warm-ups running at once over the whole
+	// proxy, each a connection of the proxy's own to a broker. Default 64.
+	// One client connection runs at most 8 at once (docs/security.md).
+	MaxConcurrent int `yaml:"max_concurrent"`
 }
 
 // Warm defaults.
 const (
-	DefaultWarmTimeout  = 5 * time.Second
-	DefaultWarmMaxBytes = 4 << 20
+	DefaultWarmTimeout       = 5 * time.Second
+	DefaultWarmMaxBytes      = 4 << 20
+	DefaultWarmMaxConcurrent = 64
 )
 
 // KeysConfig bounds the idempotency keys remembered (docs/legacy.md).
@@ -469,6 +474,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Dedup.Warm.MaxBytes == 0 {
 		c.Dedup.Warm.MaxBytes = DefaultWarmMaxBytes
+	}
+	if c.Dedup.Warm.MaxConcurrent == 0 {
+		c.Dedup.Warm.MaxConcurrent = DefaultWarmMaxConcurrent
 	}
 	if c.Dedup.Keys.TTL == 0 {
 		c.Dedup.Keys.TTL = seqstate.DefaultKeyTTL
@@ -633,8 +641,8 @@ func (c *Config) Validate() error {
 			return bad("dedup.topics[%q].legacy_match %q: want records, exact or off", name, tc.LegacyMatch)
 		}
 	}
-	if c.Dedup.Warm.Timeout < 0 || c.Dedup.Warm.MaxBytes < 1024 {
-		return bad("dedup.warm: timeout %s must not be negative, max_bytes %d at least 1024", c.Dedup.Warm.Timeout, c.Dedup.Warm.MaxBytes)
+	if c.Dedup.Warm.Timeout < 0 || c.Dedup.Warm.MaxBytes < 1024 || c.Dedup.Warm.MaxConcurrent < 1 {
+		return bad("dedup.warm: timeout %s must not be negative, max_bytes %d at least 1024, max_concurrent %d at least 1", c.Dedup.Warm.Timeout, c.Dedup.Warm.MaxBytes, c.Dedup.Warm.MaxConcurrent)
 	}
 	if c.Dedup.Keys.TTL < 0 {
 		return bad("dedup.keys.ttl %s is negative", c.Dedup.Keys.TTL)

@@ -65,7 +65,7 @@ func (m responseMapper) ObserveTopics(topics []protocol.TopicInfo) {
 	}
 	refs := make([]seqstate.TopicRef, len(topics))
 	for i, t := range topics {
-		refs[i] = seqstate.TopicRef{Name: t.Name, ID: t.ID}
+		refs[i] = seqstate.TopicRef{Name: t.Name, ID: t.ID, Partitions: t.Partitions}
 	}
 	m.table.InternTopics(refs)
 }

@@ -809,7 +809,10 @@ func (pn *planner) complete(pl *producePlan, sc *protocol.ProduceResponseScanner
 				// it is written again, as without the proxy.
 				pn.legacy.Release(d.ident, pl.conn)
 			}
-			if d.keysEnd > d.keysAt {
+			if d.keysEnd > d.keysAt && pl.acks == -1 {
+				// Like legacy batches, only a durable append makes its
+				// keys known: an unclean leader election can lose an
+				// acks=1 one, and its resend must then be written.
 				pn.commitKeys(pl, d, off, now)
 			}
 			if pr.ErrorCode == 0 {

@@ -98,7 +98,7 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 			refs := make([]seqstate.TopicRef, 0, len(resp.Topics))
 			for _, tp := range resp.Topics {
 				if tp.ErrorCode == 0 && tp.Topic != nil {
-					refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID})
+					refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID, Partitions: int32(len(tp.Partitions))})
 				}
 			}
 			t.InternTopics(refs)

@@ -54,7 +54,9 @@ type Server struct {
 	openUpstream atomic.Bool // a broker answered a request without authentication (see session.authenticated)
 	answerLog    logLimiter  // lines about batches the proxy answered itself
 
-	principals      principals // numbers for the principals of authenticated connections (auth.go)
+	principals      principals    // numbers for the principals of authenticated connections (auth.go)
+	warmSlots       chan struct{} // one per warm-up running (dedup.warm.max_concurrent)
+	warmLog         logLimiter    // warm-up failures
 	unfollowedMechs sync.Map   // SASL mechanisms the proxy cannot follow, said once each
 
 	// TLS (tls.go), set by Start: the client listeners' and the admin
@@ -134,6 +136,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
+	s.warmSlots = make(chan struct{}, s.Config.Dedup.Warm.MaxConcurrent)
 	if s.Config.ProduceSplice {
 		// Say so when it cannot apply, rather than leave an operator to
 		// wonder why dedupproxy_produce_spliced_bytes_total stays at 0.

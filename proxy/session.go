@@ -57,6 +57,8 @@ type session struct {
 	tlsID    principalID
 	unscoped atomic.Bool
 
+	warmSlots chan struct{} // one per warm-up this connection runs (connWarmups)
+
 	clientID  string                          // from the first request, for log lines
 	sibling   siblingKey                      // readLoop's: this client's key among the server's connections
 	joined    bool                            // readLoop's: clientID and sibling are set
@@ -110,8 +112,9 @@ const maxPooledFrame = 1 << 20
 func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
 	c := &session{
 		s: s, id: id, client: client, upstream: upstream, log: log,
-		queue:  make(chan *pending, s.Config.MaxInflight),
-		closed: make(chan struct{}),
+		queue:     make(chan *pending, s.Config.MaxInflight),
+		closed:    make(chan struct{}),
+		warmSlots: make(chan struct{}, connWarmups),
 	}
 	if !s.copyOnly {
 		inner := client

@@ -91,6 +91,20 @@ func (w *warmer) isWarm(k seqstate.Key) bool {
 	}
 }
 
+// abandon ends the warm-up st of partition k that begin asked the caller to
+// run, without running it: whoever waits on it goes on without it, and
+// the next touch starts another.
+func (w *warmer) abandon(k seqstate.Key, st *warmState) {
+	k = k.PartitionKey()
+	sh := w.shard(k)
+	sh.mu.Lock()
+	if sh.parts[k] == st {
+		delete(sh.parts, k)
+	}
+	sh.mu.Unlock()
+	close(st.done)
+}
+
 // forget makes partition k warm again on its next touch: a batch's outcome
 // became unknown (its upstream connection broke), and the log will tell.
 func (w *warmer) forget(k seqstate.Key) {
@@ -118,7 +132,9 @@ func (w *warmer) forget(k seqstate.Key) {
 func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 	pn := c.s.planner
 	cfg := &c.s.Config.Dedup.Warm
-	if pn.table == nil || !*cfg.Enabled || h.APIVersion < 3 {
+	if pn.table == nil || !*cfg.Enabled || h.APIVersion < 3 || !c.isAuthenticated() {
+		// Before the broker has authenticated the client it gets no work
+		// done on its behalf (docs/security.md).
 		return
 	}
 	sc := &c.scan
@@ -142,14 +158,22 @@ func (c *session) warmRequest(h protocol.RequestHeader, body []byte) {
 
 // warmScanned warms the partitions of the request sc has been reset on. It
 // reports whether it waited for any warm-up, and each finished in time.
+//
+// Only partitions the cluster's metadata lists are warmed (partition
+// numbers are the client's choice), each on a connection of the proxy's
+// own: at most connWarmups at once for this connection and
+// dedup.warm.max_concurrent for the proxy. A partition that gets no slot
+// in time is decided without its warm-up and warmed on a later touch.
 func (c *session) warmScanned(h protocol.RequestHeader, sc *protocol.ProduceScanner) bool {
 	pn := c.s.planner
+	bound := c.s.Config.Dedup.Warm.Timeout
 	var waits []*warmState
 	settling := false // some partition waits for batches a gone client left in flight
+	var timer *time.Timer
 	for sc.Next() {
 		part := sc.Partition()
 		topic, ok := pn.lookupTopic(h.APIVersion, part.Topic, part.TopicID)
-		if !ok {
+		if !ok || part.Partition < 0 || part.Partition >= pn.table.TopicPartitions(topic) {
 			continue
 		}
 		k := seqstate.Key{Topic: topic, Partition: part.Partition}
@@ -159,8 +183,18 @@ func (c *session) warmScanned(h protocol.RequestHeader, sc *protocol.ProduceScan
 		settling = settling || pn.settling.wait(k) != nil
 		st, run := pn.warm.begin(k)
 		if run {
+			if timer == nil {
+				timer = time.NewTimer(bound)
+				defer timer.Stop()
+			}
+			if !c.warmSlot(timer.C) {
+				pn.warm.abandon(k, st)
+				c.s.Metrics.warmups[warmTimedOut].Inc()
+				continue
+			}
 			name, _ := pn.table.TopicName(topic)
-			if !c.s.spawn(func() { c.s.warmPartition(st, name, k) }) {
+			if !c.s.spawn(func() { defer c.releaseWarmSlot(); c.s.warmPartition(st, name, k) }) {
+				c.releaseWarmSlot()
 				close(st.done) // shutting down: nothing to wait for
 			}
 		}
@@ -169,7 +203,6 @@ func (c *session) warmScanned(h protocol.RequestHeader, sc *protocol.ProduceScan
 	if len(waits) == 0 {
 		return false
 	}
-	bound := c.s.Config.Dedup.Warm.Timeout
 	if settling {
 		// Waiting for originals still in flight is waiting for their
 		// outcome, as a retry of one would (planner.wait): bounded by
@@ -178,8 +211,12 @@ func (c *session) warmScanned(h protocol.RequestHeader, sc *protocol.ProduceScan
 		pn.nWaiting.Add(1)
 		defer pn.nWaiting.Add(-1)
 	}
-	timer := time.NewTimer(bound)
-	defer timer.Stop()
+	if timer == nil {
+		timer = time.NewTimer(bound)
+		defer timer.Stop()
+	} else if settling {
+		timer.Reset(bound)
+	}
 	for _, st := range waits {
 		select {
 		case <-st.done:
@@ -191,6 +228,34 @@ func (c *session) warmScanned(h protocol.RequestHeader, sc *protocol.ProduceScan
 		}
 	}
 	return true
+}
+
+// connWarmups bounds the warm-ups one client connection runs at once.
+const connWarmups = 8
+
+// warmSlot takes a slot for one warm-up: the connection's, then the
+// proxy's. It gives up when expired fires or the connection closes.
+func (c *session) warmSlot(expired <-chan time.Time) bool {
+	select {
+	case c.warmSlots <- struct{}{}:
+	case <-expired:
+		return false
+	case <-c.closed:
+		return false
+	}
+	select {
+	case c.s.warmSlots <- struct{}{}:
+		return true
+	case <-expired:
+	case <-c.closed:
+	}
+	<-c.warmSlots
+	return false
+}
+
+func (c *session) releaseWarmSlot() {
+	<-c.s.warmSlots
+	<-c.warmSlots
 }
 
 // noteRetries passes each legacy batch of a Produce request to
@@ -261,7 +326,9 @@ func (s *Server) warmPartition(st *warmState, topic string, k seqstate.Key) {
 	n, bytes, err := s.readTail(ctx, topic, k)
 	if err != nil {
 		s.Metrics.warmups[warmFailed].Inc()
-		s.Logger.Warn("cannot read partition tail; deciding its batches without it", "topic", topic, "partition", k.Partition, "err", err)
+		if ok, suppressed := s.warmLog.allow(time.Now()); ok {
+			s.Logger.Warn("cannot read partition tail; deciding its batches without it", "topic", topic, "partition", k.Partition, "err", err, "suppressed", suppressed)
+		}
 		return
 	}
 	st.ok = true

@@ -146,9 +146,10 @@
 // topics of every Metadata response the broker answered with error 0
 // (Table.InternTopics) and looks up each Produce partition's topic, by name
 // (LookupTopic, Produce v3–v12) or by 16-byte topic ID (LookupTopicID, v13+).
-// Both map to the same TopicID, since a topic's identity is its name: a topic
-// ID interned with a name maps to that name's TopicID, and so does a new ID
-// for the same name after the topic is recreated. A topic never interned is
+// Both map to the same TopicID: a topic ID interned with a name maps to that
+// name's TopicID. A new ID for a name that had another (the topic was
+// deleted and recreated) starts a new TopicID, so no state of the old topic
+// applies to the new one. A topic never interned is
 // not found, and its batches get no decision (forward them): the hot path
 // never interns, so clients cannot grow the table by naming topics.
 //

@@ -7,11 +7,13 @@ import (
 	"sync/atomic"
 )
 
-// TopicRef is one topic of a Metadata response: its name and, from Metadata
-// v10 on, its topic ID. An all-zero ID means the ID is unknown.
+// TopicRef is one topic of a Metadata response: its name, from Metadata
+// v10 on its topic ID (all zero: unknown), and its partition count (0:
+// unknown).
 type TopicRef struct {
-	Name string
-	ID   [16]byte
+	Name       string
+	ID         [16]byte
+	Partitions int32
 }
 
 // interner maps topic names, and topic IDs, to dense TopicIDs.
@@ -25,26 +27,36 @@ type TopicRef struct {
 // rehash per doubling), never a copy of everything interned so far.
 //
 // TopicIDs are handed out in interning order (0, 1, 2, ...), so they do not
-// depend on the hash seed; names are never forgotten.
+// depend on the hash seed; names are never forgotten. A topic is one
+// incarnation of a name: a name seen with a new topic ID after it had
+// another (the topic was deleted and recreated) gets a new TopicID, so
+// nothing known of the old topic applies to the new one.
 type interner struct {
 	seed  maphash.Seed
 	max   int
 	names probeTable[nameEntry]
 	ids   probeTable[idEntry]
-	// list maps a TopicID to its name. The writer appends to all, within
+	// list maps a TopicID to its topic. The writer appends to all, within
 	// its capacity or into a new array, and then publishes the longer
 	// slice; a reader only reads below the length it loaded, where the
 	// writer never writes again.
-	list    atomic.Pointer[[]string]
+	list    atomic.Pointer[[]*topicEntry]
 	refused atomic.Uint64
 
-	mu  sync.Mutex // serializes writers
-	all []string   // the writer's copy of *list
+	mu  sync.Mutex    // serializes writers
+	all []*topicEntry // the writer's copy of *list
 }
 
 type nameEntry struct {
 	name string
-	id   TopicID
+	id   atomic.Uint32 // the TopicID of the name's current incarnation
+}
+
+// topicEntry is one TopicID's topic.
+type topicEntry struct {
+	name       string
+	uuid       [16]byte     // its topic ID once known; written by the writer only
+	partitions atomic.Int32 // its partition count once known
 }
 
 type idEntry struct {
@@ -99,7 +111,7 @@ func (in *interner) init(maxTopics int) {
 	in.max = maxTopics
 	in.names.init()
 	in.ids.init()
-	in.list.Store(new([]string))
+	in.list.Store(new([]*topicEntry))
 }
 
 func (in *interner) hashName(e *nameEntry) uint64 { return maphash.String(in.seed, e.name) }
@@ -117,22 +129,19 @@ func (in *interner) lookupName(name []byte) (TopicID, bool) {
 			return 0, false
 		}
 		if e.name == string(name) {
-			return e.id, true
+			return TopicID(e.id.Load()), true
 		}
 	}
 }
 
-// findName is lookupName for a string.
-func (in *interner) findName(name string, h uint64) (TopicID, bool) {
+// findName is lookupName for a string, returning its entry.
+func (in *interner) findName(name string, h uint64) *nameEntry {
 	slots := in.names.load()
 	mask := uint64(len(slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
 		e := slots[i].Load()
-		if e == nil {
-			return 0, false
-		}
-		if e.name == name {
-			return e.id, true
+		if e == nil || e.name == name {
+			return e
 		}
 	}
 }
@@ -163,47 +172,74 @@ func (in *interner) intern(refs []TopicRef) (added int) {
 			continue
 		}
 		h := maphash.String(in.seed, r.Name)
-		id, known := in.findName(r.Name, h)
-		if !known {
+		ne := in.findName(r.Name, h)
+		_, idKnown := in.lookupID(r.ID)
+		idKnown = idKnown || r.ID == ([16]byte{})
+		var te *topicEntry
+		if ne != nil {
+			te = in.all[ne.id.Load()]
+		}
+		// A known name with a topic ID never seen, while its current
+		// incarnation has another: the topic was recreated. (An old ID
+		// from a broker that lags is known, and changes nothing.)
+		recreated := te != nil && !idKnown && te.uuid != ([16]byte{})
+		added0 := added
+		if te == nil || recreated {
 			if len(in.all) >= in.max {
 				in.refused.Add(1)
 				continue
 			}
 			// The name is copied: the caller's may alias a reused buffer.
-			name := strings.Clone(r.Name)
-			id = TopicID(len(in.all))
-			// Publish the name for TopicName before the lookup tables can
+			te = &topicEntry{name: strings.Clone(r.Name)}
+			id := uint32(len(in.all))
+			// Publish the topic for TopicName before the lookup tables can
 			// return its TopicID.
-			in.all = append(in.all, name)
+			in.all = append(in.all, te)
 			all := in.all
 			in.list.Store(&all)
-			in.names.insert(&nameEntry{name: name, id: id}, h, in.hashName)
+			if ne == nil {
+				ne = &nameEntry{name: te.name}
+				ne.id.Store(id)
+				in.names.insert(ne, h, in.hashName)
+			} else {
+				ne.id.Store(id)
+			}
+			added++
 		}
-		newID := false
-		if r.ID != ([16]byte{}) {
-			if _, ok := in.lookupID(r.ID); !ok {
-				if in.ids.n >= in.max {
-					in.refused.Add(1)
-				} else {
-					e := &idEntry{uuid: r.ID, id: id}
-					in.ids.insert(e, in.hashID(e), in.hashID)
-					newID = true
+		if !idKnown {
+			if in.ids.n >= in.max {
+				in.refused.Add(1)
+			} else {
+				e := &idEntry{uuid: r.ID, id: TopicID(ne.id.Load())}
+				in.ids.insert(e, in.hashID(e), in.hashID)
+				te.uuid = r.ID
+				if added == added0 {
+					added++
 				}
 			}
 		}
-		if !known || newID {
-			added++
+		if r.Partitions > 0 && (r.ID == ([16]byte{}) || r.ID == te.uuid) {
+			te.partitions.Store(r.Partitions)
 		}
 	}
 	return added
 }
 
 func (in *interner) name(id TopicID) (string, bool) {
-	names := *in.list.Load()
-	if int(id) >= len(names) {
+	topics := *in.list.Load()
+	if int(id) >= len(topics) {
 		return "", false
 	}
-	return names[id], true
+	return topics[id].name, true
+}
+
+// partitions returns id's partition count, 0 when unknown.
+func (in *interner) partitions(id TopicID) int32 {
+	topics := *in.list.Load()
+	if int(id) >= len(topics) {
+		return 0
+	}
+	return topics[id].partitions.Load()
 }
 
 func (in *interner) count() int { return len(*in.list.Load()) }

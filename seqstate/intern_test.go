@@ -17,14 +17,15 @@ func uuidOf(i int) [16]byte {
 }
 
 // TestTopicInterning pins the topic API: names and IDs interned from a
-// Metadata response, one TopicID per name, IDs mapped to their name's
-// TopicID (also after the topic is recreated with a new ID), and nothing
-// found that was never interned.
+// Metadata response, one TopicID per topic, IDs mapped to their topic's
+// TopicID, a topic recreated with a new ID given a new TopicID (so no state
+// of the old one applies), partition counts kept, and nothing found that
+// was never interned.
 func TestTopicInterning(t *testing.T) {
 	t.Parallel()
 	tab, _ := New(Config{})
 	orders, payments := uuidOf(1), uuidOf(2)
-	if n := tab.InternTopics([]TopicRef{{Name: "orders", ID: orders}, {Name: "payments", ID: payments}, {Name: "logs"}}); n != 3 {
+	if n := tab.InternTopics([]TopicRef{{Name: "orders", ID: orders, Partitions: 3}, {Name: "payments", ID: payments}, {Name: "logs"}}); n != 3 {
 		t.Fatalf("InternTopics added %d, want 3", n)
 	}
 	a, ok1 := tab.LookupTopic([]byte("orders"))
@@ -51,17 +52,42 @@ func TestTopicInterning(t *testing.T) {
 		t.Error("an unknown topic ID was found")
 	}
 
+	if n := tab.TopicPartitions(a); n != 3 {
+		t.Errorf("TopicPartitions(orders) = %d, want 3", n)
+	}
+	if n := tab.TopicPartitions(b); n != 0 {
+		t.Errorf("TopicPartitions(payments) = %d, want 0 (none given)", n)
+	}
+
 	// A second Metadata response: known topics add nothing and keep their
-	// TopicIDs; "orders" was deleted and recreated with a new ID, which maps
-	// to the same TopicID, and the old ID still does; "logs" now has its ID.
+	// TopicIDs; "orders" was deleted and recreated with a new ID, which
+	// gets a new TopicID that the name now maps to, while the old ID keeps
+	// the old one; "logs" now has its ID.
 	recreated, logs := uuidOf(4), uuidOf(5)
-	if n := tab.InternTopics([]TopicRef{{Name: "payments", ID: payments}, {Name: "orders", ID: recreated}, {Name: "logs", ID: logs}}); n != 2 {
+	if n := tab.InternTopics([]TopicRef{{Name: "payments", ID: payments}, {Name: "orders", ID: recreated, Partitions: 6}, {Name: "logs", ID: logs}}); n != 2 {
 		t.Fatalf("second InternTopics added %d, want 2", n)
+	}
+	d, ok := tab.LookupTopic([]byte("orders"))
+	if !ok || d == a || d == b || d == c {
+		t.Fatalf("LookupTopic(orders) after it was recreated = %d, %v; want a new TopicID", d, ok)
+	}
+	if name, _ := tab.TopicName(d); name != "orders" {
+		t.Errorf("TopicName(%d) = %q", d, name)
+	}
+	if tab.TopicPartitions(d) != 6 || tab.TopicPartitions(a) != 3 {
+		t.Errorf("TopicPartitions: recreated %d, old %d; want 6, 3", tab.TopicPartitions(d), tab.TopicPartitions(a))
+	}
+	// A broker that lags still names the old ID: nothing changes.
+	if n := tab.InternTopics([]TopicRef{{Name: "orders", ID: orders, Partitions: 3}}); n != 0 {
+		t.Fatalf("the old ID again added %d, want 0", n)
+	}
+	if id, _ := tab.LookupTopic([]byte("orders")); id != d || tab.TopicPartitions(d) != 6 {
+		t.Errorf("after the old ID again: orders = %d with %d partitions; want %d with 6", id, tab.TopicPartitions(d), d)
 	}
 	for _, c := range []struct {
 		uuid [16]byte
 		want TopicID
-	}{{orders, a}, {recreated, a}, {payments, b}, {logs, c}} {
+	}{{orders, a}, {recreated, d}, {payments, b}, {logs, c}} {
 		if id, ok := tab.LookupTopicID(c.uuid); !ok || id != c.want {
 			t.Errorf("LookupTopicID(%x) = %d, %v; want %d", c.uuid, id, ok, c.want)
 		}
@@ -77,8 +103,8 @@ func TestTopicInterning(t *testing.T) {
 	if _, ok := tab.LookupTopicID(uuidOf(6)); ok {
 		t.Error("the ID of a nameless ref was interned")
 	}
-	if tab.Topics() != 4 || tab.TopicsRefused() != 0 {
-		t.Errorf("Topics = %d, TopicsRefused = %d; want 4, 0", tab.Topics(), tab.TopicsRefused())
+	if tab.Topics() != 5 || tab.TopicsRefused() != 0 {
+		t.Errorf("Topics = %d, TopicsRefused = %d; want 5, 0", tab.Topics(), tab.TopicsRefused())
 	}
 	if name, ok := tab.TopicName(b); !ok || name != "payments" {
 		t.Errorf("TopicName(%d) = %q, %v", b, name, ok)

@@ -286,13 +286,16 @@ func (t *Table) Expirations() uint64 {
 // forwarded without a decision, which is always safe (an unknown producer is
 // what the broker sees after a restart too).
 //
-// A topic's identity is its name: each name gets one TopicID, and a
-// non-zero ID maps to its name's TopicID, so Produce v13+, which names
-// topics by ID, and earlier versions, which name them by string, share one
-// Key per partition. A name seen again with a new ID (the topic was deleted
-// and recreated) maps the new ID to the name's TopicID too; the old ID keeps
-// its mapping (nothing is ever removed, so lookups need no lock). An ID keeps
-// the name it was first interned with. A ref with an empty name is ignored.
+// A topic's identity is its name and, where the cluster has them, its topic
+// ID: each name gets one TopicID, and a non-zero ID maps to it, so Produce
+// v13+, which names topics by ID, and earlier versions, which name them by
+// string, share one Key per partition. A name seen again with a new ID after
+// it had another (the topic was deleted and recreated) gets a new TopicID,
+// which the name and the new ID map to from then on: nothing known of the
+// old topic applies to the new one. The old ID keeps its mapping (nothing
+// is ever removed, so lookups need no lock). A ref with an empty name is
+// ignored. A ref's partition count, when given, is kept for
+// TopicPartitions.
 //
 // At most Config.MaxTopics names and Config.MaxTopics IDs are interned.
 // Beyond that nothing new is interned and TopicsRefused counts the refs
@@ -314,7 +317,12 @@ func (t *Table) LookupTopicID(id [16]byte) (TopicID, bool) { return t.topics.loo
 // TopicName returns the name interned as id.
 func (t *Table) TopicName(id TopicID) (string, bool) { return t.topics.name(id) }
 
-// Topics returns the number of topic names interned.
+// TopicPartitions returns the partition count of topic id in the latest
+// Metadata response that gave one, 0 when none did.
+func (t *Table) TopicPartitions(id TopicID) int32 { return t.topics.partitions(id) }
+
+// Topics returns the number of topics interned (a recreated topic counts
+// again).
 func (t *Table) Topics() int { return t.topics.count() }
 
 // TopicsRefused returns how many refs InternTopics refused because
