@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -29,6 +30,11 @@ type sinkBroker struct {
 	// written as it is without encoding: a Fetch relay benchmark measures
 	// the proxy, not kmsg.
 	fetchBody func(version int16) []byte
+	// holdFirstProduce, when set, holds the answer to the first Produce
+	// (acks != 0) until it is closed; held is set once it is held.
+	holdFirstProduce chan struct{}
+	held             atomic.Bool
+	produces         atomic.Int64 // Produce requests (acks != 0) read
 }
 
 func newSinkBroker(t testing.TB, topic string, partitions int32) *sinkBroker {
@@ -97,6 +103,12 @@ func (b *sinkBroker) serve(c net.Conn) {
 		req.SetVersion(h.APIVersion)
 		if err := req.ReadFrom(body[h.BodyOffset:]); err != nil {
 			return
+		}
+		if pr, ok := req.(*kmsg.ProduceRequest); ok && pr.Acks != 0 {
+			if b.produces.Add(1) == 1 && b.holdFirstProduce != nil {
+				b.held.Store(true)
+				<-b.holdFirstProduce
+			}
 		}
 		resp := b.answer(req)
 		if resp == nil { // acks=0
