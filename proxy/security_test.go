@@ -123,7 +123,15 @@ func TestSecurityCopiedBatchNeedsWrite(t *testing.T) {
 	if r := onlyPartition(t, again.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 3 {
 		t.Fatalf("alice's next identical send where she holds the acknowledgement: %+v, want it written at 3", r)
 	}
-	if end := logEnd(t, p.addr(), secTopic); end != 6 {
+	lo := kmsg.NewPtrListOffsetsRequest()
+	lo.SetVersion(4)
+	lt := kmsg.NewListOffsetsRequestTopic()
+	lt.Topic = secTopic
+	lp := kmsg.NewListOffsetsRequestTopicPartition()
+	lp.Timestamp = -1
+	lt.Partitions = append(lt.Partitions, lp)
+	lo.Topics = append(lo.Topics, lt)
+	if end := again.roundTrip(lo).(*kmsg.ListOffsetsResponse).Topics[0].Partitions[0].Offset; end != 6 {
 		t.Fatalf("log end %d, want 6", end)
 	}
 }
