@@ -299,9 +299,7 @@ in-flight Produce requests (up to drain_timeout) and exits.
 
 Flags:
 `)
-	f.fs.SetOutput(w)
-	f.fs.PrintDefaults()
-	f.fs.SetOutput(io.Discard)
+	printFlags(w, f.fs)
 	fmt.Fprint(w, "\nEvery config key: config.example.yaml. Operating it: docs/operations.md.\n")
 }
 
@@ -311,6 +309,9 @@ func (f *flags) load(args []string) (proxy.Config, error) {
 	var cfg proxy.Config
 	if err := f.fs.Parse(args); err != nil {
 		f.parseErr = !errors.Is(err, flag.ErrHelp)
+		if f.parseErr {
+			err = flagError(f.fs, err)
+		}
 		return cfg, err
 	}
 	if f.fs.NArg() > 0 {
