@@ -36,7 +36,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
@@ -119,11 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"config", configName, "dedup_mode", cfg.Dedup.Mode, "log_level", cfg.LogLevel, "log_format", cfg.LogFormat)
 	loaded := cfg // as configured, before the embedded cluster's addresses
 	if embedded {
-		cluster, err := kfake.NewCluster(
-			kfake.NumBrokers(3),
-			kfake.AllowAutoTopicCreation(),
-			kfake.DefaultNumPartitions(6),
-		)
+		cluster, err := startEmbedded()
 		if err != nil {
 			log.Error("cannot start the embedded cluster", "err", err)
 			return 1
