@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -231,20 +232,72 @@ func storedValues(t testing.TB, c *kfake.Cluster, topic string) (map[string]int,
 }
 
 // inCI reports whether the test runs under CI (CI=true), where a missing
-// client is a failure instead of a skip.
+// client is a failure whatever E2E_SKIP_MISSING says.
 func inCI() bool { return os.Getenv("CI") == "true" }
 
-// requireClient skips the test when a client is not installed, or fails it in
-// CI, where .ci/run must have installed it.
-func requireClient(t testing.TB, err error) {
+// skipMissingEnv names the clients a run may skip when they are not
+// installed: a comma-separated list of client names (as in the results
+// table: kafkajs, kcat, ...) or "all". Unset, a missing client fails its
+// test: a green run has run every client.
+const skipMissingEnv = "E2E_SKIP_MISSING"
+
+// skipMissing reports whether E2E_SKIP_MISSING lets client be skipped
+// ("kafka-python" covers its "kafka-python retries=0" run too).
+func skipMissing(client string) bool {
+	for _, name := range strings.Split(os.Getenv(skipMissingEnv), ",") {
+		if name = strings.TrimSpace(name); name == "all" || name == client || name == strings.Fields(client)[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// notRun collects the clients a run did not drive, and why, for the
+// summary TestMain prints.
+var notRun struct {
+	sync.Mutex
+	why map[string]string
+}
+
+// requireClient fails the test when client is not installed (err says
+// why), naming what installs it, unless E2E_SKIP_MISSING names it outside
+// CI: then it skips. Either way TestMain's summary names the client.
+func requireClient(t testing.TB, client string, err error) {
 	t.Helper()
 	if err == nil {
 		return
 	}
-	if inCI() {
-		t.Fatalf("client not installed (CI=true, .ci/run should have installed it): %v", err)
+	notRun.Lock()
+	if notRun.why == nil {
+		notRun.why = map[string]string{}
 	}
-	t.Skipf("client not installed (bash .ci/run installs it): %v", err)
+	notRun.why[client] = err.Error()
+	notRun.Unlock()
+	switch {
+	case inCI():
+		t.Fatalf("%s not installed (CI=true: .ci/deps should have installed it): %v", client, err)
+	case skipMissing(client):
+		t.Skipf("%s not installed, skipped (%s=%s): %v", client, skipMissingEnv, os.Getenv(skipMissingEnv), err)
+	default:
+		t.Fatalf("%s not installed: %v\n\tbash .ci/deps installs every client the tests drive (kcat, python3-confluent-kafka, python3-kafka, node, npm, then kafkajs with npm ci in e2e/);\n\tor run with %s=%s (or =all) to skip it", client, err, skipMissingEnv, client)
+	}
+}
+
+// TestMain runs the tests, then names every client that did not run and
+// why: with -v, and in the output of a failed run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	notRun.Lock()
+	names := make([]string, 0, len(notRun.why))
+	for name := range notRun.why {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Printf("e2e: client %s did not run: %s\n", name, strings.ReplaceAll(notRun.why[name], "\n", "; "))
+	}
+	notRun.Unlock()
+	os.Exit(code)
 }
 
 // moduleVersion is the version of a Go module the tests are built with, as

@@ -213,7 +213,7 @@ func TestLegacyLostAck(t *testing.T) {
 	clients := legacyClients()
 	for _, c := range clients {
 		t.Run(c.name, func(t *testing.T) {
-			requireClient(t, c.available())
+			requireClient(t, c.name, c.available())
 			for _, mode := range modes {
 				t.Run(mode, func(t *testing.T) { runLostAck(t, c, mode) })
 			}
