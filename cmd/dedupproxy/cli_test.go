@@ -39,7 +39,7 @@ func TestHelp(t *testing.T) {
 		if code != 0 || errOut != "" {
 			t.Fatalf("%v: exit %d, stderr %q", args, code, errOut)
 		}
-		for _, want := range []string{"dedupproxy demo", "dedupproxy version", "dedupproxy help", "embedded"} {
+		for _, want := range []string{"dedupproxy demo", "dedupproxy audit", "dedupproxy version", "dedupproxy help", "embedded"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("%v: help lacks %q:\n%s", args, want, out)
 			}

@@ -2,6 +2,7 @@
 //
 //	dedupproxy [flags]       run the proxy (dedupproxy --help lists the flags)
 //	dedupproxy demo          show duplicates prevented, against an embedded cluster
+//	dedupproxy audit         count the duplicates a topic already holds
 //	dedupproxy version       print the version and VCS revision
 //	dedupproxy help          print the help
 //
@@ -76,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return 1
 			}
 			return 0
+		case "audit":
+			return runAudit(ctx, args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintln(stdout, versionLine())
 			return 0
@@ -236,8 +239,7 @@ func newFlags() *flags {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	f := &flags{fs: fs, strFlags: map[string]strFlag{}}
-	f.config = fs.String("config", "", "YAML config `file` (see config.example.yaml); it must set upstream")
-	f.upstream = fs.String("upstream", "", "bootstrap brokers of the real cluster, `HOST:PORT[,HOST:PORT...]`, or \"embedded\" for an in-memory test cluster (the default without --config)")
+	f.defineUpstream(fs)
 	f.listen = fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (see node_port_base, node_id_offset in the config file)")
 	f.advertise = fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised shifted alike, at port+1+N by default")
 	f.admin = fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz, or \"off\"")
@@ -245,34 +247,44 @@ func newFlags() *flags {
 	f.logFormat = fs.String("log-format", "", "log `format`: text or json (default text)")
 	f.dedup = fs.String("dedup-mode", "", "`mode`: enforce (answer retries like Kafka), observe (count, forward everything) or off (default enforce)")
 	f.version = fs.Bool("version", false, "print the version and VCS revision, and exit")
-	// TLS and SASL. No flag takes a password: it would show in ps and in
-	// shell history.
-	def := func(name, usage string, set func(*proxy.Config, string)) {
-		f.strFlags[name] = strFlag{fs.String(name, "", usage), set}
-	}
-	def("tls-cert", "PEM certificate `file` (with its chain) for the client listeners; with --tls-key every listener speaks TLS",
+	f.def("tls-cert", "PEM certificate `file` (with its chain) for the client listeners; with --tls-key every listener speaks TLS",
 		func(c *proxy.Config, v string) { c.TLS.Cert = v })
-	def("tls-key", "PEM private key `file` of --tls-cert", func(c *proxy.Config, v string) { c.TLS.Key = v })
-	def("tls-client-ca", "PEM CA `file`: clients must present a certificate it issued (mutual TLS)",
+	f.def("tls-key", "PEM private key `file` of --tls-cert", func(c *proxy.Config, v string) { c.TLS.Key = v })
+	f.def("tls-client-ca", "PEM CA `file`: clients must present a certificate it issued (mutual TLS)",
 		func(c *proxy.Config, v string) { c.TLS.ClientCA = v })
-	def("upstream-tls-ca", "PEM CA `file` that issued the brokers' certificates (implies --upstream-tls; default: the system roots)",
-		func(c *proxy.Config, v string) { c.UpstreamTLS.CA = v })
-	def("upstream-tls-cert", "PEM client certificate `file` presented to brokers (implies --upstream-tls)",
-		func(c *proxy.Config, v string) { c.UpstreamTLS.Cert = v })
-	def("upstream-tls-key", "PEM private key `file` of --upstream-tls-cert", func(c *proxy.Config, v string) { c.UpstreamTLS.Key = v })
-	def("upstream-tls-server-name", "`name` every broker certificate is verified against (default: each broker's own host)",
-		func(c *proxy.Config, v string) { c.UpstreamTLS.ServerName = v })
-	def("upstream-sasl-mechanism", "SASL `mechanism` of the proxy's own connections (readiness, discovery): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
-		func(c *proxy.Config, v string) { c.UpstreamSASL.Mechanism = v })
-	def("upstream-sasl-user", "SASL `user` of the proxy's own connections", func(c *proxy.Config, v string) { c.UpstreamSASL.User = v })
-	def("upstream-sasl-password-file", "`file` holding the SASL password of the proxy's own connections (never on the command line)",
-		func(c *proxy.Config, v string) { c.UpstreamSASL.PasswordFile = v })
-	def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
+	f.def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
 		func(c *proxy.Config, v string) { c.AdminTLS.Cert = v })
-	def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
+	f.def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
 	f.adminPprof = fs.Bool("admin-pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener")
-	f.upstreamTLS = fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
 	return f
+}
+
+// def defines a string flag whose value load sets with set.
+func (f *flags) def(name, usage string, set func(*proxy.Config, string)) {
+	f.strFlags[name] = strFlag{f.fs.String(name, "", usage), set}
+}
+
+// defineUpstream defines the flags that say how to reach the cluster: the
+// config file, the bootstrap brokers, TLS and SASL. The proxy and
+// dedupproxy audit share them, so the audit reaches the cluster exactly as
+// the proxy's own connections do. No flag takes a password: it would show
+// in ps and in shell history.
+func (f *flags) defineUpstream(fs *flag.FlagSet) {
+	f.config = fs.String("config", "", "YAML config `file` (see config.example.yaml); it must set upstream")
+	f.upstream = fs.String("upstream", "", "bootstrap brokers of the real cluster, `HOST:PORT[,HOST:PORT...]`, or \"embedded\" for an in-memory test cluster (the default without --config)")
+	f.upstreamTLS = fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
+	f.def("upstream-tls-ca", "PEM CA `file` that issued the brokers' certificates (implies --upstream-tls; default: the system roots)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.CA = v })
+	f.def("upstream-tls-cert", "PEM client certificate `file` presented to brokers (implies --upstream-tls)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.Cert = v })
+	f.def("upstream-tls-key", "PEM private key `file` of --upstream-tls-cert", func(c *proxy.Config, v string) { c.UpstreamTLS.Key = v })
+	f.def("upstream-tls-server-name", "`name` every broker certificate is verified against (default: each broker's own host)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.ServerName = v })
+	f.def("upstream-sasl-mechanism", "SASL `mechanism` of the proxy's own connections (readiness, discovery): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+		func(c *proxy.Config, v string) { c.UpstreamSASL.Mechanism = v })
+	f.def("upstream-sasl-user", "SASL `user` of the proxy's own connections", func(c *proxy.Config, v string) { c.UpstreamSASL.User = v })
+	f.def("upstream-sasl-password-file", "`file` holding the SASL password of the proxy's own connections (never on the command line)",
+		func(c *proxy.Config, v string) { c.UpstreamSASL.PasswordFile = v })
 }
 
 // usage prints the subcommands and every flag.
@@ -282,6 +294,7 @@ func (f *flags) usage(w io.Writer) {
 Usage:
   dedupproxy [flags]     run the proxy
   dedupproxy demo        show duplicates prevented, against an embedded cluster
+  dedupproxy audit       count the duplicates a topic already holds (audit --help)
   dedupproxy version     print the version and VCS revision (also --version)
   dedupproxy help        print this help (also --help)
 
@@ -311,7 +324,7 @@ func (f *flags) load(args []string) (proxy.Config, error) {
 	}
 	if f.fs.NArg() > 0 {
 		f.parseErr = true
-		return cfg, fmt.Errorf("unexpected argument %q (subcommands: demo, version, help)", f.fs.Arg(0))
+		return cfg, fmt.Errorf("unexpected argument %q (subcommands: demo, audit, version, help)", f.fs.Arg(0))
 	}
 	if *f.config != "" {
 		var err error
