@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"testing"
@@ -178,4 +179,24 @@ func TestBytesPerTracked(t *testing.T) {
 	if per > BytesPerTracked {
 		t.Errorf("%.1f B per tracked record, more than BytesPerTracked (%d)", per, BytesPerTracked)
 	}
+}
+
+// BenchmarkFinderAdd: one 100-byte record with two headers, a tenth of
+// them copies, key header on.
+func BenchmarkFinderAdd(b *testing.B) {
+	f := NewFinder(Settings{Window: time.Minute, KeyHeader: "id", MaxTracked: 1 << 16})
+	value := make([]byte, 100)
+	r := &Record{Value: value, ProducerID: -1, Headers: []Header{{Key: "source", Value: []byte("billing")}, {Key: "id", Value: make([]byte, 8)}}}
+	b.SetBytes(int64(len(value)))
+	b.ReportAllocs()
+	var i int64
+	for b.Loop() {
+		n := i - i%10/9 // every tenth record repeats the one before
+		binary.BigEndian.PutUint64(value, uint64(n))
+		binary.BigEndian.PutUint64(r.Headers[1].Value, uint64(n))
+		r.Offset, r.Timestamp = i, t0.Add(time.Duration(i)*time.Millisecond)
+		f.Add(r)
+		i++
+	}
+	b.ReportMetric(float64(f.Report().Copies)/float64(i), "copies/record")
 }

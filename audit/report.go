@@ -125,13 +125,13 @@ func (r Report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "copies (same key, value and headers within %s)\t%s\t%s of the records\n", r.Window, thousands(r.Copies), percent(r.Copies, r.Records))
 	if r.Copies > 0 {
-		fmt.Fprintf(tw, "  of which in the same partition\t%s\t\n", thousands(r.SamePartition))
-		fmt.Fprintf(tw, "  of which from the same producer id\t%s\t\n", thousands(r.SameProducer))
-		fmt.Fprintf(tw, "  time between copies\tmin %s, median ≈%s, p99 ≈%s, max %s\t\n", r.Gaps.Min, r.Gaps.Median, r.Gaps.P99, r.Gaps.Max)
+		fmt.Fprintf(tw, "  of which in the same partition\t%s\n", thousands(r.SamePartition))
+		fmt.Fprintf(tw, "  of which from the same producer id\t%s\n", thousands(r.SameProducer))
+		fmt.Fprintf(tw, "  time between copies\tmin %s, median ≈%s, p99 ≈%s, max %s\n", r.Gaps.Min, r.Gaps.Median, r.Gaps.P99, r.Gaps.Max)
 	}
 	if r.KeyHeader != "" {
 		fmt.Fprintf(tw, "key repeats (header %s within %s)\t%s\t%s of the records\n", r.KeyHeader, r.KeyWindow, thousands(r.KeyRepeats), percent(r.KeyRepeats, r.Records))
-		fmt.Fprintf(tw, "  records without the header\t%s\t\n", thousands(r.WithoutKey))
+		fmt.Fprintf(tw, "  records without the header\t%s\n", thousands(r.WithoutKey))
 	}
 	tw.Flush()
 	if r.Forgotten > 0 {

@@ -194,6 +194,7 @@ func TestAuditPlantedDuplicates(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("audit: exit %d: %s", code, errOut)
 	}
+	t.Logf("the report (docs/audit.md shows it):\n%s", out)
 	for _, want := range []string{
 		fmt.Sprintf(`Audit of topic payments \(the whole topic\): %d records`, len(pl.records)),
 		fmt.Sprintf(`\ncopies \(same key, value and headers within 2m0s\) +%d +2.22 %% of the records\n`, pl.copies),
