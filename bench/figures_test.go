@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dedupproxy/dedupproxy/internal/doccheck"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -42,78 +43,6 @@ func docFiles(t *testing.T, root string) []string {
 		}
 	}
 	return files
-}
-
-// docUnit is a sentence (or table row) of a document, with the line it
-// starts on.
-type docUnit struct {
-	line int
-	text string
-}
-
-var sentenceEnd = regexp.MustCompile(`[.;:!?]\s+|\s+—\s+`)
-
-// docUnits splits a document into sentences: markdown paragraphs and YAML
-// or unit-file comment blocks are joined, then split at sentence ends; a
-// table row is one unit (its first cell says what the others measure). Each sentence of a comment block names the key the block
-// documents (the line after it), so "about 150 bytes each" above
-// max_entries is read as a statement about max_entries. The generated
-// sizing block is left out (it is compared whole).
-func docUnits(text string) []docUnit {
-	var out []docUnit
-	var para []string
-	start := 0
-	flush := func(key string) {
-		if len(para) > 0 {
-			for _, s := range sentenceEnd.Split(strings.Join(para, " "), -1) {
-				if s = strings.TrimSpace(s); s != "" {
-					if key != "" {
-						s += " [" + key + "]"
-					}
-					out = append(out, docUnit{start, s})
-				}
-			}
-		}
-		para = nil
-	}
-	inBlock, comments := false, false
-	for i, line := range strings.Split(text, "\n") {
-		switch {
-		case strings.HasPrefix(line, figuresStart):
-			flush("")
-			inBlock = true
-			continue
-		case strings.HasPrefix(line, figuresEnd):
-			inBlock = false
-			continue
-		case inBlock:
-			continue
-		}
-		trimmed := strings.TrimSpace(line)
-		comment := strings.HasPrefix(trimmed, "#")
-		if !comment && comments {
-			key, _, _ := strings.Cut(trimmed, ":")
-			flush(strings.TrimSpace(key))
-		}
-		comments = comment
-		trimmed = strings.TrimSpace(strings.TrimLeft(trimmed, "#"))
-		if trimmed == "" || strings.HasPrefix(trimmed, "|") {
-			flush("")
-		}
-		if trimmed == "" {
-			continue
-		}
-		if len(para) == 0 {
-			start = i + 1
-		}
-		if strings.HasPrefix(trimmed, "|") {
-			out = append(out, docUnit{i + 1, trimmed})
-			continue
-		}
-		para = append(para, trimmed)
-	}
-	flush("")
-	return out
 }
 
 // claim is a kind of figure a document may state: in a unit whose text
@@ -199,27 +128,32 @@ func TestDocFigures(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, u := range docUnits(string(raw)) {
+		yamlLike := !strings.HasSuffix(name, ".md")
+		for _, u := range doccheck.Units(string(raw), yamlLike, figuresStart, figuresEnd) {
+			text := u.Text
+			if u.Key != "" {
+				text += " [" + u.Key + "]" // the key a YAML comment documents
+			}
 			checked := map[string]bool{}
 			for _, c := range claims {
-				if !c.context.MatchString(u.text) || checked[c.group] && c.group != "" {
+				if !c.context.MatchString(text) || checked[c.group] && c.group != "" {
 					continue
 				}
 				// A unit stating several figures of one group (the
 				// bytes of an entry and of a legacy batch) may state any.
 				for _, o := range claims {
-					if o.group != "" && o.group == c.group && o.what != c.what && o.context.MatchString(u.text) {
+					if o.group != "" && o.group == c.group && o.what != c.what && o.context.MatchString(text) {
 						c.allowed = append(slices.Clip(c.allowed), o.allowed...)
 						c.what += " or " + o.what
 					}
 				}
 				checked[c.group] = true
-				for _, m := range c.number.FindAllStringSubmatch(u.text, -1) {
+				for _, m := range c.number.FindAllStringSubmatch(u.Text, -1) {
 					v, err := strconv.ParseFloat(strings.ReplaceAll(m[1], ",", ""), 64)
 					if err != nil || c.ok(v, m[1]) {
 						continue
 					}
-					t.Errorf("%s:%d states %s for %s; bench/results gives %s:\n\t%s", name, u.line, m[1], c.what, c.allowedText(), u.text)
+					t.Errorf("%s:%d states %s for %s; bench/results gives %s:\n\t%s", name, u.Line, m[1], c.what, c.allowedText(), text)
 				}
 			}
 		}

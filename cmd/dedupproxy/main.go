@@ -6,9 +6,9 @@
 //	dedupproxy version       print the version and VCS revision
 //	dedupproxy help          print the help
 //
-// SIGHUP reloads the log level and every certificate file, and says which
-// other changes of the config file need a restart; SIGTERM and SIGINT drain
-// and exit.
+// SIGHUP applies the config keys of reloadedKeys and re-reads every
+// certificate file, and says which other changes of the config file need a
+// restart; SIGTERM and SIGINT drain and exit.
 //
 // With neither --upstream nor --config, or with "upstream: embedded", it
 // starts an embedded in-memory 3-broker Kafka cluster (franz-go kfake) on
@@ -289,7 +289,7 @@ func (f *flags) defineUpstream(fs *flag.FlagSet) {
 
 // usage prints the subcommands and every flag.
 func (f *flags) usage(w io.Writer) {
-	fmt.Fprint(w, `dedupproxy: a Kafka-protocol proxy that stops duplicate Produce writes.
+	fmt.Fprintf(w, `dedupproxy: a Kafka-protocol proxy that stops duplicate Produce writes.
 
 Usage:
   dedupproxy [flags]     run the proxy
@@ -301,12 +301,12 @@ Usage:
 With neither --upstream nor --config the proxy starts an embedded in-memory
 cluster whose data is lost on exit: for trying it out. A config file must set
 upstream (a list, a comma-separated string, or "embedded"). Flags win over
-the file. SIGHUP reloads log_level, dedup.mode, dedup.legacy.match, dedup.topics
-and the certificate files; SIGTERM drains
-in-flight Produce requests (up to drain_timeout) and exits.
+the file. SIGHUP applies %s from the
+config file and re-reads the certificate files; SIGTERM drains in-flight
+Produce requests (up to drain_timeout) and exits.
 
 Flags:
-`)
+`, reloadedKeysText())
 	printFlags(w, f.fs)
 	fmt.Fprint(w, "\nEvery config key: config.example.yaml. Operating it: docs/operations.md.\n")
 }
