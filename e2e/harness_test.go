@@ -20,31 +20,26 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
-// newCluster starts a one-broker kfake cluster on a random loopback port with
-// topic seeded at 3 partitions.
-func newCluster(t testing.TB, topic string) *kfake.Cluster {
+// newCluster is the one-broker cluster a test runs against (kfake, or the
+// real cluster of DEDUPPROXY_TEST_UPSTREAM) with topic at 3 partitions.
+func newCluster(t testing.TB, topic string) *testCluster {
 	t.Helper()
-	return newClusterOf(t, 1, topic)
+	return newTestCluster(t, 1, topic)
 }
 
 // legacyPartitions is how many partitions the clusters' topic has.
 const legacyPartitions = 3
 
-// newClusterOf is newCluster with brokers brokers.
-func newClusterOf(t testing.TB, brokers int, topic string) *kfake.Cluster {
+// newClusterOf is newCluster with brokers brokers (kfake; a real cluster
+// has what it has).
+func newClusterOf(t testing.TB, brokers int, topic string) *testCluster {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.SeedTopics(legacyPartitions, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return newTestCluster(t, brokers, topic)
 }
 
 // syncBuffer is a goroutine-safe log sink.
@@ -75,31 +70,31 @@ type testProxy struct {
 // startProxy runs the proxy on 127.0.0.1:0 in front of c. On cleanup it shuts
 // down, fails the test if a connection goroutine panicked, and prints the
 // proxy's log if the test failed.
-func startProxy(t testing.TB, c *kfake.Cluster) *testProxy {
+func startProxy(t testing.TB, c *testCluster) *testProxy {
 	t.Helper()
 	return startProxyOn(t, c, "127.0.0.1:0")
 }
 
 // startProxyOn is startProxy with the bootstrap listener at listen (node N
 // at its port + 1 + N).
-func startProxyOn(t testing.TB, c *kfake.Cluster, listen string) *testProxy {
+func startProxyOn(t testing.TB, c *testCluster, listen string) *testProxy {
 	t.Helper()
 	return startProxyWith(t, c, listen, nil)
 }
 
 // startProxyDial is startProxy with dial as the proxy's upstream dialer.
-func startProxyDial(t testing.TB, c *kfake.Cluster, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
+func startProxyDial(t testing.TB, c *testCluster, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
 	t.Helper()
 	return startProxyWith(t, c, "127.0.0.1:0", dial)
 }
 
-func startProxyWith(t testing.TB, c *kfake.Cluster, listen string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
+func startProxyWith(t testing.TB, c *testCluster, listen string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
 	t.Helper()
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
 	srv := &proxy.Server{
 		Dial:    dial,
-		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: listen, Admin: "off"},
+		Config:  c.proxyConfig(listen),
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Metrics: proxy.NewMetrics(reg),
 	}
@@ -159,15 +154,15 @@ func hasLabel(m *dto.Metric, label string) bool {
 	return false
 }
 
-// storedValues reads every record of topic straight from kfake (never
-// through the proxy or the shim) and returns how many copies of each value
-// the log holds, and the total.
-func storedValues(t testing.TB, c *kfake.Cluster, topic string) (map[string]int, int) {
+// storedValues reads every record of topic straight from the cluster
+// (never through the proxy or the shim) and returns how many copies of
+// each value the log holds, and the total.
+func storedValues(t testing.TB, c *testCluster, topic string) (map[string]int, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	adm, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	adm, err := kgo.NewClient(c.clientOpts(t)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,11 +183,10 @@ func storedValues(t testing.TB, c *kfake.Cluster, topic string) (map[string]int,
 		total += int(o.Offset)
 	})
 
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(c.ListenAddrs()...),
+	cl, err := kgo.NewClient(append(c.clientOpts(t),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
 		kgo.FetchMaxWait(100*time.Millisecond),
-	)
+	)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,6 +291,9 @@ func TestMain(m *testing.M) {
 		fmt.Printf("e2e: client %s did not run: %s\n", name, strings.ReplaceAll(notRun.why[name], "\n", "; "))
 	}
 	notRun.Unlock()
+	if dir, err := runDir(); err == nil {
+		os.RemoveAll(dir)
+	}
 	os.Exit(code)
 }
 
@@ -318,13 +315,13 @@ func moduleVersion(path string) string {
 }
 
 // runChild runs a client program to completion, killed if ctx ends first
-// (exec.CommandContext kills it; WaitDelay bounds the wait for its pipes).
-// It returns stdout; stderr is logged.
-func runChild(ctx context.Context, t testing.TB, stdin []byte, name string, args ...string) ([]byte, string, error) {
+// (exec.CommandContext kills it; WaitDelay bounds the wait for its pipes),
+// with env added to its environment. It returns stdout; stderr is logged.
+func runChild(ctx context.Context, t testing.TB, stdin []byte, env []string, name string, args ...string) ([]byte, string, error) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.WaitDelay = 2 * time.Second
-	cmd.Env = append(os.Environ(), "KAFKAJS_NO_PARTITIONER_WARNING=1", "PYTHONUNBUFFERED=1")
+	cmd.Env = append(append(os.Environ(), "KAFKAJS_NO_PARTITIONER_WARNING=1", "PYTHONUNBUFFERED=1"), env...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
@@ -387,11 +384,11 @@ func freeListenPair(t testing.TB) string {
 
 // startProxyOnErr starts a proxy at listen without a testing.TB, for the
 // shim's goroutine (the restart mode); the caller kills it.
-func startProxyOnErr(c *kfake.Cluster, listen string) (*testProxy, error) {
+func startProxyOnErr(c *testCluster, listen string) (*testProxy, error) {
 	reg := prometheus.NewRegistry()
 	logs := &syncBuffer{}
 	srv := &proxy.Server{
-		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: listen, Admin: "off"},
+		Config:  c.proxyConfig(listen),
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Metrics: proxy.NewMetrics(reg),
 	}
