@@ -24,6 +24,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/dedupproxy/dedupproxy/internal/upstream"
 	"github.com/dedupproxy/dedupproxy/proxy"
@@ -148,8 +151,18 @@ func (c *Cluster) Describe() string {
 	return s
 }
 
-// ClientOpts are franz-go options that reach the cluster directly.
-func (c *Cluster) ClientOpts() ([]kgo.Opt, error) { return upstream.ClientOpts(c.Config) }
+// ClientOpts are franz-go options that reach the cluster directly, with
+// the credentials held in memory (not read from the proxy's password
+// file).
+func (c *Cluster) ClientOpts() ([]kgo.Opt, error) {
+	cfg := c.Config
+	cfg.UpstreamSASL = proxy.SASLConfig{}
+	opts, err := upstream.ClientOpts(cfg)
+	if mech := c.ClientSASL(); mech != nil && err == nil {
+		opts = append(opts, kgo.SASL(mech))
+	}
+	return opts, err
+}
 
 // Dial connects to a broker as a client of the cluster does: TCP, then TLS
 // when the cluster speaks it (the server name is the broker's host unless
@@ -235,4 +248,41 @@ func (c *Cluster) DeleteTopic(ctx context.Context, topic string) error {
 		err = resp.Err
 	}
 	return err
+}
+
+// ClientSASL is the clients' SASL mechanism, nil when the cluster does not
+// authenticate: for a client that reaches the cluster through the proxy
+// (plaintext to the proxy, its own SASL relayed).
+func (c *Cluster) ClientSASL() sasl.Mechanism {
+	s := c.SASL
+	switch s.Mechanism {
+	case proxy.SASLPlain:
+		return plain.Auth{User: s.User, Pass: s.Password}.AsMechanism()
+	case proxy.SASLScramSHA256:
+		return scram.Auth{User: s.User, Pass: s.Password}.AsSha256Mechanism()
+	case proxy.SASLScramSHA512:
+		return scram.Auth{User: s.User, Pass: s.Password}.AsSha512Mechanism()
+	}
+	return nil
+}
+
+// ProxyYAML is the cluster's part of a proxy config file: upstream_tls
+// and upstream_sasl (upstream is the caller's).
+func (c *Cluster) ProxyYAML() string {
+	var b strings.Builder
+	if u := c.Config.UpstreamTLS; u.Enabled {
+		fmt.Fprintf(&b, "upstream_tls:\n  enabled: true\n")
+		for k, v := range map[string]string{"ca": u.CA, "cert": u.Cert, "key": u.Key, "server_name": u.ServerName} {
+			if v != "" {
+				fmt.Fprintf(&b, "  %s: %q\n", k, v)
+			}
+		}
+		if u.InsecureSkipVerify {
+			fmt.Fprintf(&b, "  insecure_skip_verify: true\n")
+		}
+	}
+	if s := c.Config.UpstreamSASL; s.Mechanism != "" {
+		fmt.Fprintf(&b, "upstream_sasl:\n  mechanism: %s\n  user: %q\n  password_file: %q\n", s.Mechanism, s.User, s.PasswordFile)
+	}
+	return b.String()
 }
