@@ -12,8 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 	"github.com/dedupproxy/dedupproxy/proxy"
@@ -170,13 +168,5 @@ func (c *testCluster) tls() bool { return c.real != nil && c.real.Config.Upstrea
 
 // kgoSASL is franz-go's mechanism for s, nil without one.
 func kgoSASL(s testcluster.SASL) sasl.Mechanism {
-	switch s.Mechanism {
-	case proxy.SASLPlain:
-		return plain.Auth{User: s.User, Pass: s.Password}.AsMechanism()
-	case proxy.SASLScramSHA256:
-		return scram.Auth{User: s.User, Pass: s.Password}.AsSha256Mechanism()
-	case proxy.SASLScramSHA512:
-		return scram.Auth{User: s.User, Pass: s.Password}.AsSha512Mechanism()
-	}
-	return nil
+	return (&testcluster.Cluster{SASL: s}).ClientSASL()
 }
