@@ -15,12 +15,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
-	"github.com/dedupproxy/dedupproxy/internal/testpki"
 )
 
 // TestMain lets the test binary serve as the bench's child processes
@@ -367,29 +365,7 @@ func TestPipelineRealCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	root, err := testpki.NewCA("bench real-cluster root")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := root.Issue("broker", testpki.Opts{Hosts: []string{"127.0.0.1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.TLS(&tls.Config{Certificates: []tls.Certificate{leaf.TLS()}}),
-		kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "bench", "bench-secret"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ca := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(ca, root.PEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(testcluster.EnvUpstream, strings.Join(c.ListenAddrs(), ","))
-	t.Setenv(testcluster.EnvTLSCA, ca)
-	t.Setenv(testcluster.EnvSASLMechanism, "SCRAM-SHA-256")
-	t.Setenv(testcluster.EnvSASLUser, "bench")
-	t.Setenv(testcluster.EnvSASLPassword, "bench-secret")
+	c, root := testcluster.StandIn(t, 1, true)
 
 	cfg := defaultConfig()
 	cfg.Log = slog.New(slog.NewTextHandler(t.Output(), nil))
@@ -430,7 +406,7 @@ func TestPipelineRealCluster(t *testing.T) {
 		}
 	}
 	adm, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DialTLSConfig(&tls.Config{RootCAs: root.Pool}),
-		kgo.SASL(scram.Auth{User: "bench", Pass: "bench-secret"}.AsSha256Mechanism()))
+		kgo.SASL(scram.Auth{User: testcluster.StandInUser, Pass: testcluster.StandInPassword}.AsSha256Mechanism()))
 	if err != nil {
 		t.Fatal(err)
 	}

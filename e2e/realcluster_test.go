@@ -1,16 +1,9 @@
 package e2e
 
 import (
-	"crypto/tls"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
-	"github.com/dedupproxy/dedupproxy/internal/testpki"
 )
 
 // TestRealClusterSwitch runs the lost-acknowledgement harness against a
@@ -30,42 +23,16 @@ func TestRealClusterSwitch(t *testing.T) {
 	if real, _ := realCluster(); real != nil {
 		t.Skipf("the run is against %s already", real.Describe())
 	}
-	root, err := testpki.NewCA("e2e real-cluster root")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := root.Issue("broker", testpki.Opts{Hosts: []string{"127.0.0.1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	goClient := map[string]bool{"franz-go": true, "sarama": true, "kafka-go": true}
 	for _, setup := range []struct {
 		name string
 		sasl bool
 	}{{"SASL_SSL", true}, {"SSL", false}} {
 		t.Run(setup.name, func(t *testing.T) {
-			dir := t.TempDir()
-			opts := []kfake.Opt{kfake.NumBrokers(2), kfake.TLS(&tls.Config{Certificates: []tls.Certificate{leaf.TLS()}})}
-			if setup.sasl {
-				opts = append(opts, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "e2e", "e2e-secret"))
-			}
-			c, err := kfake.NewCluster(opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			ca := filepath.Join(dir, "ca.pem")
-			if err := os.WriteFile(ca, root.PEM, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			t.Setenv(testcluster.EnvUpstream, strings.Join(c.ListenAddrs(), ","))
-			t.Setenv(testcluster.EnvTLSCA, ca)
-			if setup.sasl {
-				t.Setenv(testcluster.EnvSASLMechanism, "SCRAM-SHA-256")
-				t.Setenv(testcluster.EnvSASLUser, "e2e")
-				t.Setenv(testcluster.EnvSASLPassword, "e2e-secret")
-			}
-			real, err := testcluster.FromEnv(dir)
+			// One broker, as TestLegacyLostAck's kfake runs: the switch is
+			// under test here, not the proxy on more brokers.
+			testcluster.StandIn(t, 1, setup.sasl)
+			real, err := testcluster.FromEnv(t.TempDir())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -194,19 +194,27 @@ func TopicName(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b)
 }
 
+// admin is an admin client of the cluster; the caller closes cl.
+func (c *Cluster) admin() (*kadm.Client, *kgo.Client, error) {
+	opts, err := c.ClientOpts()
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kadm.NewClient(cl), cl, nil
+}
+
 // CreateTopic creates topic with partitions partitions and waits until
 // every broker's metadata has it.
 func (c *Cluster) CreateTopic(ctx context.Context, topic string, partitions int32) error {
-	opts, err := c.ClientOpts()
-	if err != nil {
-		return err
-	}
-	cl, err := kgo.NewClient(opts...)
+	adm, cl, err := c.admin()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
 	resp, err := adm.CreateTopic(ctx, partitions, c.replication, nil, topic)
 	if err == nil {
 		err = resp.Err
@@ -234,16 +242,12 @@ func (c *Cluster) CreateTopic(ctx context.Context, topic string, partitions int3
 
 // DeleteTopic deletes topic; errors are the caller's to log.
 func (c *Cluster) DeleteTopic(ctx context.Context, topic string) error {
-	opts, err := c.ClientOpts()
-	if err != nil {
-		return err
-	}
-	cl, err := kgo.NewClient(opts...)
+	adm, cl, err := c.admin()
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	resp, err := kadm.NewClient(cl).DeleteTopic(ctx, topic)
+	resp, err := adm.DeleteTopic(ctx, topic)
 	if err == nil {
 		err = resp.Err
 	}
