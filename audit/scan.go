@@ -101,6 +101,9 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 	cl, err := kgo.NewClient(append(slices.Clip(opts),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.Topic: consume}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Transaction markers take offsets: seeing them tells a
+		// partition that ends in one that it has been read to its end.
+		kgo.KeepControlRecords(),
 		kgo.FetchMaxBytes(fetchMaxBytes),
 		kgo.FetchMaxPartitionBytes(fetchPartitionMax),
 		kgo.MaxConcurrentFetches(maxFetches),
@@ -160,9 +163,10 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 				return
 			}
 			next[r.Partition] = r.Offset + 1
-			read++
 			ms := r.Timestamp.UnixMilli()
-			if (s.From.IsZero() || ms >= fromMs) && (s.To.IsZero() || ms <= toMs) {
+			if r.Attrs.IsControl() {
+				// A transaction marker: not a record consumers see.
+			} else if read++; (s.From.IsZero() || ms >= fromMs) && (s.To.IsZero() || ms <= toMs) {
 				rec = Record{Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp, ProducerID: r.ProducerID,
 					Key: r.Key, Value: r.Value, Headers: rec.Headers[:0]}
 				for _, h := range r.Headers {
@@ -177,7 +181,7 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 		})
 		if time.Since(lastRec) >= s.IdleTimeout {
 			for _, p := range slices.Sorted(maps.Keys(next)) {
-				stopped = append(stopped, fmt.Sprintf("partition %d: read up to offset %d of %d; no record came for %s (the last offsets may hold only transaction markers, or were compacted away, or the cluster did not answer)",
+				stopped = append(stopped, fmt.Sprintf("partition %d: read up to offset %d of %d; no record came for %s (the last offsets were compacted away, or the cluster did not answer)",
 					p, next[p], ends[p], s.IdleTimeout))
 				f.Done(p)
 			}

@@ -291,3 +291,48 @@ dedup:
 		t.Errorf("without SASL: exit %d, stderr %q; want a failure", code, errOut)
 	}
 }
+
+// TestAuditTransactions: the audit reads what a read_committed consumer
+// reads: records of an aborted transaction are not counted, and a
+// partition that ends in a transaction marker is read to its end at once
+// (the marker's offset tells it), not after the idle timeout.
+func TestAuditTransactions(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("audit-test"), kgo.DefaultProduceTopic("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, tx := range []struct {
+		values []string
+		commit kgo.TransactionEndTry
+	}{
+		{[]string{"a", "a", "b"}, kgo.TryCommit}, // one copy
+		{[]string{"b", "c", "c"}, kgo.TryAbort},  // aborted: not read
+		{[]string{"d", "d"}, kgo.TryCommit},      // one copy; ends in a marker
+	} {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range tx.values {
+			if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := cl.EndTransaction(ctx, tx.commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	rep := runAuditJSON(t, "--upstream", strings.Join(c.ListenAddrs(), ","), "--topic", "orders")
+	if took := time.Since(start); rep.Records != 5 || rep.Copies != 2 || len(rep.Incomplete) != 0 || took > 5*time.Second {
+		t.Errorf("%d records, %d copies, incomplete %v, in %s; want 5 records, 2 copies, read to the end at once",
+			rep.Records, rep.Copies, rep.Incomplete, took)
+	}
+}
