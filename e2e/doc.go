@@ -12,6 +12,11 @@
 // instead, outside CI. Either way the run ends by naming every client that
 // did not run and why (shown with -v, or when the run fails).
 //
+// With DEDUPPROXY_TEST_UPSTREAM set (and its TLS and SASL variables) the
+// tests run against that real cluster instead of kfake, on topics they
+// create and delete; those that need kfake's fault hooks skip, saying which
+// (docs/real-cluster.md).
+//
 // The legacy lost-acknowledgement tests write their figures to
 // results/legacy-clients.md when run with -update or E2E_WRITE_RESULTS=1:
 //
