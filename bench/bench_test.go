@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
 // TestMain lets the test binary serve as the bench's child processes
@@ -341,4 +348,76 @@ func TestTLSCostTiny(t *testing.T) {
 	var b strings.Builder
 	writeTLSCost(&b, res, "go test ./bench")
 	t.Log(b.String())
+}
+
+// TestPipelineRealCluster runs the produce rows against a cluster named
+// only by the environment (-upstreams cluster, DEDUPPROXY_TEST_UPSTREAM),
+// as against a real one: here a kfake that requires TLS and SCRAM-SHA-256,
+// which the bench and its load children reach only through
+// internal/testcluster. The proxy gets the cluster's TLS and SASL, the
+// producers authenticate through it, the floor is left out (it cannot
+// relay TLS), dropped acknowledgements are caught, and the topics the run
+// created are deleted.
+func TestPipelineRealCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the proxy process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	c, root := testcluster.StandIn(t, 1, true)
+
+	cfg := defaultConfig()
+	cfg.Log = slog.New(slog.NewTextHandler(t.Output(), nil))
+	cfg.Upstreams = []string{"cluster"}
+	cfg.Sizes = []int{512}
+	cfg.BatchBytes = 4096
+	cfg.Producers = 2
+	cfg.Duration = 3 * time.Second
+	cfg.Records = 300
+	cfg.Reps = 1
+	cfg.LostAckRate = 0.2
+	cfg.Recovery = 10 * time.Millisecond
+	cfg.RoundTrip, cfg.MemProducers, cfg.DedupCostSize, cfg.ConsumeMB = 0, 0, 0, 0
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(ctx, cfg, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 2 {
+		t.Fatalf("%d rows, want batched and lostack", len(rep.Rows))
+	}
+	for _, row := range rep.Rows {
+		if row.Upstream != "cluster" {
+			t.Errorf("%s row against %s", row.Scenario, row.Upstream)
+		}
+		for _, target := range row.Targets {
+			if s := row.Sides[target]; s.Acked == 0 || s.Acked != s.Sent || s.Failed != 0 {
+				t.Errorf("%s %s: acked %d of %d sent, %d failed", row.Scenario, target, s.Acked, s.Sent, s.Failed)
+			}
+		}
+		if row.Scenario == "batched" && strings.Join(row.Targets, ",") != "direct,A/A,proxy" {
+			t.Errorf("batched targets %v, want direct, A/A and proxy (no floor before TLS)", row.Targets)
+		}
+		if row.Scenario == "lostack" && row.Sides["proxy"].AcksDropped == 0 {
+			t.Errorf("lostack: no acknowledgement dropped")
+		}
+	}
+	adm, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DialTLSConfig(&tls.Config{RootCAs: root.Pool}),
+		kgo.SASL(scram.Auth{User: testcluster.StandInUser, Pass: testcluster.StandInPassword}.AsSha256Mechanism()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	topics, err := kadm.NewClient(adm).ListTopics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range topics {
+		if strings.HasPrefix(name, "dedupproxy-bench-") {
+			t.Errorf("topic %s left on the cluster", name)
+		}
+	}
 }

@@ -178,6 +178,16 @@ func loadChild() error {
 		shim = NewShim(spec.RetryRate)
 		defer shim.Close()
 		dial = shim.Dial
+		if spec.Cluster {
+			// The shim reads frames: it speaks TLS to the real cluster,
+			// the producers plaintext (and SASL) to it.
+			c, err := clusterFromEnv()
+			if err != nil {
+				return err
+			}
+			shim.Upstream = c.Dial
+			spec.Cluster, spec.SASL = false, true
+		}
 	}
 	res, err := runLoad(ctx, spec.Seeds, dial, spec)
 	if goErr != nil {

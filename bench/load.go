@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
 // histogram is a lock-free log-linear latency histogram: 128 linear
@@ -110,6 +112,12 @@ type loadSpec struct {
 	// instead of producing, bounded by Duration.
 	Consume        bool
 	ConsumeRecords int64
+	// Cluster: Seeds are the real cluster of DEDUPPROXY_TEST_UPSTREAM, and
+	// the producers reach it with its TLS and SASL; SASL: they reach a
+	// relay in front of it (the proxy, the floor) and authenticate with
+	// its SASL through it. The load child reads the cluster from the
+	// environment it inherits.
+	Cluster, SASL bool
 	// OnStart runs after warm-up, right before the timed window, so
 	// process figures (CPU, peak RSS) exclude client set-up.
 	OnStart func() `json:"-"`
@@ -182,6 +190,13 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 		}
 		if dial != nil {
 			opts = append(opts, kgo.Dialer(dial))
+		}
+		if spec.Cluster || spec.SASL {
+			more, err := clusterOpts(spec.Cluster)
+			if err != nil {
+				return res, err
+			}
+			opts = append(opts, more...)
 		}
 		cl, err := kgo.NewClient(opts...)
 		if err != nil {
@@ -320,4 +335,36 @@ func runConsume(ctx context.Context, seeds []string, spec loadSpec) (loadResult,
 	res.Elapsed = time.Since(start)
 	res.Sent, res.AckedInWindow = res.Acked, res.Acked
 	return res, nil
+}
+
+// clusterFromEnv is the real cluster of the environment a load child
+// inherits (DEDUPPROXY_TEST_UPSTREAM).
+func clusterFromEnv() (*testcluster.Cluster, error) {
+	dir, err := os.MkdirTemp("", "dedupproxy-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir) // clients hold the password in memory
+	c, err := testcluster.FromEnv(dir)
+	if err == nil && c == nil {
+		err = fmt.Errorf("%s is not set", testcluster.EnvUpstream)
+	}
+	return c, err
+}
+
+// clusterOpts are the options that reach the real cluster of the
+// environment: its TLS and SASL when direct, its SASL alone through a
+// relay.
+func clusterOpts(direct bool) ([]kgo.Opt, error) {
+	c, err := clusterFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if direct {
+		return c.ClientOpts()
+	}
+	if mech := c.ClientSASL(); mech != nil {
+		return []kgo.Opt{kgo.SASL(mech)}, nil
+	}
+	return nil, nil
 }

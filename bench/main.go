@@ -55,7 +55,7 @@ func main() {
 func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Logger) error {
 	cfg := defaultConfig()
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	upstreams := fs.String("upstreams", strings.Join(cfg.Upstreams, ","), "upstreams of the produce rows, each its own process: kfake (in-memory Kafka with produce blackholed: acknowledged, not stored) and/or sink (answers at once, keeps nothing)")
+	upstreams := fs.String("upstreams", strings.Join(cfg.Upstreams, ","), "upstreams of the produce rows, each its own process: kfake (in-memory Kafka with produce blackholed: acknowledged, not stored) and/or sink (answers at once, keeps nothing); or cluster: the real cluster of DEDUPPROXY_TEST_UPSTREAM and its TLS and SASL variables (docs/real-cluster.md)")
 	sizes := fs.String("sizes", "100,1024,10240", "record value sizes in bytes, comma-separated")
 	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "concurrent kgo producer clients in batched phases")
 	fs.IntVar(&cfg.Topics, "topics", cfg.Topics, "topics written round-robin")
@@ -126,8 +126,8 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 
 func (c *Config) validate() error {
 	for _, u := range c.Upstreams {
-		if u != "kfake" && u != "sink" {
-			return fmt.Errorf("-upstreams: %q is not kfake or sink", u)
+		if u != "kfake" && u != "sink" && u != "cluster" {
+			return fmt.Errorf("-upstreams: %q is not kfake, sink or cluster", u)
 		}
 	}
 	switch {

@@ -99,6 +99,9 @@ type endpoint struct {
 	seeds []string
 	pid   int    // 0: no process of its own (direct)
 	admin string // proxy /metrics, or ""
+	// cluster: the seeds are the real cluster's (its TLS and SASL);
+	// sasl: a relay in front of it (SASL only, relayed).
+	cluster, sasl bool
 }
 
 // phase is what one phase of one target measured.
@@ -150,7 +153,7 @@ func runPairs(ctx context.Context, spec loadSpec, eps []endpoint, reps int, log 
 
 func runPhase(ctx context.Context, spec loadSpec, ep endpoint) (phase, error) {
 	ph := phase{metrics: map[string]float64{}}
-	spec.Seeds = ep.seeds
+	spec.Seeds, spec.Cluster, spec.SASL = ep.seeds, ep.cluster, ep.sasl
 	l, err := startLoad(ctx, spec)
 	if err != nil {
 		return ph, err

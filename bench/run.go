@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
 // Config is one benchmark run. The zero value is not useful; see
@@ -58,6 +60,9 @@ type Config struct {
 
 	ProxyBin string       `json:"-"` // prebuilt proxy; empty builds ./cmd/dedupproxy (deploy/build.sh)
 	Log      *slog.Logger `json:"-"`
+	// cluster is the real cluster of the "cluster" upstream
+	// (DEDUPPROXY_TEST_UPSTREAM; internal/testcluster), nil without one.
+	cluster *testcluster.Cluster
 }
 
 func defaultConfig() Config {
@@ -149,6 +154,22 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 	for i := range topics {
 		topics[i] = fmt.Sprintf("bench-%d", i)
 	}
+	if slices.Contains(cfg.Upstreams, "cluster") {
+		c, err := testcluster.FromEnv(dir)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("upstream cluster: set %s to the cluster's bootstrap brokers (docs/real-cluster.md)", testcluster.EnvUpstream)
+		}
+		cfg.cluster = c
+		log.Info("produce rows against a real cluster", "cluster", c.Describe())
+		// A real cluster keeps topics and may be shared: fresh names,
+		// deleted at the end (stack).
+		for i := range topics {
+			topics[i] = testcluster.TopicName(fmt.Sprintf("dedupproxy-bench-%d", i))
+		}
+	}
 	base := loadSpec{
 		Producers: cfg.Producers, Topics: topics, Linger: cfg.Linger, BatchBytes: int32(cfg.BatchBytes),
 		Acks: cfg.Acks, Idempotent: cfg.Idempotent, BufferBytes: cfg.BufferBytes,
@@ -207,27 +228,70 @@ func stack(ctx context.Context, cfg Config, dir, kind string, topics []string, p
 			stop()
 		}
 	}()
-	up, err := startUpstream(ctx, kind, topics, partitions)
+	real := kind == "cluster"
+	var up *upstream
+	if real {
+		up, err = clusterUpstream(ctx, cfg.cluster, topics, partitions)
+	} else {
+		up, err = startUpstream(ctx, kind, topics, partitions)
+	}
 	if err != nil {
 		return nil, stop, err
 	}
 	stops = append(stops, up.close)
+	extra := cfg.proxyExtra()
+	if real {
+		extra = append(extra, cfg.cluster.ProxyYAML())
+	}
+	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, dedup, extra...)
+	if err != nil {
+		return nil, stop, err
+	}
+	stops = append(stops, px.stop)
+	eps = []endpoint{
+		{name: "direct", seeds: up.addrs, cluster: real},
+		{name: "A/A", seeds: up.addrs, cluster: real},
+		{name: "proxy", seeds: []string{px.bootstrap}, pid: px.pid, admin: px.admin, sasl: real},
+	}
+	// The floor relay reads frames in plaintext: it cannot stand in front
+	// of a cluster that speaks TLS (its rows then have no floor).
+	if real && cfg.cluster.Config.UpstreamTLS.Enabled {
+		return eps, stop, nil
+	}
 	fl, err := startFloorProc(ctx, up.addrs[0])
 	if err != nil {
 		return nil, stop, err
 	}
 	stops = append(stops, fl.close)
-	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, dedup, cfg.proxyExtra()...)
-	if err != nil {
-		return nil, stop, err
+	floor := endpoint{name: "floor", seeds: fl.addrs, pid: fl.pid, sasl: real}
+	return []endpoint{eps[0], eps[1], floor, eps[2]}, stop, nil
+}
+
+// clusterUpstream is the real cluster as an upstream: topics created on
+// it, and deleted by close.
+func clusterUpstream(ctx context.Context, c *testcluster.Cluster, topics []string, partitions int) (*upstream, error) {
+	for _, t := range topics {
+		if err := c.CreateTopic(ctx, t, int32(partitions)); err != nil {
+			return nil, err
+		}
 	}
-	stops = append(stops, px.stop)
-	return []endpoint{
-		{name: "direct", seeds: up.addrs},
-		{name: "A/A", seeds: up.addrs},
-		{name: "floor", seeds: fl.addrs, pid: fl.pid},
-		{name: "proxy", seeds: []string{px.bootstrap}, pid: px.pid, admin: px.admin},
-	}, stop, nil
+	return &upstream{addrs: c.Config.Upstream, close: func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, t := range topics {
+			c.DeleteTopic(ctx, t)
+		}
+	}}, nil
+}
+
+// endpointNamed returns the endpoint of eps named name.
+func endpointNamed(eps []endpoint, name string) endpoint {
+	for _, ep := range eps {
+		if ep.name == name {
+			return ep
+		}
+	}
+	return endpoint{}
 }
 
 func baseRow(scenario, upstream string, l loadSpec, dedup string) Row {
@@ -284,7 +348,7 @@ func runProduceRows(ctx context.Context, cfg Config, dir, kind string, base load
 		// one pair: its counts matter, not its ratio.
 		l := base
 		l.RecordSize, l.Idempotent, l.Acks, l.RetryRate = 1024, true, "all", cfg.LostAckRate
-		if err := run(baseRow("lostack", kind, l, cfg.Dedup), l, []endpoint{eps[0], eps[3]}, 1); err != nil {
+		if err := run(baseRow("lostack", kind, l, cfg.Dedup), l, []endpoint{eps[0], endpointNamed(eps, "proxy")}, 1); err != nil {
 			return nil, err
 		}
 	}

@@ -28,6 +28,10 @@ import (
 // the direct and proxied paths pay the same extra hop.
 type Shim struct {
 	rate float64
+	// Upstream, when set, connects a hop to its target (TLS to a real
+	// cluster that speaks it: the hop reads plaintext frames and the
+	// client speaks plaintext to it); nil dials plain TCP.
+	Upstream func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	mu     sync.Mutex
 	hops   map[string]net.Listener
@@ -139,7 +143,14 @@ func (s *Shim) drop() bool {
 func (s *Shim) relay(client net.Conn, target string) {
 	defer s.wg.Done()
 	defer s.untrack(client)
-	up, err := net.DialTimeout("tcp", target, 5*time.Second)
+	dial := s.Upstream
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	up, err := dial(ctx, "tcp", target)
+	cancel()
 	if err != nil {
 		return
 	}

@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
 // debianPython is Debian's interpreter: the python3-* packages live in its
@@ -28,9 +30,10 @@ type childReport struct {
 	Errors      []string `json:"errors"`
 }
 
-// runReporting runs a producer program that prints a childReport last.
-func runReporting(ctx context.Context, t *testing.T, name string, args ...string) (produceResult, error) {
-	stdout, stderr, err := runChild(ctx, t, nil, name, args...)
+// runReporting runs a producer program that prints a childReport last,
+// with env added to its environment.
+func runReporting(ctx context.Context, t *testing.T, env []string, name string, args ...string) (produceResult, error) {
+	stdout, stderr, err := runChild(ctx, t, nil, env, name, args...)
 	if strings.TrimSpace(stderr) != "" {
 		t.Logf("%s stderr:\n%s", filepath.Base(args[0]), firstLines(stderr, 20))
 	}
@@ -76,13 +79,18 @@ func kcatClient() legacyClient {
 	return legacyClient{
 		name: "kcat", retries: true, dropAt: 10,
 		available: func() error { _, err := exec.LookPath("kcat"); return err },
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			var in bytes.Buffer
 			for i := 0; i < n; i++ {
 				in.WriteString(value(i))
 				in.WriteByte('\n')
 			}
-			_, stderr, err := runChild(ctx, t, in.Bytes(), "kcat", "-P", "-E", "-b", bootstrap, "-t", topic,
+			args := []string{"-P", "-E", "-b", bootstrap, "-t", topic}
+			if auth.Mechanism != "" {
+				args = append(args, "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms="+auth.Mechanism,
+					"-X", "sasl.username="+auth.User, "-X", "sasl.password="+auth.Password)
+			}
+			_, stderr, err := runChild(ctx, t, in.Bytes(), nil, "kcat", append(args,
 				"-X", "client.id=e2e-kcat",
 				"-X", "enable.idempotence=false",
 				"-X", "acks=all",
@@ -93,7 +101,7 @@ func kcatClient() legacyClient {
 				"-X", "socket.timeout.ms=5000",
 				"-X", "request.timeout.ms=5000",
 				"-X", "message.timeout.ms=25000",
-			)
+			)...)
 			if err != nil {
 				return produceResult{}, fmt.Errorf("kcat: %w; stderr:\n%s", err, firstLines(stderr, 20))
 			}
@@ -132,8 +140,8 @@ func confluentPythonClient() legacyClient {
 	return legacyClient{
 		name: "confluent-kafka-python", retries: true, dropAt: 10,
 		available: pythonModule("confluent_kafka"),
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
-			return runReporting(ctx, t, debianPython, filepath.Join("testdata", "confluent_producer.py"), bootstrap, topic, fmt.Sprint(n))
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+			return runReporting(ctx, t, saslEnv(auth), debianPython, filepath.Join("testdata", "confluent_producer.py"), bootstrap, topic, fmt.Sprint(n))
 		},
 	}
 }
@@ -154,8 +162,8 @@ func kafkaPythonClient(retries int) legacyClient {
 		// the third one is mid-stream.
 		name: name, retries: retries > 0, dropAt: 3,
 		available: pythonModule("kafka"),
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
-			return runReporting(ctx, t, debianPython, filepath.Join("testdata", "kafka_python_producer.py"),
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+			return runReporting(ctx, t, saslEnv(auth), debianPython, filepath.Join("testdata", "kafka_python_producer.py"),
 				bootstrap, topic, fmt.Sprint(n), fmt.Sprint(retries))
 		},
 	}
@@ -175,8 +183,8 @@ func kafkajsClient() legacyClient {
 			}
 			return nil
 		},
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
-			return runReporting(ctx, t, "node", filepath.Join("testdata", "kafkajs_producer.js"), bootstrap, topic, fmt.Sprint(n))
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+			return runReporting(ctx, t, saslEnv(auth), "node", filepath.Join("testdata", "kafkajs_producer.js"), bootstrap, topic, fmt.Sprint(n))
 		},
 	}
 }

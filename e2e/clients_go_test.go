@@ -13,6 +13,8 @@ import (
 	"github.com/IBM/sarama"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
 // The Go clients run in the test process, so they are always available.
@@ -61,13 +63,13 @@ func indexOf(v []byte) (int, error) {
 func franzClient() legacyClient {
 	return legacyClient{
 		name: "franz-go", retries: true, dropAt: 10, available: goAvailable,
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
-			return franzProduce(ctx, bootstrap, topic, n, false)
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+			return franzProduce(ctx, bootstrap, topic, n, false, auth)
 		},
 	}
 }
 
-func franzProduce(ctx context.Context, bootstrap, topic string, n int, idempotent bool) (produceResult, error) {
+func franzProduce(ctx context.Context, bootstrap, topic string, n int, idempotent bool, auth testcluster.SASL) (produceResult, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(bootstrap),
 		kgo.DefaultProduceTopic(topic),
@@ -81,6 +83,9 @@ func franzProduce(ctx context.Context, bootstrap, topic string, n int, idempoten
 	}
 	if !idempotent {
 		opts = append(opts, kgo.DisableIdempotentWrite())
+	}
+	if mech := kgoSASL(auth); mech != nil {
+		opts = append(opts, kgo.SASL(mech))
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -105,8 +110,8 @@ func franzProduce(ctx context.Context, bootstrap, topic string, n int, idempoten
 func franzIdempotentClient() legacyClient {
 	c := franzClient()
 	c.name, c.idempotent = "franz-go idempotent", true
-	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
-		return franzProduce(ctx, bootstrap, topic, n, true)
+	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+		return franzProduce(ctx, bootstrap, topic, n, true, auth)
 	}
 	return c
 }
@@ -118,7 +123,7 @@ func franzIdempotentClient() legacyClient {
 func saramaClient() legacyClient {
 	return legacyClient{
 		name: "sarama", retries: true, dropAt: 10, available: goAvailable,
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			cfg := sarama.NewConfig()
 			cfg.ClientID = "e2e-sarama"
 			cfg.Producer.RequiredAcks = sarama.WaitForAll
@@ -128,6 +133,7 @@ func saramaClient() legacyClient {
 			cfg.Producer.Flush.Frequency = 5 * time.Millisecond
 			cfg.Producer.Flush.MaxMessages = 100
 			cfg.Producer.Retry.Max = 5
+			saramaSASL(cfg, auth)
 			cfg.Producer.Retry.Backoff = 50 * time.Millisecond
 			cfg.Metadata.Retry.Backoff = 50 * time.Millisecond
 			cfg.Net.DialTimeout = 5 * time.Second
@@ -201,7 +207,7 @@ func mustBytes(e sarama.Encoder) []byte {
 func kafkaGoClient() legacyClient {
 	return legacyClient{
 		name: "kafka-go", retries: true, dropAt: 10, available: goAvailable,
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error) {
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			w := &kafkago.Writer{
 				Addr:            kafkago.TCP(bootstrap),
 				Topic:           topic,
@@ -214,7 +220,7 @@ func kafkaGoClient() legacyClient {
 				WriteBackoffMax: 500 * time.Millisecond,
 				ReadTimeout:     5 * time.Second,
 				WriteTimeout:    5 * time.Second,
-				Transport:       &kafkago.Transport{ClientID: "e2e-kafka-go", MetadataTTL: time.Second, DialTimeout: 5 * time.Second},
+				Transport:       &kafkago.Transport{ClientID: "e2e-kafka-go", MetadataTTL: time.Second, DialTimeout: 5 * time.Second, SASL: kafkaGoSASL(auth)},
 			}
 			defer func() {
 				if ctx.Err() != nil {

@@ -4,10 +4,18 @@
 // with a fault-injecting TCP shim in front.
 //
 // The package has no code of its own: everything is in _test.go files and
-// testdata/. What the tests need besides Go is installed by .ci/run: kcat,
-// python3-confluent-kafka and python3-kafka from Debian, node and npm, and
-// kafkajs (`npm ci` in this directory). Outside CI a missing client skips
-// its test; with CI=true it fails it.
+// testdata/. What the tests need besides Go is installed by .ci/deps (which
+// .ci/run calls): kcat, python3-confluent-kafka and python3-kafka from
+// Debian, node and npm, and kafkajs (`npm ci` in this directory). A missing
+// client fails its test, saying what installs it, so a green run has run
+// every client; E2E_SKIP_MISSING=kafkajs,kcat (or =all) skips the ones named
+// instead, outside CI. Either way the run ends by naming every client that
+// did not run and why (shown with -v, or when the run fails).
+//
+// With DEDUPPROXY_TEST_UPSTREAM set (and its TLS and SASL variables) the
+// tests run against that real cluster instead of kfake, on topics they
+// create and delete; those that need kfake's fault hooks skip, saying which
+// (docs/real-cluster.md).
 //
 // The legacy lost-acknowledgement tests write their figures to
 // results/legacy-clients.md when run with -update or E2E_WRITE_RESULTS=1:

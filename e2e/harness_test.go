@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,31 +20,26 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
-// newCluster starts a one-broker kfake cluster on a random loopback port with
-// topic seeded at 3 partitions.
-func newCluster(t testing.TB, topic string) *kfake.Cluster {
+// newCluster is the one-broker cluster a test runs against (kfake, or the
+// real cluster of DEDUPPROXY_TEST_UPSTREAM) with topic at 3 partitions.
+func newCluster(t testing.TB, topic string) *testCluster {
 	t.Helper()
-	return newClusterOf(t, 1, topic)
+	return newTestCluster(t, 1, topic)
 }
 
 // legacyPartitions is how many partitions the clusters' topic has.
 const legacyPartitions = 3
 
-// newClusterOf is newCluster with brokers brokers.
-func newClusterOf(t testing.TB, brokers int, topic string) *kfake.Cluster {
+// newClusterOf is newCluster with brokers brokers (kfake; a real cluster
+// has what it has).
+func newClusterOf(t testing.TB, brokers int, topic string) *testCluster {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.SeedTopics(legacyPartitions, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return newTestCluster(t, brokers, topic)
 }
 
 // syncBuffer is a goroutine-safe log sink.
@@ -74,31 +70,31 @@ type testProxy struct {
 // startProxy runs the proxy on 127.0.0.1:0 in front of c. On cleanup it shuts
 // down, fails the test if a connection goroutine panicked, and prints the
 // proxy's log if the test failed.
-func startProxy(t testing.TB, c *kfake.Cluster) *testProxy {
+func startProxy(t testing.TB, c *testCluster) *testProxy {
 	t.Helper()
 	return startProxyOn(t, c, "127.0.0.1:0")
 }
 
 // startProxyOn is startProxy with the bootstrap listener at listen (node N
 // at its port + 1 + N).
-func startProxyOn(t testing.TB, c *kfake.Cluster, listen string) *testProxy {
+func startProxyOn(t testing.TB, c *testCluster, listen string) *testProxy {
 	t.Helper()
 	return startProxyWith(t, c, listen, nil)
 }
 
 // startProxyDial is startProxy with dial as the proxy's upstream dialer.
-func startProxyDial(t testing.TB, c *kfake.Cluster, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
+func startProxyDial(t testing.TB, c *testCluster, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
 	t.Helper()
 	return startProxyWith(t, c, "127.0.0.1:0", dial)
 }
 
-func startProxyWith(t testing.TB, c *kfake.Cluster, listen string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
+func startProxyWith(t testing.TB, c *testCluster, listen string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *testProxy {
 	t.Helper()
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
 	srv := &proxy.Server{
 		Dial:    dial,
-		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: listen, Admin: "off"},
+		Config:  c.proxyConfig(listen),
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Metrics: proxy.NewMetrics(reg),
 	}
@@ -158,15 +154,15 @@ func hasLabel(m *dto.Metric, label string) bool {
 	return false
 }
 
-// storedValues reads every record of topic straight from kfake (never
-// through the proxy or the shim) and returns how many copies of each value
-// the log holds, and the total.
-func storedValues(t testing.TB, c *kfake.Cluster, topic string) (map[string]int, int) {
+// storedValues reads every record of topic straight from the cluster
+// (never through the proxy or the shim) and returns how many copies of
+// each value the log holds, and the total.
+func storedValues(t testing.TB, c *testCluster, topic string) (map[string]int, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	adm, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	adm, err := kgo.NewClient(c.clientOpts(t)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,11 +183,10 @@ func storedValues(t testing.TB, c *kfake.Cluster, topic string) (map[string]int,
 		total += int(o.Offset)
 	})
 
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(c.ListenAddrs()...),
+	cl, err := kgo.NewClient(append(c.clientOpts(t),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
 		kgo.FetchMaxWait(100*time.Millisecond),
-	)
+	)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,20 +226,75 @@ func storedValues(t testing.TB, c *kfake.Cluster, topic string) (map[string]int,
 }
 
 // inCI reports whether the test runs under CI (CI=true), where a missing
-// client is a failure instead of a skip.
+// client is a failure whatever E2E_SKIP_MISSING says.
 func inCI() bool { return os.Getenv("CI") == "true" }
 
-// requireClient skips the test when a client is not installed, or fails it in
-// CI, where .ci/run must have installed it.
-func requireClient(t testing.TB, err error) {
+// skipMissingEnv names the clients a run may skip when they are not
+// installed: a comma-separated list of client names (as in the results
+// table: kafkajs, kcat, ...) or "all". Unset, a missing client fails its
+// test: a green run has run every client.
+const skipMissingEnv = "E2E_SKIP_MISSING"
+
+// skipMissing reports whether E2E_SKIP_MISSING lets client be skipped
+// ("kafka-python" covers its "kafka-python retries=0" run too).
+func skipMissing(client string) bool {
+	for _, name := range strings.Split(os.Getenv(skipMissingEnv), ",") {
+		if name = strings.TrimSpace(name); name == "all" || name == client || name == strings.Fields(client)[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// notRun collects the clients a run did not drive, and why, for the
+// summary TestMain prints.
+var notRun struct {
+	sync.Mutex
+	why map[string]string
+}
+
+// requireClient fails the test when client is not installed (err says
+// why), naming what installs it, unless E2E_SKIP_MISSING names it outside
+// CI: then it skips. Either way TestMain's summary names the client.
+func requireClient(t testing.TB, client string, err error) {
 	t.Helper()
 	if err == nil {
 		return
 	}
-	if inCI() {
-		t.Fatalf("client not installed (CI=true, .ci/run should have installed it): %v", err)
+	notRun.Lock()
+	if notRun.why == nil {
+		notRun.why = map[string]string{}
 	}
-	t.Skipf("client not installed (bash .ci/run installs it): %v", err)
+	notRun.why[client] = err.Error()
+	notRun.Unlock()
+	switch {
+	case inCI():
+		t.Fatalf("%s not installed (CI=true: .ci/deps should have installed it): %v", client, err)
+	case skipMissing(client):
+		t.Skipf("%s not installed, skipped (%s=%s): %v", client, skipMissingEnv, os.Getenv(skipMissingEnv), err)
+	default:
+		t.Fatalf("%s not installed: %v\n\tbash .ci/deps installs every client the tests drive (kcat, python3-confluent-kafka, python3-kafka, node, npm, then kafkajs with npm ci in e2e/);\n\tor run with %s=%s (or =all) to skip it", client, err, skipMissingEnv, client)
+	}
+}
+
+// TestMain runs the tests, then names every client that did not run and
+// why: with -v, and in the output of a failed run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	notRun.Lock()
+	names := make([]string, 0, len(notRun.why))
+	for name := range notRun.why {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Printf("e2e: client %s did not run: %s\n", name, strings.ReplaceAll(notRun.why[name], "\n", "; "))
+	}
+	notRun.Unlock()
+	if dir, err := runDir(); err == nil {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
 }
 
 // moduleVersion is the version of a Go module the tests are built with, as
@@ -265,13 +315,13 @@ func moduleVersion(path string) string {
 }
 
 // runChild runs a client program to completion, killed if ctx ends first
-// (exec.CommandContext kills it; WaitDelay bounds the wait for its pipes).
-// It returns stdout; stderr is logged.
-func runChild(ctx context.Context, t testing.TB, stdin []byte, name string, args ...string) ([]byte, string, error) {
+// (exec.CommandContext kills it; WaitDelay bounds the wait for its pipes),
+// with env added to its environment. It returns stdout; stderr is logged.
+func runChild(ctx context.Context, t testing.TB, stdin []byte, env []string, name string, args ...string) ([]byte, string, error) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.WaitDelay = 2 * time.Second
-	cmd.Env = append(os.Environ(), "KAFKAJS_NO_PARTITIONER_WARNING=1", "PYTHONUNBUFFERED=1")
+	cmd.Env = append(append(os.Environ(), "KAFKAJS_NO_PARTITIONER_WARNING=1", "PYTHONUNBUFFERED=1"), env...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
@@ -334,11 +384,11 @@ func freeListenPair(t testing.TB) string {
 
 // startProxyOnErr starts a proxy at listen without a testing.TB, for the
 // shim's goroutine (the restart mode); the caller kills it.
-func startProxyOnErr(c *kfake.Cluster, listen string) (*testProxy, error) {
+func startProxyOnErr(c *testCluster, listen string) (*testProxy, error) {
 	reg := prometheus.NewRegistry()
 	logs := &syncBuffer{}
 	srv := &proxy.Server{
-		Config:  proxy.Config{Upstream: c.ListenAddrs(), Listen: listen, Admin: "off"},
+		Config:  c.proxyConfig(listen),
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Metrics: proxy.NewMetrics(reg),
 	}

@@ -31,14 +31,15 @@ func TestLegacyHeartbeatIdenticalBatches(t *testing.T) {
 		beats = 20
 	)
 	cluster := newCluster(t, topic)
+	fake := cluster.kfake(t, "request hook (ControlKey), which shows the batches identical")
 
 	// What reaches the broker, to prove the batches really were identical.
 	var (
 		mu      sync.Mutex
 		batches [][]byte
 	)
-	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
+	fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		fake.KeepControl()
 		mu.Lock()
 		defer mu.Unlock()
 		for _, tp := range req.(*kmsg.ProduceRequest).Topics {

@@ -7,6 +7,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"net"
+
+	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,8 +63,9 @@ type legacyClient struct {
 	// available returns nil when the client can run here.
 	available func() error
 	// produce writes values value(0..n-1) to topic via bootstrap with
-	// acks=all and idempotence off, and returns what the client reported.
-	produce func(ctx context.Context, t *testing.T, bootstrap, topic string, n int) (produceResult, error)
+	// acks=all and idempotence off, authenticating with auth when it names
+	// a mechanism, and returns what the client reported.
+	produce func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error)
 }
 
 // recordsPerRun is how many records each client writes: enough for a few
@@ -213,7 +217,7 @@ func TestLegacyLostAck(t *testing.T) {
 	clients := legacyClients()
 	for _, c := range clients {
 		t.Run(c.name, func(t *testing.T) {
-			requireClient(t, c.available())
+			requireClient(t, c.name, c.available())
 			for _, mode := range modes {
 				t.Run(mode, func(t *testing.T) { runLostAck(t, c, mode) })
 			}
@@ -258,13 +262,28 @@ func TestLegacyLostAck(t *testing.T) {
 }
 
 func runLostAck(t *testing.T, c legacyClient, mode string) {
-	topic := "legacy-" + strings.NewReplacer(" ", "-", "=", "-").Replace(c.name)
 	brokers := 1
 	if mode == modeLeader {
 		brokers = 2
 	}
-	cluster := newClusterOf(t, brokers, topic)
-	target := cluster.ListenAddrs()[0]
+	name := "legacy-" + strings.NewReplacer(" ", "-", "=", "-").Replace(c.name)
+	cluster := newClusterOf(t, brokers, name)
+	topic := cluster.topic(name)
+	// The faults that need kfake's hooks; on a real cluster the others run.
+	var fake *kfake.Cluster
+	switch mode {
+	case modeTimedOut:
+		fake = cluster.kfake(t, "fault injection (Fault: REQUEST_TIMED_OUT after the append)")
+	case modeLeader:
+		fake = cluster.kfake(t, "partition moves (MoveTopicPartition)")
+	case modeSlow, modeAbort:
+		fake = cluster.kfake(t, "held Produce requests (ControlKey, SleepControl)")
+	case modeCut:
+		if cluster.tls() {
+			t.Skip("cut reads Kafka frames on the proxy's broker connection, which TLS hides")
+		}
+	}
+	target := cluster.addrs()[0]
 	var px *testProxy
 	// restart: what the shim's goroutine did at the lost acknowledgement.
 	var restart struct {
@@ -280,7 +299,7 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		target = px.addr()
 	case modeTimedOut:
 		var produces atomic.Int64
-		cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.RequestTimedOut, Count: 1,
+		fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.RequestTimedOut, Count: 1,
 			When: func(req kmsg.Request) bool {
 				if req.(*kmsg.ProduceRequest).Acks == 0 || produces.Add(1) != c.dropAt {
 					return false
@@ -308,12 +327,19 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	if !shimDrops(mode) {
 		dropAt = 0
 	}
-	shim := newAckShim(t, target, dropAt)
+	// The shim reaches the cluster as its clients would (TLS when it
+	// speaks TLS), the proxy in plaintext.
+	dial := cluster.dial
+	if px != nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	shim := newAckShim(t, target, dropAt, dial)
 	var moveErr atomic.Pointer[error]
 	if mode == modeLeader {
 		shim.setOnDrop(func() {
 			for p := int32(0); p < legacyPartitions; p++ {
-				if err := cluster.MoveTopicPartition(topic, p, 1-cluster.LeaderFor(topic, p)); err != nil {
+				if err := fake.MoveTopicPartition(topic, p, 1-fake.LeaderFor(topic, p)); err != nil {
 					moveErr.Store(&err)
 					return
 				}
@@ -353,20 +379,20 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	var held *heldProduce
 	switch mode {
 	case modeSlow:
-		held = holdProduce(cluster, c.dropAt, &faults, func() {
+		held = holdProduce(fake, c.dropAt, &faults, func() {
 			// The retry waits in the proxy on the held original; a client
 			// that never retries, or retries on the same connection, is
 			// released by the bound.
 			eventually(slowHold, func() bool { return px.metric("dedupproxy_produce_waiting_retries", "") >= 1 })
 		})
 	case modeAbort:
-		held = holdProduce(cluster, c.dropAt, &faults, func() {
+		held = holdProduce(fake, c.dropAt, &faults, func() {
 			killClient()
 			shim.close()
 		})
 	}
 	start := time.Now()
-	res, err := c.produce(clientCtx, t, shim.Addr(), topic, recordsPerRun)
+	res, err := c.produce(clientCtx, t, shim.Addr(), topic, recordsPerRun, cluster.sasl())
 	elapsed := time.Since(start)
 	aborted := mode == modeAbort && faults.Load() == 1
 	switch {
@@ -443,7 +469,9 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	if mode == modeLeader && faults.Load() != 1 {
 		t.Errorf("the leaders never moved: the shim dropped no response")
 	}
-	record(r)
+	if cluster.real == nil { // the results table is kfake's
+		record(r)
+	}
 	t.Log(r)
 	if len(res.errors) > 0 {
 		t.Logf("%s reported errors, the first ones: %s", c.name, strings.Join(res.errors, "; "))

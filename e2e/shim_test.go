@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -39,6 +40,9 @@ const maxShimFrame = 64 << 20
 // Responses arrive in request order on a Kafka connection (acks=0 Produce
 // has none), so each connection keeps a FIFO of the requests awaiting one.
 type ackShim struct {
+	// dial connects to what the shim fronts: TLS for a real cluster that
+	// speaks it, so the shim still reads plaintext frames.
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	dropAt int64 // 1-based index among Produce requests with acks != 0; 0 never drops
 	// onDrop, when set (setOnDrop), runs when the dropped response
 	// arrives, before the client's connection is closed (the restart mode
@@ -70,9 +74,10 @@ type shimStats struct {
 
 // newAckShim starts a shim whose bootstrap listener forwards to target. It is
 // closed, with every connection, when the test ends.
-func newAckShim(t testing.TB, target string, dropAt int64) *ackShim {
+func newAckShim(t testing.TB, target string, dropAt int64, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *ackShim {
 	t.Helper()
 	s := &ackShim{
+		dial:      dial,
 		dropAt:    dropAt,
 		listeners: make(map[string]net.Listener),
 		conns:     make(map[net.Conn]struct{}),
@@ -181,7 +186,9 @@ type awaiting struct {
 
 func (s *ackShim) serveConn(client net.Conn, target string) {
 	defer s.wg.Done()
-	up, err := net.DialTimeout("tcp", target, 5*time.Second)
+	dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	up, err := s.dial(dctx, "tcp", target)
+	cancel()
 	if err != nil {
 		client.Close()
 		return

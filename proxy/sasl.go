@@ -25,10 +25,15 @@ import (
 var ErrUpstreamAuth = errors.New("proxy: upstream SASL authentication failed")
 
 // saslMechanism returns the franz-go mechanism for the configured
-// credentials, nil when none are configured. The password file is read for
-// every authentication, so it can be rotated in place.
-func (s *Server) saslMechanism() sasl.Mechanism {
-	sa := s.Config.UpstreamSASL
+// credentials, nil when none are configured.
+func (s *Server) saslMechanism() sasl.Mechanism { return SASLMechanism(s.Config.UpstreamSASL) }
+
+// SASLMechanism returns the franz-go mechanism for sa, nil when it names
+// none: what the proxy's own connections authenticate with, for a client
+// that must reach the cluster as the proxy does (dedupproxy audit). The
+// password file is read for every authentication, so it can be rotated in
+// place.
+func SASLMechanism(sa SASLConfig) sasl.Mechanism {
 	switch sa.Mechanism {
 	case SASLPlain:
 		return plain.Plain(func(context.Context) (plain.Auth, error) {

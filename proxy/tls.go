@@ -203,19 +203,9 @@ func (s *Server) setupTLS() error {
 		s.certs = append(s.certs, f)
 	}
 	if u := cfg.UpstreamTLS; u.Enabled {
-		base := &tls.Config{
-			MinVersion:         tlsVersion(u.MinVersion),
-			InsecureSkipVerify: u.InsecureSkipVerify,
-		}
-		if u.CA != "" {
-			b, err := os.ReadFile(u.CA)
-			if err != nil {
-				return fmt.Errorf("upstream_tls.ca: %w", err)
-			}
-			base.RootCAs = x509.NewCertPool()
-			if !base.RootCAs.AppendCertsFromPEM(b) {
-				return fmt.Errorf("upstream_tls.ca %s: no PEM certificate in it", u.CA)
-			}
+		base, err := u.baseConfig()
+		if err != nil {
+			return err
 		}
 		ut := &upstreamTLS{base: base, byAddr: map[string]*tls.Config{}, maxKept: 1024,
 			// Every client connection costs a broker connection: resume
@@ -246,6 +236,51 @@ func (s *Server) setupTLS() error {
 		}
 	}
 	return nil
+}
+
+// baseConfig is the TLS client configuration of every broker connection,
+// before a client certificate and a server name.
+func (u UpstreamTLSConfig) baseConfig() (*tls.Config, error) {
+	base := &tls.Config{
+		MinVersion:         tlsVersion(u.MinVersion),
+		InsecureSkipVerify: u.InsecureSkipVerify,
+	}
+	if u.CA != "" {
+		b, err := os.ReadFile(u.CA)
+		if err != nil {
+			return nil, fmt.Errorf("upstream_tls.ca: %w", err)
+		}
+		base.RootCAs = x509.NewCertPool()
+		if !base.RootCAs.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("upstream_tls.ca %s: no PEM certificate in it", u.CA)
+		}
+	}
+	return base, nil
+}
+
+// ClientConfig is the TLS configuration the proxy's broker connections
+// use, for a client that must reach the cluster as the proxy does
+// (dedupproxy audit): the CA, the client certificate (read once, not
+// reloaded), the server name override, the minimum version. Nil when u is
+// not enabled. Without ServerName, the caller verifies each broker for its
+// own host (franz-go's DialTLSConfig does).
+func (u UpstreamTLSConfig) ClientConfig() (*tls.Config, error) {
+	if !u.Enabled {
+		return nil, nil
+	}
+	c, err := u.baseConfig()
+	if err != nil {
+		return nil, err
+	}
+	c.ServerName = u.ServerName
+	if u.Cert != "" {
+		cert, err := tls.LoadX509KeyPair(u.Cert, u.Key)
+		if err != nil {
+			return nil, fmt.Errorf("upstream_tls.cert: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
 }
 
 // forAddr returns the client config for the broker at addr: verifying it

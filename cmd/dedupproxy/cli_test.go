@@ -39,14 +39,14 @@ func TestHelp(t *testing.T) {
 		if code != 0 || errOut != "" {
 			t.Fatalf("%v: exit %d, stderr %q", args, code, errOut)
 		}
-		for _, want := range []string{"dedupproxy demo", "dedupproxy version", "dedupproxy help", "embedded"} {
+		for _, want := range []string{"dedupproxy demo", "dedupproxy audit", "dedupproxy version", "dedupproxy help", "embedded"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("%v: help lacks %q:\n%s", args, want, out)
 			}
 		}
 		newFlags().fs.VisitAll(func(f *flag.Flag) {
-			if !strings.Contains(out, "  -"+f.Name+" ") && !strings.Contains(out, "  -"+f.Name+"\n") {
-				t.Errorf("%v: help lacks the flag -%s", args, f.Name)
+			if !strings.Contains(out, "\n  --"+f.Name+" ") && !strings.Contains(out, "\n  --"+f.Name+"\n") {
+				t.Errorf("%v: help lacks the flag --%s", args, f.Name)
 			}
 		})
 		if first == "" {
@@ -68,12 +68,20 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// TestUnknownFlag: one error line and a hint, on stderr; exit 2.
+// TestUnknownFlag: one error line naming the nearest flag (as unknown
+// config keys get theirs) and a hint, on stderr; exit 2.
 func TestUnknownFlag(t *testing.T) {
-	code, out, errOut := runOut("--listne", "127.0.0.1:0")
-	want := "dedupproxy: flag provided but not defined: -listne\nRun 'dedupproxy --help' for the subcommands and flags.\n"
-	if code != 2 || out != "" || errOut != want {
-		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2 and stderr %q", code, out, errOut, want)
+	for _, tc := range []struct{ flag, line string }{
+		{"--listne", "dedupproxy: unknown flag --listne; did you mean --listen?"},
+		{"-upstraem", "dedupproxy: unknown flag --upstraem; did you mean --upstream?"},
+		{"--tls-cetr", "dedupproxy: unknown flag --tls-cetr; did you mean --tls-cert?"},
+		{"--zzzzzz", "dedupproxy: unknown flag --zzzzzz"},
+	} {
+		code, out, errOut := runOut(tc.flag, "127.0.0.1:0")
+		want := tc.line + "\nRun 'dedupproxy --help' for the subcommands and flags.\n"
+		if code != 2 || out != "" || errOut != want {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 2 and stderr %q", tc.flag, code, out, errOut, want)
+		}
 	}
 }
 

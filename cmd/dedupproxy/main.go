@@ -2,12 +2,13 @@
 //
 //	dedupproxy [flags]       run the proxy (dedupproxy --help lists the flags)
 //	dedupproxy demo          show duplicates prevented, against an embedded cluster
+//	dedupproxy audit         count the duplicates a topic already holds
 //	dedupproxy version       print the version and VCS revision
 //	dedupproxy help          print the help
 //
-// SIGHUP reloads the log level and every certificate file, and says which
-// other changes of the config file need a restart; SIGTERM and SIGINT drain
-// and exit.
+// SIGHUP applies the config keys of reloadedKeys and re-reads every
+// certificate file, and says which other changes of the config file need a
+// restart; SIGTERM and SIGINT drain and exit.
 //
 // With neither --upstream nor --config, or with "upstream: embedded", it
 // starts an embedded in-memory 3-broker Kafka cluster (franz-go kfake) on
@@ -36,7 +37,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
@@ -77,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return 1
 			}
 			return 0
+		case "audit":
+			return runAudit(ctx, args[1:], stdout, stderr)
 		case "version":
 			fmt.Fprintln(stdout, versionLine())
 			return 0
@@ -119,11 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"config", configName, "dedup_mode", cfg.Dedup.Mode, "log_level", cfg.LogLevel, "log_format", cfg.LogFormat)
 	loaded := cfg // as configured, before the embedded cluster's addresses
 	if embedded {
-		cluster, err := kfake.NewCluster(
-			kfake.NumBrokers(3),
-			kfake.AllowAutoTopicCreation(),
-			kfake.DefaultNumPartitions(6),
-		)
+		cluster, err := startEmbedded()
 		if err != nil {
 			log.Error("cannot start the embedded cluster", "err", err)
 			return 1
@@ -241,8 +239,7 @@ func newFlags() *flags {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	f := &flags{fs: fs, strFlags: map[string]strFlag{}}
-	f.config = fs.String("config", "", "YAML config `file` (see config.example.yaml); it must set upstream")
-	f.upstream = fs.String("upstream", "", "bootstrap brokers of the real cluster, `HOST:PORT[,HOST:PORT...]`, or \"embedded\" for an in-memory test cluster (the default without --config)")
+	f.defineUpstream(fs)
 	f.listen = fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (see node_port_base, node_id_offset in the config file)")
 	f.advertise = fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised shifted alike, at port+1+N by default")
 	f.admin = fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz, or \"off\"")
@@ -250,58 +247,67 @@ func newFlags() *flags {
 	f.logFormat = fs.String("log-format", "", "log `format`: text or json (default text)")
 	f.dedup = fs.String("dedup-mode", "", "`mode`: enforce (answer retries like Kafka), observe (count, forward everything) or off (default enforce)")
 	f.version = fs.Bool("version", false, "print the version and VCS revision, and exit")
-	// TLS and SASL. No flag takes a password: it would show in ps and in
-	// shell history.
-	def := func(name, usage string, set func(*proxy.Config, string)) {
-		f.strFlags[name] = strFlag{fs.String(name, "", usage), set}
-	}
-	def("tls-cert", "PEM certificate `file` (with its chain) for the client listeners; with --tls-key every listener speaks TLS",
+	f.def("tls-cert", "PEM certificate `file` (with its chain) for the client listeners; with --tls-key every listener speaks TLS",
 		func(c *proxy.Config, v string) { c.TLS.Cert = v })
-	def("tls-key", "PEM private key `file` of --tls-cert", func(c *proxy.Config, v string) { c.TLS.Key = v })
-	def("tls-client-ca", "PEM CA `file`: clients must present a certificate it issued (mutual TLS)",
+	f.def("tls-key", "PEM private key `file` of --tls-cert", func(c *proxy.Config, v string) { c.TLS.Key = v })
+	f.def("tls-client-ca", "PEM CA `file`: clients must present a certificate it issued (mutual TLS)",
 		func(c *proxy.Config, v string) { c.TLS.ClientCA = v })
-	def("upstream-tls-ca", "PEM CA `file` that issued the brokers' certificates (implies --upstream-tls; default: the system roots)",
-		func(c *proxy.Config, v string) { c.UpstreamTLS.CA = v })
-	def("upstream-tls-cert", "PEM client certificate `file` presented to brokers (implies --upstream-tls)",
-		func(c *proxy.Config, v string) { c.UpstreamTLS.Cert = v })
-	def("upstream-tls-key", "PEM private key `file` of --upstream-tls-cert", func(c *proxy.Config, v string) { c.UpstreamTLS.Key = v })
-	def("upstream-tls-server-name", "`name` every broker certificate is verified against (default: each broker's own host)",
-		func(c *proxy.Config, v string) { c.UpstreamTLS.ServerName = v })
-	def("upstream-sasl-mechanism", "SASL `mechanism` of the proxy's own connections (readiness, discovery): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
-		func(c *proxy.Config, v string) { c.UpstreamSASL.Mechanism = v })
-	def("upstream-sasl-user", "SASL `user` of the proxy's own connections", func(c *proxy.Config, v string) { c.UpstreamSASL.User = v })
-	def("upstream-sasl-password-file", "`file` holding the SASL password of the proxy's own connections (never on the command line)",
-		func(c *proxy.Config, v string) { c.UpstreamSASL.PasswordFile = v })
-	def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
+	f.def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
 		func(c *proxy.Config, v string) { c.AdminTLS.Cert = v })
-	def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
+	f.def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
 	f.adminPprof = fs.Bool("admin-pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener")
-	f.upstreamTLS = fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
 	return f
+}
+
+// def defines a string flag whose value load sets with set.
+func (f *flags) def(name, usage string, set func(*proxy.Config, string)) {
+	f.strFlags[name] = strFlag{f.fs.String(name, "", usage), set}
+}
+
+// defineUpstream defines the flags that say how to reach the cluster: the
+// config file, the bootstrap brokers, TLS and SASL. The proxy and
+// dedupproxy audit share them, so the audit reaches the cluster exactly as
+// the proxy's own connections do. No flag takes a password: it would show
+// in ps and in shell history.
+func (f *flags) defineUpstream(fs *flag.FlagSet) {
+	f.config = fs.String("config", "", "YAML config `file` (see config.example.yaml); it must set upstream")
+	f.upstream = fs.String("upstream", "", "bootstrap brokers of the real cluster, `HOST:PORT[,HOST:PORT...]`, or \"embedded\" for an in-memory test cluster (the default without --config)")
+	f.upstreamTLS = fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
+	f.def("upstream-tls-ca", "PEM CA `file` that issued the brokers' certificates (implies --upstream-tls; default: the system roots)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.CA = v })
+	f.def("upstream-tls-cert", "PEM client certificate `file` presented to brokers (implies --upstream-tls)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.Cert = v })
+	f.def("upstream-tls-key", "PEM private key `file` of --upstream-tls-cert", func(c *proxy.Config, v string) { c.UpstreamTLS.Key = v })
+	f.def("upstream-tls-server-name", "`name` every broker certificate is verified against (default: each broker's own host)",
+		func(c *proxy.Config, v string) { c.UpstreamTLS.ServerName = v })
+	f.def("upstream-sasl-mechanism", "SASL `mechanism` of the proxy's own connections (readiness, discovery): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+		func(c *proxy.Config, v string) { c.UpstreamSASL.Mechanism = v })
+	f.def("upstream-sasl-user", "SASL `user` of the proxy's own connections", func(c *proxy.Config, v string) { c.UpstreamSASL.User = v })
+	f.def("upstream-sasl-password-file", "`file` holding the SASL password of the proxy's own connections (never on the command line)",
+		func(c *proxy.Config, v string) { c.UpstreamSASL.PasswordFile = v })
 }
 
 // usage prints the subcommands and every flag.
 func (f *flags) usage(w io.Writer) {
-	fmt.Fprint(w, `dedupproxy: a Kafka-protocol proxy that stops duplicate Produce writes.
+	fmt.Fprintf(w, `dedupproxy: a Kafka-protocol proxy that stops duplicate Produce writes.
 
 Usage:
   dedupproxy [flags]     run the proxy
   dedupproxy demo        show duplicates prevented, against an embedded cluster
+  dedupproxy audit       count the duplicates a topic already holds (audit --help)
   dedupproxy version     print the version and VCS revision (also --version)
   dedupproxy help        print this help (also --help)
 
 With neither --upstream nor --config the proxy starts an embedded in-memory
 cluster whose data is lost on exit: for trying it out. A config file must set
 upstream (a list, a comma-separated string, or "embedded"). Flags win over
-the file. SIGHUP reloads log_level, dedup.mode, dedup.legacy.match, dedup.topics
-and the certificate files; SIGTERM drains
-in-flight Produce requests (up to drain_timeout) and exits.
+the file. SIGHUP applies %s from the
+config file and re-reads the certificate files; SIGTERM drains in-flight
+Produce requests (up to drain_timeout) and exits.
 
 Flags:
-`)
-	f.fs.SetOutput(w)
-	f.fs.PrintDefaults()
-	f.fs.SetOutput(io.Discard)
+`, reloadedKeysText())
+	printFlags(w, f.fs)
 	fmt.Fprint(w, "\nEvery config key: config.example.yaml. Operating it: docs/operations.md.\n")
 }
 
@@ -311,11 +317,14 @@ func (f *flags) load(args []string) (proxy.Config, error) {
 	var cfg proxy.Config
 	if err := f.fs.Parse(args); err != nil {
 		f.parseErr = !errors.Is(err, flag.ErrHelp)
+		if f.parseErr {
+			err = flagError(f.fs, err)
+		}
 		return cfg, err
 	}
 	if f.fs.NArg() > 0 {
 		f.parseErr = true
-		return cfg, fmt.Errorf("unexpected argument %q (subcommands: demo, version, help)", f.fs.Arg(0))
+		return cfg, fmt.Errorf("unexpected argument %q (subcommands: demo, audit, version, help)", f.fs.Arg(0))
 	}
 	if *f.config != "" {
 		var err error

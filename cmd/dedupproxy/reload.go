@@ -8,10 +8,24 @@ import (
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
+// reloadedKeys are the config keys SIGHUP applies to a running proxy
+// (besides re-reading every certificate file); any other key that changed
+// is logged as needing a restart. The help text is written from this
+// list, TestReloadAppliesReloadedKeys holds reload to it, and
+// TestDocsSIGHUPKeys fails when a document states another list.
+// NOTE: a key reload learns to apply goes here.
+var reloadedKeys = []string{"log_level", "dedup.mode", "dedup.legacy.match", "dedup.topics"}
+
+// reloadedKeysText is reloadedKeys as a sentence: a, b, c and d.
+func reloadedKeysText() string {
+	n := len(reloadedKeys)
+	return strings.Join(reloadedKeys[:n-1], ", ") + " and " + reloadedKeys[n-1]
+}
+
 // reload is SIGHUP: it reads the config file and flags again, applies what
-// can change in a running proxy (log_level; dedup.mode, dedup.legacy.match
-// and dedup.topics; certificate files are re-read in place), logs what
-// changed, and names every other changed key as needing a restart. It returns the configuration now in effect, as
+// can change in a running proxy (reloadedKeys; certificate files are
+// re-read in place), logs what changed, and names every other changed key
+// as needing a restart. It returns the configuration now in effect, as
 // configured (the running one when the file does not load).
 func reload(log *slog.Logger, level *slog.LevelVar, srv *proxy.Server, fl *flags, args []string, running proxy.Config) proxy.Config {
 	if err := srv.ReloadTLS(); err != nil {

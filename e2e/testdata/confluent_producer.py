@@ -7,6 +7,7 @@ prints one JSON line: {"version", "acked": [indices], "failed": [indices],
 "errors": [first few]}. Run with Debian's /usr/bin/python3 (python3-confluent-kafka).
 """
 import json
+import os
 import sys
 
 import confluent_kafka
@@ -25,7 +26,7 @@ def main():
         if len(errors) < 5:
             errors.append(str(err))
 
-    p = confluent_kafka.Producer({
+    conf = {
         "bootstrap.servers": bootstrap,
         "client.id": "e2e-confluent-python",
         "enable.idempotence": False,
@@ -39,7 +40,16 @@ def main():
         "socket.timeout.ms": 5000,
         "request.timeout.ms": 5000,
         "message.timeout.ms": 25000,
-    })
+    }
+    # A real cluster with SASL (e2e: DEDUPPROXY_TEST_SASL_*), through the proxy.
+    if os.environ.get("E2E_SASL_MECHANISM"):
+        conf.update({
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": os.environ["E2E_SASL_MECHANISM"],
+            "sasl.username": os.environ["E2E_SASL_USER"],
+            "sasl.password": os.environ["E2E_SASL_PASSWORD"],
+        })
+    p = confluent_kafka.Producer(conf)
     for i in range(n):
         v = "r-%06d" % i
         for _ in range(1000):  # bounded: wait for room in the local queue

@@ -12,6 +12,7 @@ although the broker appended the batch (docs/clients.md §3). With retries > 0
 (RETRIES, default 5) it resends the batch on a new connection.
 """
 import json
+import os
 import sys
 
 import kafka
@@ -32,6 +33,15 @@ def main():
                 errors.append(repr(exc))
         return errback
 
+    # A real cluster with SASL (e2e: DEDUPPROXY_TEST_SASL_*), through the proxy.
+    sasl = {}
+    if os.environ.get("E2E_SASL_MECHANISM"):
+        sasl = dict(
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism=os.environ["E2E_SASL_MECHANISM"],
+            sasl_plain_username=os.environ["E2E_SASL_USER"],
+            sasl_plain_password=os.environ["E2E_SASL_PASSWORD"],
+        )
     p = kafka.KafkaProducer(
         bootstrap_servers=[bootstrap],
         client_id="e2e-kafka-python",
@@ -44,6 +54,7 @@ def main():
         # dropped acknowledgement is mid-stream.
         batch_size=2048,
         request_timeout_ms=5000,
+        **sasl,
     )
     for i in range(n):
         f = p.send(topic, value=("r-%06d" % i).encode())

@@ -21,7 +21,11 @@ async function main () {
     logLevel: logLevel.NOTHING,
     connectionTimeout: 3000,
     requestTimeout: 5000,
-    retry: { retries: 5, initialRetryTime: 50, maxRetryTime: 1000 }
+    retry: { retries: 5, initialRetryTime: 50, maxRetryTime: 1000 },
+    // A real cluster with SASL (e2e: DEDUPPROXY_TEST_SASL_*), through the proxy.
+    sasl: process.env.E2E_SASL_MECHANISM
+      ? { mechanism: process.env.E2E_SASL_MECHANISM.toLowerCase(), username: process.env.E2E_SASL_USER, password: process.env.E2E_SASL_PASSWORD }
+      : undefined
   })
   const producer = kafka.producer({ idempotent: false, allowAutoTopicCreation: false })
   await producer.connect()

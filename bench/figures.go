@@ -1,0 +1,199 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// figures are the numbers the docs state about what the proxy costs, each
+// from one source: the committed bench run (bench/results/results.json),
+// its micro-benchmarks (micro.md), the TLS run (tls.md), the proxy's
+// defaults and the Kubernetes example's CPU request. The sizing block of
+// docs/operations.md is written from them, and TestDocFigures fails when a
+// doc states another value.
+type figures struct {
+	EntryRSS   float64          // bytes of RSS per tracked (producer, partition): the memory scenario
+	EntryTable float64          // bytes per entry of the table alone (BenchmarkTableMemory, 5 retained)
+	Identity   float64          // bytes per remembered legacy batch (BenchmarkLegacyMemory)
+	Key        float64          // bytes per idempotency key: keyBytes
+	CPU        map[int]float64  // proxy (dedup enforce) CPU ms per MB produced, by record size
+	FloorCPU   map[int]float64  // the floor relay's, same rows
+	EnforceOff map[bool]float64 // proxy CPU per MB, dedup enforce ÷ off, by idempotent
+	AllCPU     []float64        // every CPU ms per MB of the run (produce, consume, every target)
+	TLSCPU     float64          // proxy CPU ms per MB, TLS on both legs (tls.md)
+	PlainCPU   float64          // the same run, plaintext
+	TLSRatio   float64          // TLS ÷ plaintext CPU per MB, as tls.md gives it
+
+	MaxEntries, MaxIdentities, MaxKeys int // the proxy's defaults
+	CPURequest                         int // millicores the Kubernetes example requests
+}
+
+// keyBytes is what one remembered idempotency key takes: seqstate's key
+// slot (a 128-bit hash, its expiry and offset), as KeyConfig.MaxKeys
+// states. No benchmark in bench/results measures it yet.
+const keyBytes = 40
+
+// Defaults of the tables (proxy.Config.EnsureDefaults), the multipliers
+// of the full-table figures. bench does not import the proxy; TestDocFigures
+// checks these against it.
+const (
+	defaultMaxEntries    = 262144
+	defaultMaxIdentities = 262144
+	defaultMaxKeys       = 1 << 20
+)
+
+var (
+	microValueRE = regexp.MustCompile(`\| ([0-9.]+) ± [0-9.]+% \(n=\d+/\d+\) (B/entry|B/identity) \|`)
+	tlsRowRE     = regexp.MustCompile(`(?m)^\| (plaintext|TLS) \| [0-9.]+ \| \d+ \| ([0-9.]+) ms \|$`)
+	tlsRatioRE   = regexp.MustCompile(`(?m)^\| TLS ÷ plaintext \| [0-9.]+× \| \| ([0-9.]+)× \|$`)
+	cpuRequestRE = regexp.MustCompile(`(?m)^\s+cpu: (\d+)m$`)
+)
+
+// loadFigures reads the figures from the repository at root.
+func loadFigures(root string) (figures, error) {
+	f := figures{CPU: map[int]float64{}, FloorCPU: map[int]float64{}, EnforceOff: map[bool]float64{}, Key: keyBytes,
+		MaxEntries: defaultMaxEntries, MaxIdentities: defaultMaxIdentities, MaxKeys: defaultMaxKeys}
+	raw, err := os.ReadFile(filepath.Join(root, "bench", "results", "results.json"))
+	if err != nil {
+		return f, err
+	}
+	var rep Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return f, fmt.Errorf("results.json: %w", err)
+	}
+	if rep.Memory == nil {
+		return f, fmt.Errorf("results.json has no memory scenario")
+	}
+	f.EntryRSS = rep.Memory.RSSPerEntry
+	for _, row := range rep.Rows {
+		if row.Scenario == "batched" && row.Dedup == "enforce" {
+			f.CPU[row.RecordSize] = row.Sides["proxy"].CPUmsPerMB
+			f.FloorCPU[row.RecordSize] = row.Sides["floor"].CPUmsPerMB
+		}
+		for _, side := range row.Sides {
+			if side.CPUmsPerMB > 0 {
+				f.AllCPU = append(f.AllCPU, side.CPUmsPerMB)
+			}
+		}
+		if row.Scenario == "dedupcost" {
+			f.EnforceOff[row.Idempotent] = row.CPURatio["enforce"].Median
+		}
+	}
+	if f.CPU[1024] == 0 || f.EnforceOff[true] == 0 || f.EnforceOff[false] == 0 {
+		return f, fmt.Errorf("results.json has no batched 1 KiB row, or no dedup-cost rows")
+	}
+
+	micro, err := os.ReadFile(filepath.Join(root, "bench", "results", "micro.md"))
+	if err != nil {
+		return f, err
+	}
+	for _, line := range strings.Split(string(micro), "\n") {
+		m := microValueRE.FindStringSubmatch(line)
+		switch {
+		case m == nil:
+		case strings.HasPrefix(line, "| TableMemory/entries=1M/retained=5 "):
+			f.EntryTable, _ = strconv.ParseFloat(m[1], 64)
+		case strings.HasPrefix(line, "| LegacyMemory "):
+			f.Identity, _ = strconv.ParseFloat(m[1], 64)
+		}
+	}
+	if f.EntryTable == 0 || f.Identity == 0 {
+		return f, fmt.Errorf("micro.md: no TableMemory retained=5 or LegacyMemory row")
+	}
+
+	tlsMD, err := os.ReadFile(filepath.Join(root, "bench", "results", "tls.md"))
+	if err != nil {
+		return f, err
+	}
+	for _, m := range tlsRowRE.FindAllStringSubmatch(string(tlsMD), -1) {
+		v, _ := strconv.ParseFloat(m[2], 64)
+		if m[1] == "TLS" {
+			f.TLSCPU = v
+		} else {
+			f.PlainCPU = v
+		}
+	}
+	if m := tlsRatioRE.FindSubmatch(tlsMD); m != nil {
+		f.TLSRatio, _ = strconv.ParseFloat(string(m[1]), 64)
+	}
+	if f.TLSCPU == 0 || f.PlainCPU == 0 || f.TLSRatio == 0 {
+		return f, fmt.Errorf("tls.md: no plaintext, TLS and ratio rows")
+	}
+
+	k8s, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "dedupproxy.yaml"))
+	if err != nil {
+		return f, err
+	}
+	m := cpuRequestRE.FindSubmatch(k8s)
+	if m == nil {
+		return f, fmt.Errorf("deploy/kubernetes/dedupproxy.yaml: no cpu request")
+	}
+	f.CPURequest, _ = strconv.Atoi(string(m[1]))
+	return f, nil
+}
+
+const mib = 1 << 20
+
+// tablesMiB is what the producer and legacy tables take when full with
+// the default bounds; keysMiB, the key table.
+func (f figures) tablesMiB() float64 {
+	return (float64(f.MaxEntries)*f.EntryRSS + float64(f.MaxIdentities)*f.Identity) / mib
+}
+
+func (f figures) keysMiB() float64 { return float64(f.MaxKeys) * f.Key / mib }
+
+// coveredMBps is how many MB/s the CPU request covers at ms CPU per MB.
+func (f figures) coveredMBps(ms float64) float64 { return float64(f.CPURequest) / ms }
+
+// sig2 rounds to two significant digits: the precision a sizing figure
+// deserves on a shared 2-core VM.
+func sig2(x float64) float64 { return sig(x, 2) }
+
+// sig rounds x to n significant digits.
+func sig(x float64, n int) float64 {
+	if x == 0 {
+		return 0
+	}
+	p := math.Pow(10, math.Floor(math.Log10(math.Abs(x)))-float64(n-1))
+	return math.Round(x/p) * p
+}
+
+// sizingBlock is the generated part of docs/operations.md's sizing
+// section.
+func (f figures) sizingBlock() string {
+	var b strings.Builder
+	ms := func(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }
+	fmt.Fprintf(&b, "| what | cost |\n|---|---|\n")
+	fmt.Fprintf(&b, "| CPU, dedup enforced, 100 B / 1 KiB / 10 KiB records | %s / %s / %s ms of CPU per MB produced (the floor relay: %s / %s / %s ms) |\n",
+		ms(f.CPU[100]), ms(f.CPU[1024]), ms(f.CPU[10240]), ms(f.FloorCPU[100]), ms(f.FloorCPU[1024]), ms(f.FloorCPU[10240]))
+	fmt.Fprintf(&b, "| CPU, dedup enforce ÷ off | %.2f× (idempotent producers), %.2f× (legacy: the XXH3 of each batch's records, docs/performance.md) |\n",
+		f.EnforceOff[true], f.EnforceOff[false])
+	fmt.Fprintf(&b, "| CPU, TLS on both legs, 1 KiB records | %s ms per MB against %s ms plaintext in the same run (%.2f×; `go run ./bench tls`, bench/results/tls.md) |\n",
+		ms(f.TLSCPU), ms(f.PlainCPU), f.TLSRatio)
+	fmt.Fprintf(&b, "| memory per tracked (producer, partition) | %.0f B RSS (the table itself: %.0f B), with 5 retained batches |\n", f.EntryRSS, f.EntryTable)
+	fmt.Fprintf(&b, "| memory per legacy batch remembered | %.0f B |\n", f.Identity)
+	fmt.Fprintf(&b, "| memory per idempotency key | %.0f B (the key table's slot; not measured by the bench) |\n", f.Key)
+	fmt.Fprintf(&b, "\nWorked out: 100 MB/s of 1 KiB records takes about %s cores (%s with TLS); the Kubernetes\n",
+		strconv.FormatFloat(sig(100*f.CPU[1024]/1000, 1), 'g', -1, 64), strconv.FormatFloat(sig(100*f.TLSCPU/1000, 1), 'g', -1, 64))
+	fmt.Fprintf(&b, "example requests %dm, which covers about %.0f MB/s of 1 KiB records, or %.0f MB/s with TLS.\n",
+		f.CPURequest, sig2(f.coveredMBps(f.CPU[1024])), sig2(f.coveredMBps(f.TLSCPU)))
+	fmt.Fprintf(&b, "Full default tables take about %.0f MiB (%s × %.0f B + %s × %.0f B), %.0f MiB more\n",
+		f.tablesMiB(), commas(f.MaxEntries), f.EntryRSS, commas(f.MaxIdentities), f.Identity, f.keysMiB())
+	fmt.Fprintf(&b, "with idempotency keys (%s × %.0f B).\n", commas(f.MaxKeys), f.Key)
+	return b.String()
+}
+
+// commas writes n as 262,144.
+func commas(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
