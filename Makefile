@@ -27,7 +27,8 @@ fuzz:
 	go test -run x -fuzz '^FuzzRewriteTopTagsSameSize$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzProduceWalker$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzTableVsModel$$' -fuzztime $(FUZZTIME) ./seqstate
-	go test -run x -fuzz '^FuzzApplyLog$$' -fuzztime $(FUZZTIME) ./proxy
+	go test -run x -fuzz '^FuzzTailRead$$' -fuzztime $(FUZZTIME) ./decide
+	go test -run x -fuzz '^FuzzRecordIDs$$' -fuzztime $(FUZZTIME) ./protocol
 
 bench:
 	go test -run x -bench . -benchmem ./...

@@ -20,7 +20,7 @@ import (
 type figures struct {
 	EntryRSS   float64          // bytes of RSS per tracked (producer, partition): the memory scenario
 	EntryTable float64          // bytes per entry of the table alone (BenchmarkTableMemory, 5 retained)
-	Identity   float64          // bytes per remembered legacy batch (BenchmarkLegacyMemory)
+	Record     float64          // bytes per remembered legacy record (decide's BenchmarkLegacyMemory)
 	Key        float64          // bytes per idempotency key: keyBytes
 	CPU        map[int]float64  // proxy (dedup enforce) CPU ms per MB produced, by record size
 	FloorCPU   map[int]float64  // the floor relay's, same rows
@@ -30,8 +30,8 @@ type figures struct {
 	PlainCPU   float64          // the same run, plaintext
 	TLSRatio   float64          // TLS ÷ plaintext CPU per MB, as tls.md gives it
 
-	MaxEntries, MaxIdentities, MaxKeys int // the proxy's defaults
-	CPURequest                         int // millicores the Kubernetes example requests
+	MaxEntries, MaxRecords, MaxKeys int // the proxy's defaults
+	CPURequest                      int // millicores the Kubernetes example requests
 }
 
 // keyBytes is what one remembered idempotency key takes: seqstate's key
@@ -43,13 +43,13 @@ const keyBytes = 40
 // of the full-table figures. bench does not import the proxy; TestDocFigures
 // checks these against it.
 const (
-	defaultMaxEntries    = 262144
-	defaultMaxIdentities = 262144
-	defaultMaxKeys       = 1 << 20
+	defaultMaxEntries = 262144
+	defaultMaxRecords = 1 << 20
+	defaultMaxKeys    = 1 << 20
 )
 
 var (
-	microValueRE = regexp.MustCompile(`\| ([0-9.]+) ± [0-9.]+% \(n=\d+/\d+\) (B/entry|B/identity) \|`)
+	microValueRE = regexp.MustCompile(`\| ([0-9.]+) ± [0-9.]+% \(n=\d+/\d+\) (B/entry|B/record) \|`)
 	tlsRowRE     = regexp.MustCompile(`(?m)^\| (plaintext|TLS) \| [0-9.]+ \| \d+ \| ([0-9.]+) ms \|$`)
 	tlsRatioRE   = regexp.MustCompile(`(?m)^\| TLS ÷ plaintext \| [0-9.]+× \| \| ([0-9.]+)× \|$`)
 	cpuRequestRE = regexp.MustCompile(`(?m)^\s+cpu: (\d+)m$`)
@@ -58,7 +58,7 @@ var (
 // loadFigures reads the figures from the repository at root.
 func loadFigures(root string) (figures, error) {
 	f := figures{CPU: map[int]float64{}, FloorCPU: map[int]float64{}, EnforceOff: map[bool]float64{}, Key: keyBytes,
-		MaxEntries: defaultMaxEntries, MaxIdentities: defaultMaxIdentities, MaxKeys: defaultMaxKeys}
+		MaxEntries: defaultMaxEntries, MaxRecords: defaultMaxRecords, MaxKeys: defaultMaxKeys}
 	raw, err := os.ReadFile(filepath.Join(root, "bench", "results", "results.json"))
 	if err != nil {
 		return f, err
@@ -100,10 +100,10 @@ func loadFigures(root string) (figures, error) {
 		case strings.HasPrefix(line, "| TableMemory/entries=1M/retained=5 "):
 			f.EntryTable, _ = strconv.ParseFloat(m[1], 64)
 		case strings.HasPrefix(line, "| LegacyMemory "):
-			f.Identity, _ = strconv.ParseFloat(m[1], 64)
+			f.Record, _ = strconv.ParseFloat(m[1], 64)
 		}
 	}
-	if f.EntryTable == 0 || f.Identity == 0 {
+	if f.EntryTable == 0 || f.Record == 0 {
 		return f, fmt.Errorf("micro.md: no TableMemory retained=5 or LegacyMemory row")
 	}
 
@@ -143,7 +143,7 @@ const mib = 1 << 20
 // tablesMiB is what the producer and legacy tables take when full with
 // the default bounds; keysMiB, the key table.
 func (f figures) tablesMiB() float64 {
-	return (float64(f.MaxEntries)*f.EntryRSS + float64(f.MaxIdentities)*f.Identity) / mib
+	return (float64(f.MaxEntries)*f.EntryRSS + float64(f.MaxRecords)*f.Record) / mib
 }
 
 func (f figures) keysMiB() float64 { return float64(f.MaxKeys) * f.Key / mib }
@@ -172,19 +172,19 @@ func (f figures) sizingBlock() string {
 	fmt.Fprintf(&b, "| what | cost |\n|---|---|\n")
 	fmt.Fprintf(&b, "| CPU, dedup enforced, 100 B / 1 KiB / 10 KiB records | %s / %s / %s ms of CPU per MB produced (the floor relay: %s / %s / %s ms) |\n",
 		ms(f.CPU[100]), ms(f.CPU[1024]), ms(f.CPU[10240]), ms(f.FloorCPU[100]), ms(f.FloorCPU[1024]), ms(f.FloorCPU[10240]))
-	fmt.Fprintf(&b, "| CPU, dedup enforce ÷ off | %.2f× (idempotent producers), %.2f× (legacy: the XXH3 of each batch's records, docs/performance.md) |\n",
+	fmt.Fprintf(&b, "| CPU, dedup enforce ÷ off | %.2f× (idempotent producers), %.2f× (legacy: the XXH3 of each record, docs/performance.md) |\n",
 		f.EnforceOff[true], f.EnforceOff[false])
 	fmt.Fprintf(&b, "| CPU, TLS on both legs, 1 KiB records | %s ms per MB against %s ms plaintext in the same run (%.2f×; `go run ./bench tls`, bench/results/tls.md) |\n",
 		ms(f.TLSCPU), ms(f.PlainCPU), f.TLSRatio)
 	fmt.Fprintf(&b, "| memory per tracked (producer, partition) | %.0f B RSS (the table itself: %.0f B), with 5 retained batches |\n", f.EntryRSS, f.EntryTable)
-	fmt.Fprintf(&b, "| memory per legacy batch remembered | %.0f B |\n", f.Identity)
+	fmt.Fprintf(&b, "| memory per legacy record remembered | %.0f B (for 100-record batches, the batch's own share included) |\n", f.Record)
 	fmt.Fprintf(&b, "| memory per idempotency key | %.0f B (the key table's slot; not measured by the bench) |\n", f.Key)
 	fmt.Fprintf(&b, "\nWorked out: 100 MB/s of 1 KiB records takes about %s cores (%s with TLS); the Kubernetes\n",
 		strconv.FormatFloat(sig(100*f.CPU[1024]/1000, 1), 'g', -1, 64), strconv.FormatFloat(sig(100*f.TLSCPU/1000, 1), 'g', -1, 64))
 	fmt.Fprintf(&b, "example requests %dm, which covers about %.0f MB/s of 1 KiB records, or %.0f MB/s with TLS.\n",
 		f.CPURequest, sig2(f.coveredMBps(f.CPU[1024])), sig2(f.coveredMBps(f.TLSCPU)))
 	fmt.Fprintf(&b, "Full default tables take about %.0f MiB (%s × %.0f B + %s × %.0f B), %.0f MiB more\n",
-		f.tablesMiB(), commas(f.MaxEntries), f.EntryRSS, commas(f.MaxIdentities), f.Identity, f.keysMiB())
+		f.tablesMiB(), commas(f.MaxEntries), f.EntryRSS, commas(f.MaxRecords), f.Record, f.keysMiB())
 	fmt.Fprintf(&b, "with idempotency keys (%s × %.0f B).\n", commas(f.MaxKeys), f.Key)
 	return b.String()
 }

@@ -63,9 +63,9 @@ func (f figures) claims() []claim {
 		{what: "memory per tracked (producer, partition)", number: bytesRE, group: "bytes",
 			context: regexp.MustCompile(`(?i)\(producer, partition\)|per entry|B/entry|max_entries|entries remembered`),
 			allowed: []float64{math.Round(f.EntryRSS), math.Round(f.EntryTable)}},
-		{what: "memory per remembered legacy batch", number: bytesRE, group: "bytes",
-			context: regexp.MustCompile(`(?i)legacy batch|remembered batch|max_identities|B/identity|batches remembered`),
-			allowed: []float64{math.Round(f.Identity)}},
+		{what: "memory per remembered legacy record", number: bytesRE, group: "bytes",
+			context: regexp.MustCompile(`(?i)legacy record|remembered record|max_records|B/record|records remembered`),
+			allowed: []float64{math.Round(f.Record), 16, 96}},
 		{what: "memory per idempotency key", number: bytesRE, group: "bytes",
 			context: regexp.MustCompile(`(?i)max_keys|per (idempotency )?key\b|keys remembered`),
 			allowed: []float64{f.Key}},
@@ -95,9 +95,9 @@ func TestDocFigures(t *testing.T) {
 	}
 	var def proxy.Config
 	def.EnsureDefaults()
-	if def.Dedup.MaxEntries != f.MaxEntries || def.Dedup.Legacy.MaxIdentities != f.MaxIdentities || def.Dedup.Keys.MaxKeys != f.MaxKeys {
-		t.Errorf("bench's table defaults %d/%d/%d differ from the proxy's %d/%d/%d", f.MaxEntries, f.MaxIdentities, f.MaxKeys,
-			def.Dedup.MaxEntries, def.Dedup.Legacy.MaxIdentities, def.Dedup.Keys.MaxKeys)
+	if def.Dedup.MaxEntries != f.MaxEntries || def.Dedup.Legacy.MaxRecords != f.MaxRecords || def.Dedup.Keys.MaxKeys != f.MaxKeys {
+		t.Errorf("bench's table defaults %d/%d/%d differ from the proxy's %d/%d/%d", f.MaxEntries, f.MaxRecords, f.MaxKeys,
+			def.Dedup.MaxEntries, def.Dedup.Legacy.MaxRecords, def.Dedup.Keys.MaxKeys)
 	}
 
 	ops := filepath.Join(root, "docs", "operations.md")

@@ -95,7 +95,7 @@ func startProxyWith(t testing.TB, c *testCluster, listen string, dial func(ctx c
 	srv := &proxy.Server{
 		Dial:    dial,
 		Config:  c.proxyConfig(listen),
-		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: e2eLogLevel()})),
 		Metrics: proxy.NewMetrics(reg),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -389,7 +389,7 @@ func startProxyOnErr(c *testCluster, listen string) (*testProxy, error) {
 	logs := &syncBuffer{}
 	srv := &proxy.Server{
 		Config:  c.proxyConfig(listen),
-		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: e2eLogLevel()})),
 		Metrics: proxy.NewMetrics(reg),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -431,4 +431,13 @@ func (c *cutConn) Write(p []byte) (int, error) {
 		c.Conn.Close()
 	}
 	return n, err
+}
+
+// e2eLogLevel is the in-process proxies' log level: info, or debug with
+// E2E_DEBUG=1 (every decided batch is logged then).
+func e2eLogLevel() slog.Level {
+	if os.Getenv("E2E_DEBUG") == "1" {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -416,12 +417,20 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	for i := 0; i < recordsPerRun; i++ {
 		sent[value(i)] = true
 	}
+	var twice []string
 	for v, n := range copies {
 		if !sent[v] {
 			r.foreign += n
 			continue
 		}
 		r.duplicated += n - 1
+		if n > 1 && len(twice) < 20 {
+			twice = append(twice, v)
+		}
+	}
+	if len(twice) > 0 {
+		sort.Strings(twice)
+		t.Logf("written more than once, the first ones: %v", twice)
 	}
 	switch {
 	case res.perValue:

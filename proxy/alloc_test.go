@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"testing"
 	"time"
 
@@ -13,19 +14,42 @@ import (
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
-// newDecisionSession is a session with just what planProduce needs: a
-// trusted connection and the topic "steady" known from Metadata.
+// newDecisionSession is a session with just what decideProduce needs: an
+// authenticated connection and the topic "steady" known from Metadata
+// (its partitions read from the log already: warm-up off).
 func newDecisionSession(t testing.TB) *session {
 	s := &Server{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil)}
+	off := false
+	s.Config.Dedup.Warm.Enabled = &off
 	s.Config.EnsureDefaults()
-	pn, err := newDedupPlanner(&s.Config, s.Metrics)
+	var err error
+	if s.core, s.table, s.keys, err = newCore(&s.Config); err != nil {
+		t.Fatal(err)
+	}
+	s.table.InternTopics([]seqstate.TopicRef{{Name: "steady", Partitions: 4}})
+	s.openUpstream.Store(true)
+	client, _ := net.Pipe()
+	return &session{s: s, log: s.Logger, id: 1, client: client, wake: make(chan struct{}, 1), closed: make(chan struct{})}
+}
+
+// decideSettle runs one request through the Produce path as readLoop and
+// responseLoop do: decided, answered by the broker, the answer written.
+func (c *session) decideSettle(t testing.TB, body, response []byte) *producePlan {
+	h, err := protocol.ParseRequestHeader(body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pn.table.InternTopics([]seqstate.TopicRef{{Name: "steady"}})
-	s.planner = pn
-	s.openUpstream.Store(true)
-	return &session{s: s, log: s.Logger}
+	pl, err := c.decideProduce(h, body)
+	if err != nil || pl == nil || pl.AnyLocal || len(pl.Parts) != 4 {
+		t.Fatalf("decide: %v %+v", err, pl)
+	}
+	if response != nil {
+		if err := c.settleResponse(pl, response); err != nil {
+			t.Fatal(err)
+		}
+		c.s.core.Delivered(&pl.Plan, true, time.Now())
+	}
+	return pl
 }
 
 // steadyProduceFrames returns n Produce v9 requests (4 partitions each) of
@@ -72,23 +96,10 @@ func TestSteadyStateDecisionNoAllocs(t *testing.T) {
 	c := newDecisionSession(t)
 	frames := steadyProduceFrames(t, 1200)
 	responses := steadyResponses(len(frames))
-	now := time.Now()
 	i := 0
 	run := func() {
-		body := frames[i]
+		pl := c.decideSettle(t, frames[i], responses[i])
 		i++
-		h, err := protocol.ParseRequestHeader(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pl, err := c.planProduce(h, body, now)
-		if err != nil || pl == nil || pl.anyLocal || len(pl.decisions) != 4 {
-			t.Fatalf("plan: %v %+v", err, pl)
-		}
-		// The broker's answer commits each batch, as in responseLoop.
-		if err := c.s.planner.complete(pl, &c.respScan, responses[i-1], now); err != nil {
-			t.Fatal(err)
-		}
 		sinkPlan = pl
 		putPlan(pl)
 	}
@@ -99,45 +110,35 @@ func TestSteadyStateDecisionNoAllocs(t *testing.T) {
 	}
 }
 
-// BenchmarkDecideProduce measures the per-request cost of the dedup path
-// (scan, decide, commit) for a 4-partition request.
-func BenchmarkDecideProduce(b *testing.B) {
-	c := newDecisionSession(b)
-	frames := steadyProduceFrames(b, 1<<14)
-	now := time.Now()
-	b.ReportAllocs()
-	b.SetBytes(int64(len(frames[0])))
-	i := 0
-	for b.Loop() {
-		if i == len(frames) {
-			b.StopTimer()
-			c = newDecisionSession(b)
-			i = 0
-			b.StartTimer()
-		}
-		body := frames[i]
-		i++
-		h, _ := protocol.ParseRequestHeader(body)
-		pl, _ := c.planProduce(h, body, now)
-		for j := range pl.decisions {
-			d := &pl.decisions[j]
-			c.s.planner.table.Commit(d.key, d.batch, int64(i*10), 0, now)
-		}
-		putPlan(pl)
-	}
-	b.ReportMetric(4, "batches/op")
+// BenchmarkDecideSettleProduce measures the per-request cost of the dedup
+// path for a 4-partition request of an idempotent producer: scan, decide,
+// the broker's answer applied, the answer written.
+func BenchmarkDecideSettleProduce(b *testing.B) {
+	benchDecideSettle(b, func(i int) []byte { return recordBatch(b, 99, 0, int32(i*10), 10, "steady-state record value") })
 }
 
-// BenchmarkDecideSettleProduce is BenchmarkDecideProduce with the
-// broker's response applied as the proxy applies it (planner.complete), so
-// that both table visits of a request are the proxy's own.
-func BenchmarkDecideSettleProduce(b *testing.B) {
-	const n = 1 << 14
+// BenchmarkDecideSettleLegacy is BenchmarkDecideSettleProduce for a
+// legacy producer (producer id -1): every record is hashed and kept.
+func BenchmarkDecideSettleLegacy(b *testing.B) {
+	benchDecideSettle(b, func(i int) []byte {
+		return recordBatch(b, -1, -1, -1, 10, fmt.Sprintf("steady-state record value %d", i))
+	})
+}
+
+func benchDecideSettle(b *testing.B, batch func(i int) []byte) {
+	const n = 1 << 12
 	c := newDecisionSession(b)
-	frames := steadyProduceFrames(b, n)
+	frames := make([][]byte, n)
+	for i := range frames {
+		var parts []part
+		for p := int32(0); p < 4; p++ {
+			parts = append(parts, part{p, batch(i)})
+		}
+		frames[i] = kmsg.NewRequestFormatter().AppendRequest(nil, produceParts("steady", -1, parts...), int32(i))[4:]
+	}
 	responses := steadyResponses(n)
-	now := time.Now()
 	b.ReportAllocs()
+	b.SetBytes(int64(len(frames[0])))
 	i := 0
 	for b.Loop() {
 		if i == n {
@@ -146,13 +147,8 @@ func BenchmarkDecideSettleProduce(b *testing.B) {
 			i = 0
 			b.StartTimer()
 		}
-		h, _ := protocol.ParseRequestHeader(frames[i])
-		pl, _ := c.planProduce(h, frames[i], now)
-		if err := c.s.planner.complete(pl, &c.respScan, responses[i], now); err != nil {
-			b.Fatal(err)
-		}
+		putPlan(c.decideSettle(b, frames[i], responses[i]))
 		i++
-		putPlan(pl)
 	}
 	b.ReportMetric(4, "batches/op")
 }
@@ -171,8 +167,8 @@ func TestFrameClasses(t *testing.T) {
 }
 
 // TestLegacySteadyStateNoAllocs pins zero allocations per request for
-// legacy batches (producer id -1) on the steady-state path: scan, identity,
-// decision, and commit from the broker's response.
+// legacy batches (producer id -1) on the steady-state path: scan, record
+// identities, decision, the broker's answer and the delivered answer.
 func TestLegacySteadyStateNoAllocs(t *testing.T) {
 	c := newDecisionSession(t)
 	c.id = 1
@@ -185,26 +181,21 @@ func TestLegacySteadyStateNoAllocs(t *testing.T) {
 		frames[i] = kmsg.NewRequestFormatter().AppendRequest(nil, produceParts("steady", -1, parts...), int32(i))[4:]
 	}
 	responses := steadyResponses(len(frames))
-	now := time.Now()
 	i := 0
 	run := func() {
-		body := frames[i]
-		h, err := protocol.ParseRequestHeader(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pl, err := c.planProduce(h, body, now)
-		if err != nil || pl == nil || pl.anyLocal || len(pl.decisions) != 4 || !pl.decisions[0].legacy {
-			t.Fatalf("plan: %v %+v", err, pl)
-		}
-		if err := c.s.planner.complete(pl, &c.respScan, responses[i], now); err != nil {
-			t.Fatal(err)
+		pl := c.decideSettle(t, frames[i], responses[i])
+		if !pl.Parts[0].Verdict.Legacy {
+			t.Fatal("not decided as legacy")
 		}
 		i++
 		sinkPlan = pl
 		putPlan(pl)
 	}
-	run()
+	// A connection keeps the batches of its last requests (a retry may
+	// still need them): past those, each new batch reuses one let go.
+	for range 100 {
+		run()
+	}
 	allocs := testing.AllocsPerRun(1000, run)
 	if allocs != 0 && !raceEnabled {
 		t.Fatalf("%v allocations per request (4 legacy batches) on the steady-state path", allocs)

@@ -16,8 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // librdkafka clients (kcat, confluent-kafka-python) over TLS and SASL_SSL.
@@ -111,7 +109,7 @@ func TestKcatTLS(t *testing.T) {
 					t.Fatalf("record %d consumed %d times", i, seen[strconv.Itoa(i)])
 				}
 			}
-			if d := testutil.ToFloat64(p.Metrics.batches[seqstate.Accept]); d < 1 {
+			if d := testutil.ToFloat64(p.Metrics.batches[outAccepted]); d < 1 {
 				t.Fatalf("%v batches decided", d)
 			}
 		})
@@ -167,7 +165,7 @@ func TestConfluentPythonSASLSSL(t *testing.T) {
 		t.Fatalf("wrong password: acked %d, auth error %v, errors %v", bad.Acked, bad.AuthError, bad.Errors)
 	}
 	t.Logf("wrong password: %s", *bad.AuthError)
-	if d := testutil.ToFloat64(p.Metrics.batches[seqstate.Accept]); d < 1 {
+	if d := testutil.ToFloat64(p.Metrics.batches[outAccepted]); d < 1 {
 		t.Fatalf("%v batches decided on the authenticated connections", d)
 	}
 

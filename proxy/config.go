@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -338,29 +339,45 @@ type IdempotencyKeyConfig struct {
 // DefaultKeyHeader is IdempotencyKeyConfig.Header's default.
 const DefaultKeyHeader = "idempotency-key"
 
-// Legacy match modes: what makes two legacy batches the same.
+// Legacy match modes: what makes two legacy records the same.
 const (
-	MatchRecords = "records" // same partition, record count and records section: restamped retries match
-	MatchExact   = "exact"   // the same, and the same header timestamps: only byte-identical retries match
+	MatchRecords = "records" // the same key, value and headers: restamped retries match
+	MatchExact   = "exact"   // the same, and the same timestamp: only byte-identical retries match
 	MatchOff     = "off"     // legacy batches are relayed untouched
+)
+
+// Legacy scopes: what makes connections one client instance.
+const (
+	ScopeInstance = "instance"  // the same principal, client id and client host
+	ScopeClientID = "client_id" // the same principal and client id (clients behind a NAT whose address changes)
 )
 
 // LegacyConfig configures deduplication of legacy producers.
 type LegacyConfig struct {
 	// Match is records (default), exact or off; see the Match constants.
 	Match string `yaml:"match"`
-	// Window is how long an acknowledged legacy batch is remembered: an
-	// identical batch arriving on another connection within it is answered
-	// as a retry. Default 2m, the default delivery.timeout.ms of the Java
-	// client and librdkafka, after which they stop retrying.
+	// Scope is instance (default) or client_id; see the Scope constants.
+	// Records of different client instances are never retries of each
+	// other.
+	Scope string `yaml:"scope"`
+	// Window is how long a legacy record may be answered as a retry, from
+	// its original's append; answering it never extends that. Default 2m,
+	// the default delivery.timeout.ms of the Java client and librdkafka,
+	// after which they stop retrying.
 	Window time.Duration `yaml:"window"`
-	// MaxIdentities caps the legacy batches remembered (about 56 bytes
-	// each); the oldest is forgotten first. Default 262144.
-	MaxIdentities int `yaml:"max_identities"`
+	// MaxRecords caps the legacy records remembered over all client
+	// instances (16 bytes each, plus 96 per batch); beyond it a
+	// connection's oldest answered batches go first, and then new batches
+	// are not remembered (counted). Default 1048576.
+	MaxRecords int `yaml:"max_records"`
 }
 
 // TopicDedupConfig is the per-topic part of DedupConfig.
 type TopicDedupConfig struct {
+	// Mode overrides dedup.mode for this topic: enforce, observe or off.
+	// Empty means the global mode. SIGHUP applies it, so a team can move
+	// one topic at a time from observe to enforce.
+	Mode string `yaml:"mode"`
 	// LegacyMatch overrides dedup.legacy.match for this topic. Empty means
 	// the global setting.
 	LegacyMatch string `yaml:"legacy_match"`
@@ -393,6 +410,7 @@ const (
 
 	DefaultUnauthenticatedMaxFrameBytes = 512 << 10
 	DefaultOAuthBearerPrincipalClaim    = "sub"
+	DefaultLegacyMaxRecords             = decide.DefaultMaxRecords
 
 	DefaultCertReloadInterval = 10 * time.Second
 )
@@ -460,10 +478,13 @@ func (c *Config) EnsureDefaults() {
 		c.Dedup.Legacy.Match = MatchRecords
 	}
 	if c.Dedup.Legacy.Window == 0 {
-		c.Dedup.Legacy.Window = seqstate.DefaultLegacyWindow
+		c.Dedup.Legacy.Window = decide.DefaultWindow
 	}
-	if c.Dedup.Legacy.MaxIdentities == 0 {
-		c.Dedup.Legacy.MaxIdentities = seqstate.DefaultMaxIdentities
+	if c.Dedup.Legacy.MaxRecords == 0 {
+		c.Dedup.Legacy.MaxRecords = DefaultLegacyMaxRecords
+	}
+	if c.Dedup.Legacy.Scope == "" {
+		c.Dedup.Legacy.Scope = ScopeInstance
 	}
 	if c.Dedup.Warm.Enabled == nil {
 		on := true
@@ -633,10 +654,16 @@ func (c *Config) Validate() error {
 	if c.Dedup.Legacy.Window < 0 {
 		return bad("dedup.legacy.window %s is negative", c.Dedup.Legacy.Window)
 	}
-	if c.Dedup.Legacy.MaxIdentities < 1 || c.Dedup.Legacy.MaxIdentities > 1<<30 {
-		return bad("dedup.legacy.max_identities %d: want 1..2^30", c.Dedup.Legacy.MaxIdentities)
+	if c.Dedup.Legacy.MaxRecords < 1 || c.Dedup.Legacy.MaxRecords > 1<<30 {
+		return bad("dedup.legacy.max_records %d: want 1..2^30", c.Dedup.Legacy.MaxRecords)
+	}
+	if s := c.Dedup.Legacy.Scope; s != ScopeInstance && s != ScopeClientID {
+		return bad("dedup.legacy.scope %q: want instance or client_id", s)
 	}
 	for name, tc := range c.Dedup.Topics {
+		if tc.Mode != "" && tc.Mode != DedupEnforce && tc.Mode != DedupObserve && tc.Mode != DedupOff {
+			return bad("dedup.topics[%q].mode %q: want enforce, observe or off", name, tc.Mode)
+		}
 		if tc.LegacyMatch != "" && !validMatch(tc.LegacyMatch) {
 			return bad("dedup.topics[%q].legacy_match %q: want records, exact or off", name, tc.LegacyMatch)
 		}

@@ -107,7 +107,7 @@ func TestDedupCraftedRequests(t *testing.T) {
 		if r.ErrorCode != kerr.OutOfOrderSequenceNumber.Code || pc.requests.Load() != before+1 {
 			t.Fatalf("gap: %+v, forwarded=%v", r, pc.requests.Load() != before)
 		}
-		if n := testutil.ToFloat64(p.Metrics.batches[seqstate.OutOfOrder]); n != 1 {
+		if n := testutil.ToFloat64(p.Metrics.batches[outOutOfOrder]); n != 1 {
 			t.Fatalf("out_of_order counted %v times", n)
 		}
 	})
@@ -118,7 +118,7 @@ func TestDedupCraftedRequests(t *testing.T) {
 		if r.ErrorCode != kerr.OutOfOrderSequenceNumber.Code {
 			t.Fatalf("sequence reuse: %+v", r)
 		}
-		if n := testutil.ToFloat64(p.Metrics.batches[seqstate.SequenceReuse]); n != 1 { // SequenceReuse
+		if n := testutil.ToFloat64(p.Metrics.batches[outSequenceReuse]); n != 1 { // SequenceReuse
 			t.Fatalf("sequence_reuse counted %v times", n)
 		}
 	})
@@ -171,7 +171,7 @@ func TestDedupCraftedRequests(t *testing.T) {
 		if pc.requests.Load() != before+1 {
 			t.Fatal("the fenced batch did not reach the broker")
 		}
-		if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Fenced]); n != 1 {
+		if n := testutil.ToFloat64(p.Metrics.batches[outFenced]); n != 1 {
 			t.Fatalf("fenced counted %v times", n)
 		}
 	})
@@ -230,9 +230,7 @@ func TestInFlightRetryWaitsForOriginal(t *testing.T) {
 	oc := orig.send(req)
 	<-entered
 	rc := retry.send(req)
-	waitFor(t, 10*time.Second, "the retry to be decided in flight", func() bool {
-		return testutil.ToFloat64(p.Metrics.batches[seqstate.InFlight]) == 1
-	})
+	waitFor(t, 10*time.Second, "the retry to wait for its original", func() bool { return p.waitingRequests() == 1 })
 	close(release)
 	a, b := onlyPartition(t, orig.recv(req, oc)), onlyPartition(t, retry.recv(req, rc))
 	if a.ErrorCode != 0 || b.ErrorCode != 0 || a.BaseOffset != b.BaseOffset {
@@ -240,6 +238,9 @@ func TestInFlightRetryWaitsForOriginal(t *testing.T) {
 	}
 	if n.Load() != 1 {
 		t.Fatalf("%d produce requests reached the broker, want 1", n.Load())
+	}
+	if n := testutil.ToFloat64(p.Metrics.batches[outInFlight]); n != 1 {
+		t.Fatalf("in_flight_wait counted %v, want 1", n)
 	}
 }
 
@@ -280,7 +281,7 @@ func TestObserveModeForwardsEverything(t *testing.T) {
 	if pc.requests.Load() != 2 {
 		t.Fatalf("broker saw %d requests, want both", pc.requests.Load())
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Duplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.batches[outDuplicate]); n != 1 {
 		t.Fatalf("duplicates counted: %v", n)
 	}
 }
@@ -304,7 +305,7 @@ func TestClientLeavesInflightProduceStillCommitted(t *testing.T) {
 	first.conn.Close() // the acknowledgement can no longer arrive
 	close(release)
 	waitFor(t, 10*time.Second, "the abandoned batch to be committed", func() bool {
-		return p.planner.table.Decide(p.dedupKey(topic, 31, 0), seqstate.Batch{Epoch: 0, FirstSeq: 0, Count: 4}, time.Now()).Decision == seqstate.Duplicate
+		return p.table.Decide(p.dedupKey(topic, 31, 0), seqstate.Batch{Epoch: 0, FirstSeq: 0, Count: 4}, time.Now()).Decision == seqstate.Duplicate
 	})
 	retry := onlyPartition(t, dialRaw(t, p.addr()).roundTrip(req))
 	if retry.ErrorCode != 0 || retry.BaseOffset != 0 {
@@ -352,7 +353,7 @@ func TestTransactionalInitFencesOlderEpoch(t *testing.T) {
 	if pc.requests.Load() != 1 {
 		t.Fatal("the fenced batch did not reach the broker, which decides")
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Fenced]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.batches[outFenced]); n != 1 {
 		t.Fatalf("fenced counted %v times, want 1", n)
 	}
 }
@@ -377,7 +378,7 @@ func TestTimedOutAppendRetryGoesToBroker(t *testing.T) {
 	if r := send(b); r.ErrorCode != kerr.RequestTimedOut.Code {
 		t.Fatalf("faulted append: %+v", r)
 	}
-	if d := p.planner.table.Decide(p.dedupKey(topic, 55, 0), seqstate.Batch{Epoch: 0, FirstSeq: 2, Count: 3}, time.Now()); d.Decision != seqstate.Duplicate {
+	if d := p.table.Decide(p.dedupKey(topic, 55, 0), seqstate.Batch{Epoch: 0, FirstSeq: 2, Count: 3}, time.Now()); d.Decision != seqstate.Duplicate {
 		t.Fatalf("after REQUEST_TIMED_OUT the table says %v, want the batch committed", d.Decision)
 	}
 	if r := send(b); r.ErrorCode != 0 || r.BaseOffset != 2 {

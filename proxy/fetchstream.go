@@ -234,7 +234,7 @@ func (s *fetchStream) tail(p *pending) {
 		return
 	}
 	if s.mapper == nil { // made once: as an interface value it would be allocated per frame
-		s.mapper = &responseMapper{&s.c.s.nodes, s.c.s.planner.table}
+		s.mapper = &responseMapper{&s.c.s.nodes, s.c.s.table}
 	}
 	out, changed, err := protocol.RewriteTopTagsSameSize(nil, tags, s.mapper)
 	if err != nil {

@@ -106,6 +106,9 @@ func startProxyWith(t testing.TB, c *kfake.Cluster, mod func(*Config), setup fun
 
 func (p *testProxy) addr() string { return p.Addr().String() }
 
+// waitingRequests is how many Produce requests wait for an outcome now.
+func (p *testProxy) waitingRequests() int64 { return int64(testutil.ToFloat64(p.Metrics.waiting)) }
+
 // rawConn is a hand-driven Kafka connection for crafted requests.
 type rawConn struct {
 	t    testing.TB

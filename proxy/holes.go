@@ -233,11 +233,3 @@ func (c *session) fillRequest() bool {
 	}
 	return ok
 }
-
-// keysRead reports whether idempotency keys are configured (keys.go): the
-// planner then reads records, so requests are read whole. The configuration
-// can change at any time, so it is asked per request.
-func (c *session) keysRead() bool {
-	pn := c.s.planner
-	return pn.keys != nil && len(pn.settings.Load().keyHeader) > 0
-}

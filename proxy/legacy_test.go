@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -12,8 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // TestLegacyRetryOnNewConnection: a legacy producer's batch is stored, its
@@ -47,10 +46,10 @@ func TestLegacyRetryOnNewConnection(t *testing.T) {
 	if r := onlyPartition(t, retry.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 3 {
 		t.Fatalf("new data with the same records: %+v, want offset 3", r)
 	}
-	if n := testutil.ToFloat64(p.Metrics.legacy[seqstate.LegacyDuplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.batches[outLegacyDuplicate]); n != 1 {
 		t.Fatalf("legacy_duplicate counted %v", n)
 	}
-	if !strings.Contains(p.logs.String(), `msg="duplicate prevented: answered with the original's offset" conn=2`) ||
+	if !strings.Contains(p.logs.String(), `msg="answered as a retry with the original's offset" conn=2`) ||
 		!strings.Contains(p.logs.String(), "topic=legacy partition=0 client_id=raw") {
 		t.Fatalf("no log line for the prevented duplicate:\n%s", p.logs.String())
 	}
@@ -126,7 +125,7 @@ func TestLegacyRebatchedRetryOverSockets(t *testing.T) {
 	if r := onlyPartition(t, retry.roundTrip(produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 1, "next")}))); r.BaseOffset != 7 {
 		t.Fatalf("next batch at %d, want 7: the log holds each record once", r.BaseOffset)
 	}
-	if n := testutil.ToFloat64(p.Metrics.legacyRebatched); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.batches[outLegacyRebatched]); n != 1 {
 		t.Fatalf("legacy_rebatched %v", n)
 	}
 }
@@ -220,7 +219,7 @@ func TestLegacySlowBroker(t *testing.T) {
 	// The client gives up on the held request and retries on a new
 	// connection; the proxy parks the retry on the original.
 	waitFor(t, 10*time.Second, "the client's retry to wait on the original", func() bool {
-		return testutil.ToFloat64(p.Metrics.legacy[seqstate.LegacyInFlight]) >= 1
+		return testutil.ToFloat64(p.Metrics.batches[outLegacyInFlight]) >= 1
 	})
 	close(release)
 	if err := <-done; err != nil {
@@ -276,30 +275,27 @@ func (h *heldLegacy) logHolds(t *testing.T, want int64, what string) {
 
 // TestLegacyResplitAfterClientLeft: a client gives up on a Produce the
 // broker is still holding, closes its connection and sends the records
-// again on a new one, cut at another boundary behind newer records
-// (librdkafka after a request timeout). The new request waits until the
-// original settles, the partition is read back from the log, and the
-// records already appended are not written twice.
+// again on a new one, cut at another boundary with a newer record behind
+// them (librdkafka after a request timeout). The new request waits for the
+// original's outcome, and the records already appended are not written
+// twice; the answer's offset is the one true for the whole batch.
 func TestLegacyResplitAfterClientLeft(t *testing.T) {
 	t.Parallel()
 	h := startHeldLegacy(t, "resplit")
 	h.first.conn.Close() // the client timed the request out
-	// The proxy notices at once (a read returns EOF); the test waits for
-	// it, a real client's reconnect usually takes longer.
-	waitFor(t, 10*time.Second, "the proxy to see the client leave", func() bool { return h.p.planner.settling.n.Load() >= 1 })
 
 	second := h.dial(t)
 	req := produceParts(h.topic, -1, part{0, stampedLegacyBatch(t, []string{"b", "c", "d"}, []int64{h.t0, h.t0, h.t0 + 1})})
 	corr := second.send(req)
 	waitFor(t, 10*time.Second, "the resent records to wait for the original", func() bool {
-		return h.p.planner.nWaiting.Load() >= 1
+		return h.p.waitingRequests() >= 1
 	})
 	close(h.release)
-	if r := onlyPartition(t, second.recv(req, corr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
-		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
+	if r := onlyPartition(t, second.recv(req, corr)); r.ErrorCode != 0 || r.BaseOffset != 1 {
+		t.Fatalf("resent records with a new one: %+v, want error 0, offset 1 (b, c at 1, 2, d written at 3)", r)
 	}
-	if n := testutil.ToFloat64(h.p.Metrics.resentDropped); n != 2 {
-		t.Fatalf("legacy_resent_records_dropped_total %v, want 2", n)
+	if n := testutil.ToFloat64(h.p.Metrics.retryRecords[0]); n != 2 {
+		t.Fatalf("legacy_retry_records_total{action=dropped} %v, want 2", n)
 	}
 	h.logHolds(t, 4, "a, b, c, d once each")
 }
@@ -307,18 +303,16 @@ func TestLegacyResplitAfterClientLeft(t *testing.T) {
 // TestLegacyRetryBeforeCloseSettles: the client's retry of a held batch
 // reaches the proxy before the proxy has seen the client's old connection
 // close (librdkafka reconnects fast; the close can be noticed later). The
-// retry alone shows the old connection's client gave up: its partitions
-// wait for what it left in flight, and a resend cut at another boundary is
-// not written twice.
+// retry alone shows the old connection's client gave up: it waits for the
+// original, and a resend cut at another boundary, pipelined behind it
+// before its answer, is not written twice.
 func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
 	t.Parallel()
 	h := startHeldLegacy(t, "retrybeforeclose")
 	second := h.dial(t)
 	retry := produceParts(h.topic, -1, part{0, h.original})
 	retryCorr := second.send(retry)
-	waitFor(t, 10*time.Second, "the retry to wait, and the partition to settle", func() bool {
-		return h.p.planner.nWaiting.Load() >= 1 && h.p.planner.settling.n.Load() >= 1
-	})
+	waitFor(t, 10*time.Second, "the retry to wait", func() bool { return h.p.waitingRequests() >= 1 })
 	h.first.conn.Close() // noticed by now or not: the partition already waits
 	resend := produceParts(h.topic, -1, part{0, stampedLegacyBatch(t, []string{"b", "c", "d"}, []int64{h.t0, h.t0, h.t0 + 1})})
 	resendCorr := second.send(resend)
@@ -326,8 +320,8 @@ func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
 	if r := onlyPartition(t, second.recv(retry, retryCorr)); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("retry of the held batch: %+v, want error 0 at offset 0", r)
 	}
-	if r := onlyPartition(t, second.recv(resend, resendCorr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
-		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
+	if r := onlyPartition(t, second.recv(resend, resendCorr)); r.ErrorCode != 0 || r.BaseOffset != 1 {
+		t.Fatalf("resent records with a new one: %+v, want error 0, offset 1", r)
 	}
 	h.logHolds(t, 4, "a, b, c, d once each")
 }
@@ -335,30 +329,30 @@ func TestLegacyRetryBeforeCloseSettles(t *testing.T) {
 // TestLegacyResendBeforeCloseSettles: librdkafka times a request out,
 // reconnects and resends before the proxy has read its old connection's
 // close, and its first resent batch already holds more than the original
-// (a, b, c, then d). The new connection of the same client shows that the
-// old one's client gave up: the partition waits for the original, and only
-// d is written.
+// (a, b, c, then d). Records in flight on another connection of the same
+// client to the same partition are its retry: the request waits for the
+// original, and only d is written.
 func TestLegacyResendBeforeCloseSettles(t *testing.T) {
 	t.Parallel()
 	h := startHeldLegacy(t, "resendbeforeclose")
 	second := h.dial(t) // the same client: same address, same client id
 	resend := produceParts(h.topic, -1, part{0, stampedLegacyBatch(t, []string{"a", "b", "c", "d"}, []int64{h.t0, h.t0, h.t0, h.t0 + 1})})
 	corr := second.send(resend)
-	waitFor(t, 10*time.Second, "the resend to wait for the original", func() bool { return h.p.planner.nWaiting.Load() >= 1 })
+	waitFor(t, 10*time.Second, "the resend to wait for the original", func() bool { return h.p.waitingRequests() >= 1 })
 	close(h.release)
-	if r := onlyPartition(t, second.recv(resend, corr)); r.ErrorCode != 0 || r.BaseOffset != -1 {
-		t.Fatalf("resent records with a new one: %+v, want error 0, offset -1", r)
+	if r := onlyPartition(t, second.recv(resend, corr)); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("resent records with a new one: %+v, want error 0, offset 0 (a, b, c at 0-2, d written at 3)", r)
 	}
 	h.logHolds(t, 4, "a, b, c, d once each")
 }
 
 // TestLegacyUnreadAnswers: answers the proxy wrote to a connection that
-// then broke may never have been read. The client's retry of one of them
-// (here B, answered whole) shows that it and every answer written after it
-// went unread, so the records of C and D, which the client sends again cut
-// at other boundaries with a new record behind them, are not written twice.
-// The retry and the re-cut batch come in separate requests or in one, to
-// the same proxy or to a new one (a restart: it knows only the log).
+// then broke may never have been read, and the client resends what it
+// holds no answer for: B whole, and C and D cut at other boundaries with a
+// new record behind them. None is written twice. The retry and the re-cut
+// batch come in separate requests or in one, to the same proxy or to a new
+// one (a restart: it knows only the log, whose records it matches by
+// content and timestamp for this ANONYMOUS client).
 func TestLegacyUnreadAnswers(t *testing.T) {
 	for _, tc := range []struct{ together, restart bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
 		t.Run(fmt.Sprintf("together=%v,restart=%v", tc.together, tc.restart), func(t *testing.T) {
@@ -392,7 +386,7 @@ func TestLegacyUnreadAnswers(t *testing.T) {
 				}
 				p = startProxy(t, c, nil)
 			} else {
-				waitFor(t, 10*time.Second, "the proxy to see the client leave", func() bool { return p.planner.unread.n.Load() >= 1 })
+				clientsGone(t, p)
 			}
 
 			second := dialRaw(t, p.addr())
@@ -412,7 +406,7 @@ func TestLegacyUnreadAnswers(t *testing.T) {
 			for _, r := range answers {
 				want := int64(0) // B's own offset
 				if r.Partition == 0 {
-					want = -1 // some records dropped, one new: no single offset is true
+					want = 2 // c1, c2, d1, d2 at 2-5, e1 written at 6
 				}
 				if r.ErrorCode != 0 || r.BaseOffset != want {
 					t.Errorf("partition %d answered %+v, want error 0 at offset %d", r.Partition, r, want)
@@ -424,9 +418,35 @@ func TestLegacyUnreadAnswers(t *testing.T) {
 			if end := partitionEnd(t, c.ListenAddrs()[0], topic, 1); end != 2 {
 				t.Errorf("partition 1 holds %d records, want 2 (b once)", end)
 			}
-			if n := testutil.ToFloat64(p.Metrics.legacyUnread); n != 2 {
-				t.Errorf("legacy_unread_answers_total %v, want 2 (C and D; B is resent whole)", n)
-			}
 		})
 	}
+}
+
+// stampedLegacyBatch builds a legacy batch of values, record i stamped at
+// ts[i] (ms).
+func stampedLegacyBatch(t *testing.T, values []string, ts []int64) []byte {
+	t.Helper()
+	var recs []byte
+	for i, v := range values {
+		rec := []byte{0}
+		rec = binary.AppendVarint(rec, ts[i]-ts[0])
+		rec = binary.AppendVarint(rec, int64(i))
+		rec = binary.AppendVarint(rec, -1)
+		rec = binary.AppendVarint(rec, int64(len(v)))
+		rec = append(rec, v...)
+		rec = binary.AppendVarint(rec, 0)
+		recs = append(binary.AppendVarint(recs, int64(len(rec))), rec...)
+	}
+	b := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(len(values)),
+		LastOffsetDelta: int32(len(values) - 1), FirstTimestamp: ts[0], MaxTimestamp: ts[len(ts)-1], Records: recs}
+	return fixBatchLengthAndCRC(b.AppendTo(nil))
+}
+
+// clientsGone waits until the proxy has seen every client connection
+// close.
+func clientsGone(t *testing.T, p *testProxy) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the proxy to see its clients leave", func() bool {
+		return testutil.ToFloat64(p.Metrics.ClientConnections) == 0
+	})
 }

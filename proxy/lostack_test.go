@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
-	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // ackDropShim is a TCP hop between clients and one proxy node listener. It
@@ -252,7 +251,7 @@ func testLostAckFranzGo(t *testing.T, topic string, spliced bool) {
 		t.Fatalf("the shim dropped %d acknowledgements, want 1", shim.dropped.Load())
 	}
 	consumeDirect(t, c, topic, n)
-	dups := testutil.ToFloat64(p.Metrics.batches[seqstate.Duplicate]) + testutil.ToFloat64(p.Metrics.batches[seqstate.InFlight])
+	dups := testutil.ToFloat64(p.Metrics.batches[outDuplicate]) + testutil.ToFloat64(p.Metrics.batches[outInFlight])
 	distinct, repeated := bl.repeats()
 	t.Logf("batches reaching kfake: %d distinct, %d repeated; retries answered by the proxy: %v", distinct, repeated, dups)
 	if repeated != 0 {
@@ -312,7 +311,7 @@ func TestLostAckSarama(t *testing.T) {
 	}
 	consumeDirect(t, c, topic, n)
 	distinct, repeated := bl.repeats()
-	dups := testutil.ToFloat64(p.Metrics.batches[seqstate.Duplicate]) + testutil.ToFloat64(p.Metrics.batches[seqstate.InFlight])
+	dups := testutil.ToFloat64(p.Metrics.batches[outDuplicate]) + testutil.ToFloat64(p.Metrics.batches[outInFlight])
 	t.Logf("batches reaching kfake: %d distinct, %d repeated; retries answered by the proxy: %v", distinct, repeated, dups)
 	if repeated != 0 || dups < 1 {
 		t.Errorf("repeated at the broker %d, answered by the proxy %v", repeated, dups)

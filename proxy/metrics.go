@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -31,21 +32,19 @@ type Metrics struct {
 
 	reg prometheus.Registerer
 
-	// NOTE: batches is indexed by seqstate.Decision; add new decisions to
-	// decisionOutcome.
-	batches         [8]prometheus.Counter
-	legacy          [4]prometheus.Counter // by seqstate.LegacyDecision
-	legacyRebatched prometheus.Counter
-	dupAnswered     [2]prometheus.Counter // dupByProxy, dupByBroker
-	warmups         [numWarmResults]prometheus.Counter
-	warmBytes       prometheus.Counter
-	warmSeconds     prometheus.Observer
-	keysDropped     prometheus.Counter
-	resentDropped   prometheus.Counter
-	legacyUnread    prometheus.Counter
-	keysObserved    prometheus.Counter
-	passthrough     [numPassReasons]prometheus.Counter
-	waitTimeouts    prometheus.Counter
+	// NOTE: batches is indexed by batchOutcome; add new outcomes to
+	// batchOutcomes.
+	batches      [numBatchOutcomes]prometheus.Counter
+	dupAnswered  [2]prometheus.Counter // dupByProxy, dupByBroker
+	warmups      [numWarmResults]prometheus.Counter
+	warmBytes    prometheus.Counter
+	warmSeconds  prometheus.Observer
+	keysDropped  prometheus.Counter
+	keysObserved prometheus.Counter
+	retryRecords [2]prometheus.Counter // legacy records not written again (dropped), or that would not be (observed)
+	passthrough  [decide.NumPass]prometheus.Counter
+	waitTimeouts prometheus.Counter
+	waiting      prometheus.Gauge
 	// The large-request budget (buffers.go).
 	reqMemWaits   [numReqMemWaits]prometheus.Counter
 	reqMemStalled prometheus.Counter
@@ -129,18 +128,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.reg = reg
 	batches := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_total",
-		Help: "Produce batches by the proxy's decision: idempotent (accepted, duplicate, in_flight_wait, out_of_order, fenced, sequence_reuse) and legacy, producer id -1 (legacy_accepted, legacy_duplicate, legacy_in_flight_wait, legacy_rebatched: a retry whose first records were appended before, only the rest forwarded)."}, []string{"outcome"})
-	for d, outcome := range decisionOutcome {
-		if outcome != "" {
-			m.batches[d] = batches.WithLabelValues(outcome)
-		}
+		Help: "Produce batches by the proxy's decision: idempotent (accepted, duplicate, in_flight_wait, out_of_order, fenced, sequence_reuse) and legacy, producer id -1 (legacy_accepted: new data; legacy_duplicate: every record a retry, answered by the proxy; legacy_rebatched: some records retries, the rest forwarded; legacy_in_flight_wait: waited for records in flight). In observe mode, what enforce would have done."}, []string{"outcome"})
+	for o, name := range batchOutcomes {
+		m.batches[o] = batches.WithLabelValues(name)
 	}
-	for d, outcome := range legacyOutcome {
-		if outcome != "" {
-			m.legacy[d] = batches.WithLabelValues(outcome)
-		}
-	}
-	m.legacyRebatched = batches.WithLabelValues("legacy_rebatched")
+	m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: "produce", Name: "waiting_retries",
+		Help: "Produce requests waiting for an outcome they need: records in flight they repeat, or a partition's tail being read."})
 	dups := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "produce", Name: "duplicates_total",
 		Help: "Duplicate batches (idempotent and legacy) by who answered them: proxy (the retry never reached the broker) or broker (forwarded for the broker to decide: an acks=1 or offset-less original, or a batch the broker would reject)."}, []string{"answered_by"})
 	m.dupAnswered[dupByProxy] = dups.WithLabelValues("proxy")
@@ -161,12 +154,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Records whose idempotency key was written to their topic within dedup.keys.ttl: dropped (legacy batches) or observed (idempotent batches, which are never cut)."}, []string{"action"})
 	m.keysDropped = keyDups.WithLabelValues("dropped")
 	m.keysObserved = keyDups.WithLabelValues("observed")
-	m.resentDropped = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "legacy_resent_records_dropped_total",
-		Help: "Records of a legacy batch appended but answered with an error (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND) that the client sent again inside another batch: recognised one by one from the log and not written twice (docs/legacy.md)."})
-	m.legacyUnread = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "legacy_unread_answers_total",
-		Help: "Legacy batches whose answer was written to a connection that broke and, as the client's retry showed, never read: their records are then followed one by one (docs/legacy.md)."})
+	retryRecords := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "legacy_retry_records_total",
+		Help: "Legacy records a client instance sent again whose first copy was written (docs/legacy.md): dropped (enforce: not written again) or observed (observe: written, as enforce would not have)."}, []string{"action"})
+	m.retryRecords[0] = retryRecords.WithLabelValues("dropped")
+	m.retryRecords[1] = retryRecords.WithLabelValues("observed")
 	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
-		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1 with legacy dedup off for its topic, or acks=0), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (before SASL succeeded), dedup_off (per request), keys_compressed (idempotency keys not checked in a compressed batch)."}, []string{"reason"})
+		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1 with legacy dedup off for its topic, or acks=0), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (the broker has not authenticated the connection), dedup_off (dedup off, per request, or for the batch's topic), keys_compressed (idempotency keys not checked in a compressed batch)."}, []string{"reason"})
 	for r, name := range passthroughReasons {
 		m.passthrough[r] = passthrough.WithLabelValues(name)
 	}
@@ -198,7 +191,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, m.resentDropped, m.legacyUnread, dups, m.waitTimeouts, reqMemWaits, m.reqMemStalled, m.reqMemHeld, m.produceSpliced, m.produceReadBack, warmups, warmBytes, warmSeconds,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, retryRecords, dups, m.waitTimeouts, m.waiting, reqMemWaits, m.reqMemStalled, m.reqMemHeld, m.produceSpliced, m.produceReadBack, warmups, warmBytes, warmSeconds,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 
@@ -254,39 +247,36 @@ func (m *Metrics) brokerError(reason string) { m.brokerErrors.WithLabelValues(re
 
 func (m *Metrics) clientError(reason string) { m.clientErrors.WithLabelValues(reason).Inc() }
 
-// decisionOutcome names each seqstate decision in
-// dedupproxy_batches_total{outcome}. Invalid batches are relayed for the
-// broker's own INVALID_RECORD and counted as passthrough.
-var decisionOutcome = [...]string{
-	seqstate.Accept:        "accepted",
-	seqstate.Duplicate:     "duplicate",
-	seqstate.InFlight:      "in_flight_wait",
-	seqstate.OutOfOrder:    "out_of_order",
-	seqstate.Fenced:        "fenced",
-	seqstate.SequenceReuse: "sequence_reuse",
-	seqstate.Invalid:       "",
-}
+// Outcomes of dedupproxy_batches_total{outcome}.
+//
+// NOTE: add new outcomes to batchOutcomes.
+const (
+	outAccepted = iota
+	outDuplicate
+	outInFlight
+	outOutOfOrder
+	outFenced
+	outSequenceReuse
+	outLegacyAccepted
+	outLegacyDuplicate
+	outLegacyRebatched
+	outLegacyInFlight
+	numBatchOutcomes
+)
 
-// legacyOutcome names each seqstate legacy decision in
-// dedupproxy_batches_total{outcome}.
-var legacyOutcome = [...]string{
-	seqstate.LegacyNew:       "legacy_accepted",
-	seqstate.LegacyInFlight:  "legacy_in_flight_wait",
-	seqstate.LegacyDuplicate: "legacy_duplicate",
-}
+var batchOutcomes = [numBatchOutcomes]string{"accepted", "duplicate", "in_flight_wait", "out_of_order", "fenced", "sequence_reuse",
+	"legacy_accepted", "legacy_duplicate", "legacy_rebatched", "legacy_in_flight_wait"}
 
-func (m *Metrics) countLegacy(d seqstate.LegacyDecision) {
-	if int(d) < len(m.legacy) && m.legacy[d] != nil {
-		m.legacy[d].Inc()
-	}
-}
-
-func (m *Metrics) countDecision(d seqstate.Decision) {
-	if int(d) < len(m.batches) && m.batches[d] != nil {
-		m.batches[d].Inc()
-		return
-	}
-	m.passthrough[passInvalid].Inc()
+// passthroughReasons names decide's passthrough reasons in
+// dedupproxy_batches_passthrough_total{reason}.
+var passthroughReasons = [decide.NumPass]string{
+	decide.PassLegacy:          "legacy",
+	decide.PassInvalid:         "invalid",
+	decide.PassOldFormat:       "old_format",
+	decide.PassUnknownTopic:    "unknown_topic",
+	decide.PassUnauthenticated: "unauthenticated",
+	decide.PassDedupOff:        "dedup_off",
+	decide.PassKeysCompressed:  "keys_compressed",
 }
 
 // Who answered a duplicate, for dedupproxy_produce_duplicates_total.
@@ -295,34 +285,22 @@ const (
 	dupByBroker
 )
 
-// registerPlanner exports the planner's gauges.
-func (m *Metrics) registerPlanner(pn *planner) {
+// registerCore exports the gauges of the Produce path.
+func (m *Metrics) registerCore(s *Server) {
 	if m.reg == nil {
 		return
 	}
-	const ns, sub = "dedupproxy", "produce"
+	const ns = "dedupproxy"
 	m.reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "pending_batches",
-			Help: "Batches sent upstream and not yet committed or released (waiting for the broker's answer)."},
-			func() float64 { return float64(pn.pending.Load()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "waiting_retries",
-			Help: "Retries waiting for their in-flight original's outcome."},
-			func() float64 { return float64(pn.nWaiting.Load()) }),
-	)
-}
-
-// registerLegacy exports the legacy table's own counts.
-func (m *Metrics) registerLegacy(t *seqstate.LegacyTable) {
-	if m.reg == nil {
-		return
-	}
-	const ns, sub = "dedupproxy", "seqstate"
-	m.reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "legacy_identities",
-			Help: "Legacy (producer id -1) batches remembered for deduplicating their retries."}, func() float64 { return float64(t.Len()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "legacy_evictions_total",
-			Help: "Legacy batches forgotten before dedup.legacy.window ended because the table was full (dedup.legacy.max_identities)."},
-			func() float64 { return float64(t.Evictions()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: "produce", Name: "pending_batches",
+			Help: "Batches sent upstream and not yet settled (waiting for the broker's answer)."},
+			func() float64 { return float64(s.pendingBatches.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: "seqstate", Name: "legacy_records",
+			Help: "Legacy (producer id -1) records remembered: those a retry may still need (docs/legacy.md, \"Bounded and cheap\")."},
+			func() float64 { n, _ := s.core.LegacyRecords(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: "seqstate", Name: "legacy_evictions_total",
+			Help: "Legacy batches not remembered because dedup.legacy.max_records was reached: a retry of them is written again (a miss, never a wrong answer)."},
+			func() float64 { _, n := s.core.LegacyRecords(); return float64(n) }),
 	)
 }
 

@@ -94,7 +94,7 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 		s.nodes.MapBroker(b.NodeID, b.Host, b.Port)
 	}
 	if topics {
-		if t := s.planner.table; t != nil {
+		if t := s.table; t != nil {
 			refs := make([]seqstate.TopicRef, 0, len(resp.Topics))
 			for _, tp := range resp.Topics {
 				if tp.ErrorCode == 0 && tp.Topic != nil {

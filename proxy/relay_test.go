@@ -173,7 +173,7 @@ func testFetchRelayClientGone(t *testing.T, v int16) {
 	// The retry may have waited for the original, still in flight behind
 	// the fetch, and been answered when it committed; the log line follows.
 	waitFor(t, 10*time.Second, "the retry answered by the proxy", func() bool {
-		return strings.Contains(p.logs.String(), "duplicate prevented")
+		return strings.Contains(p.logs.String(), "answered as a retry with the original's offset")
 	})
 }
 

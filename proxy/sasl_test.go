@@ -16,8 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
-
-	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // The SASL users of the test clusters: one per mechanism, all superusers.
@@ -114,7 +112,7 @@ func TestSASLClientsThroughProxy(t *testing.T) {
 			open.apiVersions()
 		})
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Accept]); n < 3 {
+	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n < 3 {
 		t.Fatalf("%v batches decided on authenticated connections", n)
 	}
 	if n := testutil.ToFloat64(p.Metrics.Panics); n != 0 {
@@ -186,14 +184,14 @@ func TestSASLSSLRetryOnNewConnection(t *testing.T) {
 	trust := certs.clientConfig(nil)
 	batch := recordBatch(t, 41, 0, 0, 3, "payment")
 	req := produceParts(topic, -1, part{0, batch})
-	entries := p.planner.table.Len()
+	entries := p.table.Len()
 
 	skip := dialRawTLS(t, p.addr(), trust)
 	skip.send(req)
 	if _, err := readFrame(skip.conn); err == nil {
 		t.Fatal("an unauthenticated Produce was answered")
 	}
-	if n := p.planner.table.Len(); n != entries {
+	if n := p.table.Len(); n != entries {
 		t.Fatalf("an unauthenticated batch reached the table (%d entries, was %d)", n, entries)
 	}
 
@@ -218,7 +216,7 @@ func TestSASLSSLRetryOnNewConnection(t *testing.T) {
 	if pc.requests.Load() != appended {
 		t.Fatal("the retry reached the broker")
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Duplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.batches[outDuplicate]); n != 1 {
 		t.Fatalf("duplicates answered %v, want 1", n)
 	}
 }
@@ -272,7 +270,7 @@ func TestLostAckSASL(t *testing.T) {
 	defer cons.Close()
 	consumeValues(ctx, t, cons, n)
 	distinct, repeated := bl.repeats()
-	dups := testutil.ToFloat64(p.Metrics.batches[seqstate.Duplicate]) + testutil.ToFloat64(p.Metrics.batches[seqstate.InFlight])
+	dups := testutil.ToFloat64(p.Metrics.batches[outDuplicate]) + testutil.ToFloat64(p.Metrics.batches[outInFlight])
 	t.Logf("batches reaching kfake: %d distinct, %d repeated; retries answered by the proxy: %v", distinct, repeated, dups)
 	if repeated != 0 || dups < 1 {
 		t.Errorf("repeated at the broker %d, answered by the proxy %v", repeated, dups)
@@ -290,7 +288,7 @@ func TestSASLSSLFranzGo(t *testing.T) {
 		func(cfg *Config) { cfg.UpstreamTLS.CA = certs.caFile },
 		withProxySASL(t, SASLPlain, plainUser, plainPass)))
 	kgoRoundTrip(t, p.addr(), certs.clientConfig(nil), topic, 300, kgo.SASL(mechanism(SASLScramSHA512, scram512User, scram512)))
-	if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Accept]); n < 1 {
+	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n < 1 {
 		t.Fatalf("%v batches decided", n)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/dedupproxy/dedupproxy/decide"
 )
 
 // The security boundary (docs/security.md), against kfake with SASL and
@@ -190,7 +192,7 @@ func TestSecuritySCRAMWithoutProof(t *testing.T) {
 	if n := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]); n != 0 {
 		t.Fatalf("the proxy answered %v duplicates itself", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.passthrough[passUnauthenticated]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n != 1 {
 		t.Fatalf("%v batches relayed as unauthenticated, want 1", n)
 	}
 }
@@ -303,7 +305,7 @@ func TestSecurityUnauthenticatedGetsNoWork(t *testing.T) {
 	if n := warmups(); n != 0 {
 		t.Fatalf("%v warm-ups for an unauthenticated client", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.passthrough[passUnauthenticated]); n != 300 {
+	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n != 300 {
 		t.Fatalf("%v batches relayed as unauthenticated, want 300", n)
 	}
 
@@ -333,12 +335,15 @@ func TestSecurityUnauthenticatedGetsNoWork(t *testing.T) {
 	}
 }
 
-// TestSecurityLocalAnswersKeepNoRecords: one request waits for its
-// in-flight original while 24 requests of 4 MiB queue behind it on the
-// same connection, each answered partly by the proxy. The proxy keeps only
-// each request's skeleton (its topics and partitions) for the answer, so
-// its heap grows by far less than request_memory, not by the 96 MiB of
-// records (docs/security.md, "Memory").
+// TestSecurityLocalAnswersKeepNoRecords: a request waits for its in-flight
+// original while its client sends 24 requests of 4 MiB behind it on the same
+// connection, each to be answered partly by the proxy. A waiting request
+// stops its connection's reading, so the 24 wait in the client's socket,
+// not in the proxy's heap; once the original is answered they are decided,
+// and each that the proxy answers partly keeps only its skeleton (its
+// topics and partitions) for its answer. The heap grows by less than request_memory meanwhile, not by the
+// 96 MiB of records (docs/security.md, "Memory"), and every request is
+// answered.
 func TestSecurityLocalAnswersKeepNoRecords(t *testing.T) {
 	const topic, queued, size = "mem", 24, 4 << 20
 	sink := newSinkBroker(t, topic, 2)
@@ -365,32 +370,58 @@ func TestSecurityLocalAnswersKeepNoRecords(t *testing.T) {
 	if r := onlyPartition(t, conn.roundTrip(produceParts(topic, -1, part{1, large}))); r.ErrorCode != 0 {
 		t.Fatalf("first large request: %+v", r)
 	}
-	conn.send(small) // a retry of the held original: it waits
-	waitFor(t, 10*time.Second, "the retry to wait", func() bool { return p.planner.nWaiting.Load() == 1 })
+	retryCorr := conn.send(small) // a retry of the held original: it waits
+	waitFor(t, 10*time.Second, "the retry to wait", func() bool { return p.waitingRequests() == 1 })
 	req := produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 1, "original")}, part{1, large})
 	frame := kmsg.NewRequestFormatter(kmsg.FormatterClientID("raw")).AppendRequest(nil, req, 0)
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	base := ms.HeapAlloc
-	produced := sink.produces.Load()
-	for i := range queued {
-		copy(frame[4+4:], []byte{0, 0, 0, byte(100 + i)}) // correlation id
-		if _, err := conn.conn.Write(frame); err != nil {
-			t.Fatal(err)
+	wrote := make(chan error, 1)
+	go func() {
+		conn.conn.SetWriteDeadline(time.Now().Add(60 * time.Second))
+		for i := range queued {
+			copy(frame[4+4:], []byte{0, 0, 0, byte(100 + i)}) // correlation id
+			if _, err := conn.conn.Write(frame); err != nil {
+				wrote <- err
+				return
+			}
 		}
-	}
-	waitFor(t, 30*time.Second, "the queued requests to reach the broker", func() bool { return sink.produces.Load() == produced+queued })
+		wrote <- nil
+	}()
+	// The client writes as far as the sockets take; the proxy reads none
+	// of it while the retry waits.
+	before := p.Metrics.ClientReadBytes
+	waitFor(t, 10*time.Second, "the client's socket to fill", func() bool {
+		readNow := testutil.ToFloat64(before)
+		time.Sleep(50 * time.Millisecond)
+		return testutil.ToFloat64(before) == readNow
+	})
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	grown := int64(ms.HeapAlloc) - int64(base)
-	t.Logf("heap grew by %d KiB with %d requests of %d MiB queued", grown>>10, queued, size>>20)
+	t.Logf("heap grew by %d KiB with %d requests of %d MiB sent behind a waiting one", grown>>10, queued, size>>20)
 	if limit := int64(p.Config.RequestMemory); grown > limit {
 		t.Fatalf("heap grew by %d bytes, more than request_memory (%d)", grown, limit)
 	}
 	unhold()
 	if r := onlyPartition(t, orig.recv(small, origCorr)); r.ErrorCode != 0 {
 		t.Fatalf("original: %+v", r)
+	}
+	if r := onlyPartition(t, conn.recv(small, retryCorr)); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("retry: %+v, want the original's offset 0", r)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("writing the queued requests: %v", err)
+	}
+	for i := range queued {
+		resp := conn.recv(req, int32(100+i)).(*kmsg.ProduceResponse)
+		for _, pr := range resp.Topics[0].Partitions {
+			if pr.ErrorCode != 0 {
+				t.Fatalf("queued request %d, partition %d: %+v", i, pr.Partition, pr)
+			}
+		}
 	}
 }
 

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // ErrServerClosed is returned by [Server.Start] called after (or while)
@@ -49,15 +52,23 @@ type Server struct {
 	// listener or to a node its probe learns.
 	AdminAddr net.Addr
 
-	nodes        nodeRegistry
-	planner      *planner
-	openUpstream atomic.Bool // a broker answered a request without authentication (see session.authenticated)
-	answerLog    logLimiter  // lines about batches the proxy answered itself
+	nodes nodeRegistry
+	// The Produce path (produce.go): the decision core and its tables, nil
+	// in dedup mode off.
+	core           *decide.Core
+	table          *seqstate.Table
+	keys           *seqstate.KeyTable
+	setDedupMu     sync.Mutex    // serializes SetDedup
+	unknownTopics  atomic.Uint64 // batches relayed for topics not yet interned
+	pendingBatches atomic.Int64  // batches sent upstream, not yet settled
+	byID           sync.Map      // session id -> *session, to wake a waiting request
+	openUpstream   atomic.Bool   // a broker answered a request without authentication (see session.authenticated)
+	answerLog      logLimiter    // lines about batches the proxy answered itself
 
 	principals      principals    // numbers for the principals of authenticated connections (auth.go)
 	warmSlots       chan struct{} // one per warm-up running (dedup.warm.max_concurrent)
 	warmLog         logLimiter    // warm-up failures
-	unfollowedMechs sync.Map   // SASL mechanisms the proxy cannot follow, said once each
+	unfollowedMechs sync.Map      // SASL mechanisms the proxy cannot follow, said once each
 
 	// TLS (tls.go), set by Start: the client listeners' and the admin
 	// listener's certificates, TLS to brokers, and every certificate
@@ -92,8 +103,7 @@ type Server struct {
 	clients   map[net.Conn]netip.Addr      // every client connection admitted and not yet finished, with its IP when counted in perIP
 	perIP     map[netip.Addr]int           // open connections per client IP, kept when MaxConnectionsPerIP is set
 	sessions  map[*session]*requestTracker // with what each awaits (drain.go)
-	siblings  map[siblingKey]map[*session]struct{}
-	closing   atomic.Bool // written under mu; read without it where a stale false is harmless
+	closing   atomic.Bool                  // written under mu; read without it where a stale false is harmless
 	started   bool
 	wg        sync.WaitGroup // accept loops, connections, background loops
 	connSeq   atomic.Uint64
@@ -132,7 +142,7 @@ func (s *Server) Start(ctx context.Context) error {
 		d := &net.Dialer{Timeout: s.Config.DialTimeout, KeepAlive: 30 * time.Second}
 		s.Dial = d.DialContext
 	}
-	pn, err := newDedupPlanner(&s.Config, s.Metrics)
+	core, table, keys, err := newCore(&s.Config)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
@@ -162,20 +172,17 @@ func (s *Server) Start(ctx context.Context) error {
 	s.perIP = make(map[netip.Addr]int)
 	s.stop = make(chan struct{})
 	s.dialCtx, s.cancelDial = context.WithCancel(context.Background())
-	s.planner = pn
+	s.core, s.table, s.keys = core, table, keys
 	s.nodes.init(s)
 	s.mu.Unlock()
 	if err := s.setupTLS(); err != nil {
 		return err
 	}
-	if pn.table != nil {
-		s.Metrics.registerTable(pn.table)
-		s.Metrics.registerPlanner(pn)
-		if pn.legacy != nil {
-			s.Metrics.registerLegacy(pn.legacy)
-		}
-		if pn.keys != nil {
-			s.Metrics.registerKeys(pn.keys)
+	if s.core != nil {
+		s.Metrics.registerTable(s.table)
+		s.Metrics.registerCore(s)
+		if s.keys != nil {
+			s.Metrics.registerKeys(s.keys)
 		}
 		s.spawn(s.expireLoop)
 	}
@@ -207,7 +214,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.learnTopics(ctx); err != nil {
 		s.Logger.Warn("upstream not reachable yet", "err", err)
 	}
-	if s.planner.table != nil {
+	if s.table != nil {
 		s.spawn(s.topicRefreshLoop)
 	}
 	// A node listener on the admin port is a configuration mistake that
@@ -420,78 +427,15 @@ func (s *Server) track(sess *session, tr *requestTracker) bool {
 		return false
 	}
 	s.sessions[sess] = tr
+	s.byID.Store(sess.id, sess)
 	return true
-}
-
-// suspectGone tells session id that another connection retried a batch
-// in flight from it (planner.suspectGone). Rare: a linear search.
-func (s *Server) suspectGone(id uint64) {
-	var found *session
-	s.mu.Lock()
-	for sess := range s.sessions {
-		if sess.id == id {
-			found = sess
-			break
-		}
-	}
-	s.mu.Unlock()
-	if found != nil {
-		found.suspectGone()
-	}
 }
 
 func (s *Server) untrack(sess *session) {
 	s.mu.Lock()
 	delete(s.sessions, sess)
-	if set := s.siblings[sess.sibling]; set != nil {
-		delete(set, sess)
-		if len(set) == 0 {
-			delete(s.siblings, sess.sibling)
-		}
-	}
 	s.mu.Unlock()
-}
-
-// siblingKey is what the connections of one client share: its address and
-// client id.
-type siblingKey struct {
-	addr     netip.Addr
-	clientID string
-}
-
-// joinSiblings files sess under its client's key, once its client id is
-// known.
-func (s *Server) joinSiblings(sess *session) {
-	if ap, err := netip.ParseAddrPort(sess.client.RemoteAddr().String()); err == nil {
-		sess.sibling.addr = ap.Addr()
-	}
-	sess.sibling.clientID = sess.clientID
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.sessions[sess]; !ok {
-		return // not tracked: shutting down
-	}
-	if s.siblings == nil {
-		s.siblings = map[siblingKey]map[*session]struct{}{}
-	}
-	set := s.siblings[sess.sibling]
-	if set == nil {
-		set = map[*session]struct{}{}
-		s.siblings[sess.sibling] = set
-	}
-	set[sess] = struct{}{}
-}
-
-// siblingsOf appends to dst the other connections of sess's client.
-func (s *Server) siblingsOf(sess *session, dst []*session) []*session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for sib := range s.siblings[sess.sibling] {
-		if sib != sess {
-			dst = append(dst, sib)
-		}
-	}
-	return dst
+	s.byID.Delete(sess.id)
 }
 
 // handle runs a TLS client's handshake, dials the upstream for a new client
@@ -650,7 +594,7 @@ func (s *Server) topicRefreshLoop() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			n := s.planner.unknownTopics.Load()
+			n := s.unknownTopics.Load()
 			if n == seen {
 				continue
 			}
@@ -676,7 +620,7 @@ func (s *Server) expireLoop() {
 		case <-s.stop:
 			return
 		case now := <-t.C:
-			s.planner.table.Expire(now)
+			s.table.Expire(now)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -45,7 +47,6 @@ type session struct {
 
 	stopping   atomic.Bool // Shutdown: stop reading, drain, close
 	clientLeft atomic.Bool // readLoop has ended: answers from now on reach no one
-	suspected  atomic.Bool // another connection retried a batch in flight from here
 	closeOnce  sync.Once
 	closed     chan struct{} // closed by closeAll: waits give up
 
@@ -59,16 +60,22 @@ type session struct {
 
 	warmSlots chan struct{} // one per warm-up this connection runs (connWarmups)
 
-	clientID  string                          // from the first request, for log lines
-	sibling   siblingKey                      // readLoop's: this client's key among the server's connections
-	joined    bool                            // readLoop's: clientID and sibling are set
-	produces  int                             // readLoop's: Produce requests read
+	clientID  string                          // from the first request: with the principal and host, the client instance
+	joined    bool                            // readLoop's: clientID is set
 	scan      protocol.ProduceScanner         // readLoop's, reused
-	reduceBuf []byte                          // readLoop's, for reduced Produce requests
+	dreq      decide.Request                  // readLoop's, reused
+	reduceBuf []byte                          // readLoop's, for rewritten Produce requests
 	unqueued  *producePlan                    // readLoop's: decided, not yet queued
-	legacyIDs legacyRing                      // readLoop's: legacy batches whose acknowledgement goes here
 	respScan  protocol.ProduceResponseScanner // responseLoop's, reused
 	current   *pending                        // responseLoop's: taken from the queue, not yet released
+	wakeBuf   []decide.ConnID                 // responseLoop's, reused
+
+	// The core's state of this connection (produce.go), made at its first
+	// decided Produce: readLoop's, and Disconnect'ed when readLoop ends.
+	dconn          *decide.Conn
+	dconnPrincipal principalID
+	// wake receives when the core wakes this connection's waiting request.
+	wake chan struct{}
 
 	// Large Fetch responses are spliced socket to socket (relay.go) when
 	// both legs are plain TCP; nil otherwise.
@@ -115,6 +122,7 @@ func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logge
 		queue:     make(chan *pending, s.Config.MaxInflight),
 		closed:    make(chan struct{}),
 		warmSlots: make(chan struct{}, connWarmups),
+		wake:      make(chan struct{}, 1),
 	}
 	if !s.copyOnly {
 		inner := client
@@ -132,26 +140,15 @@ func (c *session) run() {
 	go func() { defer close(done); c.responseLoop() }()
 	c.readLoop()
 	c.clientLeft.Store(true)
-	// The client is gone: what it was acknowledged here can be retried
-	// elsewhere at once, on a connection it already has to another broker,
-	// before the responses still due drain (legacy.md, rules 4 and
-	// re-batched retries). Batches still in flight are left to the second
-	// call.
-	var refs [legacyRingSize]legacyRef
-	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(refs[:0]), time.Now())
+	// The client is gone: what it was acknowledged here it may not have
+	// read, and it can retry elsewhere at once, on a connection it already
+	// has to another broker, before the responses still due drain
+	// (docs/legacy.md, "The rule").
+	if c.dconn != nil {
+		c.s.core.Disconnect(c.dconn, time.Now())
+	}
 	<-done
 	c.closeAll()
-	c.s.planner.orphanBatches(c.id, c.legacyIDs.refs(refs[:0]), time.Now())
-}
-
-// suspectGone: another connection retried a batch in flight from this one
-// (planner.suspectGone).
-func (c *session) suspectGone() {
-	if !c.suspected.CompareAndSwap(false, true) {
-		return
-	}
-	var refs [legacyRingSize]legacyRef
-	c.s.planner.suspectGone(c.id, c.legacyIDs.refs(refs[:0]))
 }
 
 // stopReading makes readLoop end at its next read; what was already
@@ -197,10 +194,10 @@ func (c *session) readLoop() {
 	}()
 	defer func() {
 		// A plan decided but not queued (a panic in between) still holds
-		// pending batches and waits: release them.
+		// registered batches: they are lost.
 		if pl := c.unqueued; pl != nil {
 			c.unqueued = nil
-			c.s.planner.fail(pl)
+			c.lose(pl)
 			putPlan(pl)
 		}
 	}()
@@ -225,7 +222,7 @@ func (c *session) readLoop() {
 		if c.stopping.Load() { // after the deadline, so Shutdown's wins (see stopReading)
 			return
 		}
-		rb.holesOK = rb.src != nil && !c.keysRead()
+		rb.holesOK = rb.src != nil && !c.s.keysOn()
 		maxFrame := cfg.MaxFrameBytes
 		if !c.isAuthenticated() {
 			// Kafka's sasl.server.max.receive.size: before the broker
@@ -252,7 +249,6 @@ func (c *session) readLoop() {
 		if !c.joined {
 			c.joined = true
 			c.clientID = protocol.ClientID(body, h)
-			c.s.joinSiblings(c)
 		}
 		if h.BodyOffset == 0 { // ApiVersions newer than the proxy knows
 			c.answerUnsupportedAPIVersions(h, start, api)
@@ -270,22 +266,27 @@ func (c *session) readLoop() {
 			}
 			// acks=0: the broker sends nothing back, so nothing is queued.
 			respond = acks != 0
-			c.produces++
-			c.warmRequest(h, body)
-			plan, err := c.planProduce(h, body, start)
+			plan, err := c.decideProduce(h, body)
+			switch {
+			case errors.Is(err, errClientGone):
+				return
+			case errors.Is(err, errHolesLost):
+				c.log.Error("closing connection", "err", err)
+				return
+			}
 			if err != nil {
 				m.clientError(clientRequest)
 				c.log.Warn("closing client connection: bad produce request", "api_version", h.APIVersion, "err", err)
 				return
 			}
 			if plan != nil {
-				if !c.sendPlanned(plan, h, body, frame, start, api) {
+				if !c.sendDecided(plan, h, body, frame, start, api) {
 					return
 				}
 				continue
 			}
 		case int16(kmsg.InitProducerID):
-			initTxn = c.s.planner.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
+			initTxn = c.s.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
 		case int16(kmsg.SASLHandshake), int16(kmsg.SASLAuthenticate):
 			c.noteAuthRequest(h, body)
 		}
@@ -418,7 +419,7 @@ func (c *session) responseLoop() {
 				c.closeAll() // the client must not wait for responses that cannot come
 			}
 		}
-		if pl := p.plan; pl != nil && pl.anyLocal && !p.failed {
+		if pl := p.plan; pl != nil && pl.AnyLocal && !p.failed {
 			c.finishProduce(p)
 		}
 		if p.failed && !dead {
@@ -428,12 +429,12 @@ func (c *session) responseLoop() {
 		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
 		}
-		// Suspected: the client has retried elsewhere what it sent here,
-		// so what it is answered here it no longer waits for.
-		if dead || p.failed || c.clientLeft.Load() || c.suspected.Load() {
-			c.undelivered(p)
-		} else if pl := p.plan; pl != nil {
-			c.s.planner.settle(pl)
+		if pl := p.plan; pl != nil {
+			ok := !dead && !p.failed && !c.clientLeft.Load()
+			if c.log.Enabled(context.Background(), slog.LevelDebug) {
+				c.log.Debug("produce answer written", "corr", p.corrID, "delivered", ok)
+			}
+			c.s.core.Delivered(&pl.Plan, ok, time.Now())
 		}
 		c.current = nil
 		c.release(p)
@@ -487,7 +488,7 @@ func (c *session) kickResponseLoop() {
 
 // awaitsUpstream reports whether a response for p comes from the broker.
 func (c *session) awaitsUpstream(p *pending) bool {
-	return p.resp == nil && (p.plan == nil || p.plan.anyUp)
+	return p.resp == nil && (p.plan == nil || p.plan.AnyUp)
 }
 
 // readResponse reads the broker's response to p, rewrites it and commits
@@ -510,7 +511,7 @@ func (c *session) readResponse(upstream io.Reader, p *pending) error {
 				c.observeInit(p, (*bp)[4+off:])
 			} else {
 				testHook("commit")
-				err = c.s.planner.complete(p.plan, &c.respScan, (*bp)[4+off:], time.Now())
+				err = c.settleResponse(p.plan, (*bp)[4+off:])
 			}
 		}
 	}
@@ -518,7 +519,7 @@ func (c *session) readResponse(upstream io.Reader, p *pending) error {
 		putFrame(bp)
 		return err
 	}
-	if pl := p.plan; pl != nil && pl.anyLocal {
+	if pl := p.plan; pl != nil && pl.AnyLocal {
 		pl.upstream, pl.upOff = bp, off
 		return nil
 	}
@@ -603,7 +604,7 @@ func (c *session) rewrite(p *pending, bp *[]byte, body []byte) error {
 	if err != nil {
 		return err
 	}
-	out, changed, err = protocol.RewriteAddresses(nil, p.key, p.version, body[off:], &responseMapper{&c.s.nodes, c.s.planner.table})
+	out, changed, err = protocol.RewriteAddresses(nil, p.key, p.version, body[off:], &responseMapper{&c.s.nodes, c.s.table})
 	if err != nil {
 		return err
 	}
@@ -622,25 +623,25 @@ func spliceBody(buf []byte, hdrLen int, newBody []byte) []byte {
 	return buf
 }
 
-// fail marks p as getting no response: its batches are released and its
-// waits abandoned, and the connection closes. It is idempotent.
+// fail marks p as getting no response: its batches' outcome is unknown
+// (the core settles them from the log), and the connection closes. It is
+// idempotent.
 func (c *session) fail(p *pending) {
 	if pl := p.plan; pl != nil {
-		c.s.planner.fail(pl)
+		c.lose(pl)
 	}
 	p.failed = true
 }
 
-// undelivered tells the planner that p's answer did not reach the client.
+// undelivered tells the core that p's answer did not reach the client.
 func (c *session) undelivered(p *pending) {
 	if pl := p.plan; pl != nil {
-		c.s.planner.undelivered(pl)
+		c.s.core.Delivered(&pl.Plan, false, time.Now())
 	}
 }
 
 func (c *session) release(p *pending) {
 	if pl := p.plan; pl != nil {
-		c.s.planner.abandonWaits(pl) // no-op unless a wait is still registered
 		putPlan(pl)
 	}
 	putFrame(p.resp)

@@ -21,7 +21,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/internal/testpki"
-	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // testCerts is one test's PKI: a root CA and an intermediate that issues
@@ -299,7 +298,7 @@ func TestTLSLegs(t *testing.T) {
 			}
 			kgoRoundTrip(t, p.addr(), clientCfg, topic, 500)
 			saramaProduce(t, p.addr(), clientCfg, topic, 200)
-			if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Accept]); n < 2 {
+			if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n < 2 {
 				t.Fatalf("%v batches decided; want every idempotent batch decided", n)
 			}
 			for id := int32(0); id < 3; id++ {

@@ -18,7 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/dedupproxy/dedupproxy/seqstate"
+	"github.com/dedupproxy/dedupproxy/decide"
 )
 
 // TestRetryAcrossRestart: a batch is appended through one proxy, which
@@ -104,7 +104,7 @@ func TestWarmFailureDecidesWithout(t *testing.T) {
 	if n := testutil.ToFloat64(p.Metrics.warmups[warmFailed]); n != 1 {
 		t.Fatalf("failed warm-ups %v, want 1", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[seqstate.Duplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.batches[outDuplicate]); n != 1 {
 		t.Fatalf("duplicates %v: the retry was not decided", n)
 	}
 }
@@ -184,33 +184,6 @@ func TestUnknownOutcomeResolvedFromLog(t *testing.T) {
 	}
 }
 
-// FuzzApplyLog: the log-tail decoder never panics on any bytes a broker
-// could return, stops at the first batch that does not parse, and reports
-// an offset past every batch it applied.
-func FuzzApplyLog(f *testing.F) {
-	legacy := recordBatchAt(f, -1, -1, -1, 3, "a", 1800000000000)
-	idem := recordBatchAt(f, 7, 0, 0, 2, "b", 1800000000000)
-	both := append(append([]byte(nil), legacy...), idem...)
-	f.Add(both)
-	f.Add(both[:len(both)-5])
-	f.Add(legacy[:20])
-	f.Add([]byte{})
-	cfg := Config{}
-	cfg.EnsureDefaults()
-	pn, err := newDedupPlanner(&cfg, NewMetrics(nil))
-	if err != nil {
-		f.Fatal(err)
-	}
-	pn.table.InternTopics([]seqstate.TopicRef{{Name: "t"}})
-	id, _ := pn.table.LookupTopic([]byte("t"))
-	f.Fuzz(func(t *testing.T, records []byte) {
-		n, next := pn.applyLog(seqstate.Key{Topic: id}, records, time.Unix(1800000000, 0))
-		if n < 0 || (n == 0 && next != -1) {
-			t.Fatalf("applied %d batches, next offset %d", n, next)
-		}
-	})
-}
-
 // TestProducerIDFlood: 300,000 distinct producer ids, one batch each,
 // against a table capped at 50,000 entries, through a broker that keeps
 // nothing (so the heap is the proxy's): the table stays at its cap,
@@ -250,7 +223,7 @@ func TestProducerIDFlood(t *testing.T) {
 			}
 		}
 	}
-	tbl := p.planner.table
+	tbl := p.table
 	if n := tbl.Len(); n > maxEntries+64 {
 		t.Fatalf("table holds %d entries, cap %d", n, maxEntries)
 	}
@@ -281,7 +254,8 @@ func TestProducerIDFlood(t *testing.T) {
 }
 
 // BenchmarkWarmPartition measures one partition's warm-up (Metadata,
-// ListOffsets, Fetch of the tail, applying every batch) against kfake, for
+// ListOffsets, Fetch of the tail, the core applying every batch) against
+// kfake, for
 // a partition holding about 1 MiB and 4 MiB of recent 1 KiB legacy
 // records in 16-record batches: time per partition and bytes read.
 func BenchmarkWarmPartition(b *testing.B) {
@@ -296,16 +270,16 @@ func BenchmarkWarmPartition(b *testing.B) {
 			for i := 0; i < mib*1024/16; i++ {
 				raw.roundTrip(produceParts(topic, -1, part{0, recordBatchAt(b, -1, -1, -1, 16, fmt.Sprintf("%d %s", i, value), now)}))
 			}
-			id, _ := p.planner.table.LookupTopic([]byte(topic))
-			k := seqstate.Key{Topic: id}
+			id, _ := p.table.LookupTopic([]byte(topic))
 			var bytes int
 			b.ReportAllocs()
 			for b.Loop() {
-				_, n, err := p.readTail(context.Background(), topic, k)
+				records, _, err := p.readTail(context.Background(), topic, 0)
 				if err != nil {
 					b.Fatal(err)
 				}
-				bytes = n
+				p.core.TailRead(decide.TailKey{Topic: id}, records, time.Now(), nil)
+				bytes = len(records)
 			}
 			b.ReportMetric(float64(bytes), "bytes/op")
 		})
@@ -355,7 +329,7 @@ func TestSoak(t *testing.T) {
 	p := startProxyWith(t, nil, func(cfg *Config) {
 		cfg.Upstream = []string{fb.addr()}
 		cfg.Dedup.MaxEntries = 20_000
-		cfg.Dedup.Legacy.MaxIdentities = 20_000
+		cfg.Dedup.Legacy.MaxRecords = 20_000
 	}, nil)
 	deadline := time.Now().Add(*soak)
 	var wg sync.WaitGroup

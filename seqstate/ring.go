@@ -7,7 +7,7 @@ import (
 )
 
 // ringIndex is the storage of the tables that remember recent batches or
-// keys for a while (LegacyTable, KeyTable): entries live in a ring in
+// keys for a while (KeyTable): entries live in a ring in
 // insertion order, which is also expiry order (an entry lives a fixed time
 // after it was last touched, and a touched entry is not moved: it is
 // overwritten a little early at worst, which only forgets a retry its
@@ -150,8 +150,8 @@ func (l ringLayout) shardOf(id uint64) int {
 }
 
 // A lazy ring is a ringIndex that starts with no storage and grows toward
-// its capacity, so the tables that size one per shard from a cap (LegacyTable,
-// KeyTable: tens of MiB at their defaults) cost nothing until used and then
+// its capacity, so the tables that size one per shard from a cap (KeyTable:
+// tens of MiB at its defaults) cost nothing until used and then
 // only what they hold. Growth happens only where the ring would first wrap,
 // when every slot below head has been written in order: doubling it there
 // and carrying on at the old length puts each entry in the slot a full-sized

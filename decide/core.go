@@ -1,0 +1,475 @@
+package decide
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// Core decides Produce requests (docs/produce-path.md). It is shared by a
+// server's sessions and safe for concurrent use; its locks guard its own
+// state only and are never held across a call into the caller.
+type Core struct {
+	table    *seqstate.Table
+	keys     *seqstate.KeyTable
+	settings atomic.Pointer[Settings]
+	legacy   legacyStore
+	parts    partitions
+	warmOn   bool
+	window   time.Duration
+}
+
+// Config configures a Core.
+type Config struct {
+	// Table holds idempotent producers' state and interns topics.
+	// Required.
+	Table *seqstate.Table
+	// Keys remembers idempotency keys; nil when no topic uses them.
+	Keys *seqstate.KeyTable
+	// Window is how long a legacy batch's records may be answered as
+	// retried, from its append. Zero means DefaultWindow.
+	Window time.Duration
+	// Scope is what makes connections one client instance.
+	Scope Scope
+	// MaxRecords bounds the legacy records remembered over all client
+	// instances (16 bytes each). Zero means DefaultMaxRecords.
+	MaxRecords int
+	// Warm reads a partition's tail before its first decision since
+	// start (docs/warm.md).
+	Warm bool
+}
+
+// DefaultMaxRecords is Config.MaxRecords's default: 16 MiB of records.
+const DefaultMaxRecords = 1 << 20
+
+// DefaultWindow is Config.Window's default: the default delivery.timeout.ms
+// of the Java client and librdkafka (2 minutes), after which a client gives
+// up retrying.
+const DefaultWindow = 2 * time.Minute
+
+// waitMargin is added to a request's timeout_ms to bound how long it waits
+// for an outcome: the original's answer is due within its own timeout.
+const waitMargin = time.Second
+
+// maxWaitTimeout caps the timeout_ms taken from a request.
+const maxWaitTimeout = 5 * time.Minute
+
+// New returns a Core with settings s.
+func New(cfg Config, s *Settings) *Core {
+	if cfg.Window <= 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.MaxRecords <= 0 {
+		cfg.MaxRecords = DefaultMaxRecords
+	}
+	c := &Core{table: cfg.Table, keys: cfg.Keys, warmOn: cfg.Warm, window: cfg.Window}
+	c.legacy.init(cfg.Scope, int64(cfg.Window), cfg.MaxRecords)
+	c.parts.init()
+	c.settings.Store(s)
+	return c
+}
+
+// SetSettings replaces the settings (SIGHUP).
+func (c *Core) SetSettings(s *Settings) { c.settings.Store(s) }
+
+// Settings returns the settings in force.
+func (c *Core) Settings() *Settings { return c.settings.Load() }
+
+// Table returns the idempotent producers' table.
+func (c *Core) Table() *seqstate.Table { return c.table }
+
+// LegacyRecords returns the legacy records remembered, and the batches not
+// kept for want of room since start.
+func (c *Core) LegacyRecords() (held int64, evicted uint64) {
+	return c.legacy.held.Load(), c.legacy.evicted.Load()
+}
+
+// Connect returns the state of a client connection, whose client the
+// broker has authenticated. Call Disconnect when it closes.
+func (c *Core) Connect(id ConnID, cl Client, now time.Time) *Conn {
+	return c.legacy.connect(id, cl, now.UnixNano())
+}
+
+// Disconnect records that conn closed or broke: every batch it sent that a
+// retry may still need is from now on one whose acknowledgement its client
+// may not hold (batches in flight become so when their outcome arrives).
+func (c *Core) Disconnect(conn *Conn, now time.Time) {
+	in := conn.inst
+	sh := in.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if !conn.open {
+		return
+	}
+	conn.open = false
+	in.conns--
+	in.lastSeen = now.UnixNano()
+	for _, b := range conn.fifo {
+		b.inFifo = false
+		if b.conn == conn {
+			in.disown(b)
+		}
+		sh.release(b)
+	}
+	clear(conn.fifo)
+	conn.fifo = conn.fifo[:0]
+	in.sweep(now.UnixNano())
+}
+
+// topicSettings returns the mode, match and key header of topic.
+func (c *Core) topicSettings(s *Settings, topic seqstate.TopicID) (Mode, Match, string) {
+	mode, match := s.Mode, s.Match
+	if len(s.Topics) == 0 {
+		return mode, match, ""
+	}
+	name, ok := c.table.TopicName(topic)
+	if !ok {
+		return mode, match, ""
+	}
+	ts, ok := s.Topics[name]
+	if !ok {
+		return mode, match, ""
+	}
+	if ts.Mode != nil {
+		mode = *ts.Mode
+	}
+	if ts.Match != nil {
+		match = *ts.Match
+	}
+	return mode, match, ts.KeyHeader
+}
+
+// Decide decides req into pl. Time is now. See Plan.Status for what
+// follows.
+func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
+	pl.reset(req)
+	if req.Conn == nil {
+		for i := range pl.Parts {
+			pl.Parts[i].Verdict.Pass = PassUnauthenticated
+		}
+		pl.account()
+		return
+	}
+	if req.GiveUp {
+		for i := range req.Parts {
+			pp := &pl.Parts[i]
+			pp.Act, pp.Local = Answer, timedOut
+			pp.Verdict.Legacy = req.Parts[i].Header.ProducerID < 0
+			pp.Verdict.Waited, pp.Verdict.Would, pp.Verdict.Rule = true, Answer, RuleInFlight
+		}
+		pl.account()
+		return
+	}
+	s := c.settings.Load()
+	decided := 0
+	for i := range req.Parts {
+		p, st, pp := &req.Parts[i], &pl.st[i], &pl.Parts[i]
+		st.key = partKeyOf(p.Topic, p.Partition)
+		st.mode, st.match, st.header = c.topicSettings(s, p.Topic)
+		st.legacy = p.Header.ProducerID < 0
+		st.maxTS = p.Header.MaxTimestamp
+		pp.Verdict.Legacy = st.legacy
+		pp.Verdict.Records = p.Header.NumRecords
+		switch {
+		case st.mode == Off:
+			st.pass = PassDedupOff
+		case p.Partition < 0 || p.Partition >= c.table.TopicPartitions(p.Topic) && c.table.TopicPartitions(p.Topic) > 0:
+			// Not a partition the cluster's metadata lists (partition
+			// numbers are the client's choice): the broker answers it, and
+			// nothing is kept or read for it.
+			st.pass = PassUnknownTopic
+		case st.legacy && (st.match == MatchOff || req.Acks == 0):
+			// acks=0 gets no response: nothing to answer a retry with.
+			st.pass = PassLegacy
+		default:
+			st.pass = -1
+			decided++
+		}
+		pp.Verdict.Pass = st.pass
+	}
+	if decided > 0 && c.warmOn && c.warmFirst(req, pl, now) {
+		return
+	}
+	var in *instance
+	if c.anyLegacy(pl) {
+		in = req.Conn.inst
+		in.shard.mu.Lock()
+		in.lastSeen = now.UnixNano()
+		in.sweep(now.UnixNano())
+		c.matchLegacy(req, pl, now)
+	}
+	if len(pl.waitOn) > 0 || len(pl.Tails) > 0 {
+		c.rollback(pl)
+		c.await(req, pl, now)
+		if in != nil {
+			in.shard.mu.Unlock()
+		}
+		return
+	}
+	if c.decideIdempotent(req, pl, now) {
+		c.rollback(pl)
+		if in != nil {
+			in.shard.mu.Unlock()
+		}
+		return
+	}
+	if in != nil {
+		c.keysLegacy(req, pl, now)
+		c.registerLegacy(req, pl, now)
+		in.shard.mu.Unlock()
+	}
+	c.rebuild(req, pl)
+	pl.account()
+}
+
+func (c *Core) anyLegacy(pl *Plan) bool {
+	for i := range pl.st {
+		if pl.st[i].legacy && pl.st[i].pass < 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// warmFirst makes a request wait for the first read of its partitions'
+// tails since start; it reports whether it must.
+func (c *Core) warmFirst(req *Request, pl *Plan, now time.Time) bool {
+	for i := range req.Parts {
+		st := &pl.st[i]
+		if st.pass >= 0 {
+			continue
+		}
+		k := partKeyOf(req.Parts[i].Topic, req.Parts[i].Partition)
+		if c.table.TopicPartitions(k.Topic) == 0 {
+			continue // only partitions the metadata lists are read
+		}
+		p, sh := c.parts.get(k)
+		switch p.warm {
+		case cold:
+			p.warm = reading
+			pl.Tails = append(pl.Tails, TailKey{k.Topic, k.Partition})
+		case reading:
+			pl.waitOn = append(pl.waitOn, k)
+		}
+		sh.mu.Unlock()
+	}
+	if len(pl.Tails) == 0 && len(pl.waitOn) == 0 {
+		return false
+	}
+	c.await(req, pl, now)
+	return true
+}
+
+// await sets pl's status for the waits and reads it collected, and
+// registers the request's connection as waiting where it must.
+func (c *Core) await(req *Request, pl *Plan, now time.Time) {
+	pl.Until = until(req, now)
+	if len(pl.Tails) > 0 {
+		pl.Status = ReadTails
+	} else {
+		pl.Status = Wait
+	}
+	for _, k := range pl.waitOn {
+		p, sh := c.parts.get(k)
+		p.await(req.Conn.id)
+		sh.mu.Unlock()
+	}
+}
+
+// until bounds how long req waits for an outcome: its own timeout_ms plus
+// a margin (the original's answer is due within its own timeout).
+func until(req *Request, now time.Time) time.Time {
+	return now.Add(min(max(req.Timeout, 0), maxWaitTimeout) + waitMargin)
+}
+
+// decideIdempotent decides the idempotent parts (docs/kafka-rules.md §12),
+// all under one table shard lock per producer. It reports whether the
+// request must wait for a batch in flight, or have its records read back
+// (pl.Status says which); the batches it registered are then released.
+func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
+	for i := range req.Parts {
+		p, st := &req.Parts[i], &pl.st[i]
+		if st.legacy || st.pass >= 0 {
+			continue
+		}
+		st.key = seqstate.Key{ProducerID: p.Header.ProducerID, Topic: p.Topic, Partition: p.Partition, Principal: req.Conn.principal}
+		st.batch = seqstate.Batch{Epoch: p.Header.ProducerEpoch, FirstSeq: p.Header.BaseSequence, Count: p.Header.LastOffsetDelta + 1,
+			Fingerprint: protocol.RecordsFingerprint(p.Records, &p.Header)}
+		pl.seqOps = append(pl.seqOps, seqstate.Op{Key: st.key, Batch: st.batch})
+		pl.seqIdx = append(pl.seqIdx, i)
+	}
+	if len(pl.seqOps) == 0 {
+		return false
+	}
+	// acks=0 has no response to commit from: consult the table only.
+	if req.Acks == 0 {
+		c.table.DecideBatches(pl.seqOps, now)
+	} else {
+		c.table.CheckBatches(pl.seqOps, now)
+	}
+	wait, unread := false, false
+	for j, op := range pl.seqOps {
+		i := pl.seqIdx[j]
+		p, st, pp := &req.Parts[i], &pl.st[i], &pl.Parts[i]
+		enforce := st.mode == Enforce
+		// Kafka validates a batch before its duplicate check (§2.1 rows
+		// 4–12): the proxy answers only a batch the broker would not
+		// reject on its own, so it needs its bytes.
+		answerable := func() bool {
+			if p.Unread {
+				unread = unread || enforce
+				return false
+			}
+			return protocol.BatchValid(p.Records, &p.Header) == 0
+		}
+		switch r := op.Result; r.Decision {
+		case seqstate.Accept:
+			st.pending, st.commit = req.Acks != 0, req.Acks != 0
+		case seqstate.Duplicate:
+			pp.Verdict.Rule, pp.Verdict.Original = RuleDuplicate, r.BaseOffset
+			// Only acks=all appends are committed with their offset, so a
+			// known offset is a durable one; a duplicate of one committed
+			// without goes to the broker, whose check answers it.
+			if r.BaseOffset >= 0 && answerable() {
+				pp.Verdict.Would, pp.Verdict.Dropped = Answer, p.Header.NumRecords
+				if enforce {
+					pp.Act = Answer
+					pp.Local = protocol.LocalPartitionResult{BaseOffset: r.BaseOffset, LogAppendTime: r.MaxTimestamp, LogStartOffset: c.LogStart(p.Topic, p.Partition)}
+				}
+			}
+		case seqstate.InFlight:
+			pp.Verdict.Rule = RuleInFlight
+			if enforce && req.Acks == -1 {
+				wait = true
+				pl.waitOn = appendKey(pl.waitOn, partKeyOf(p.Topic, p.Partition))
+			} else {
+				st.commit = req.Acks != 0 // acks=1: the broker decides; it may commit the original
+			}
+		case seqstate.SequenceReuse:
+			pp.Verdict.Rule = RuleSequenceReuse
+			// Kafka would answer success and drop these records silently.
+			if answerable() {
+				pp.Verdict.Would = Answer
+				if enforce {
+					pp.Act = Answer
+					pp.Local = protocol.LocalPartitionResult{ErrorCode: kerr.OutOfOrderSequenceNumber.Code, BaseOffset: -1, LogAppendTime: -1, LogStartOffset: c.LogStart(p.Topic, p.Partition)}
+					pl.Reuse = true
+				}
+			}
+		case seqstate.OutOfOrder, seqstate.Fenced:
+			// Counted, and the broker decides: it answers 45/47 itself
+			// when they are real; if it appends, the table follows.
+			pp.Verdict.Rule = RuleOutOfOrder
+			if r.Decision == seqstate.Fenced {
+				pp.Verdict.Rule = RuleFenced
+			}
+			st.commit = req.Acks != 0
+		}
+		if st.header != "" && pp.Act == Forward && st.commit {
+			c.countKeys(p, pl, st, pp, now)
+		}
+	}
+	if !wait && !unread {
+		return false
+	}
+	// The request is decided afresh once it can be: release what this
+	// decision registered.
+	pl.seqOuts = pl.seqOuts[:0]
+	for j := range pl.seqOps {
+		if st := &pl.st[pl.seqIdx[j]]; st.pending {
+			pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: st.key, Batch: st.batch})
+			st.pending, st.commit = false, false
+		}
+	}
+	c.table.SettleBatches(pl.seqOuts, now)
+	pl.seqOuts = pl.seqOuts[:0]
+	if !wait {
+		// Its answer needs the records held in pipes: read them, then
+		// decide again.
+		pl.Status = ReadRecords
+		return true
+	}
+	// Wait only while the batch is still in flight: registered as a waiter
+	// first, then the table looked at again, so that an outcome settled in
+	// between is either seen now or wakes the request.
+	pl.Status, pl.Until = Wait, until(req, now)
+	for _, k := range pl.waitOn {
+		p, sh := c.parts.get(k)
+		p.await(req.Conn.id)
+		sh.mu.Unlock()
+	}
+	for j := range pl.seqOps {
+		op := &pl.seqOps[j]
+		if op.Result.Decision != seqstate.InFlight {
+			continue
+		}
+		if c.table.Decide(op.Key, op.Batch, now).Decision != seqstate.InFlight {
+			c.unwait(req.Conn.id, pl.waitOn)
+			pl.waitOn = pl.waitOn[:0]
+			pl.Status, pl.Until = Wait, now // decide again at once
+			return true
+		}
+	}
+	return true
+}
+
+// countKeys counts the repeated idempotency keys of an idempotent batch:
+// dropping a record would break its producer's sequence numbers, so they
+// are only counted.
+func (c *Core) countKeys(p *Part, pl *Plan, st *partState, pp *PartPlan, now time.Time) {
+	if c.keys == nil || p.Unread {
+		return
+	}
+	start := len(pl.keys)
+	keys, err := protocol.RecordKeys(pl.keys, p.Records, &p.Header, st.header)
+	if err != nil {
+		pp.Verdict.Pass = PassKeysCompressed
+		return
+	}
+	pl.keys = keys
+	st.keysAt, st.keysEnd = start, len(keys)
+	for j := start; j < len(keys); j++ {
+		if keys[j].Present {
+			lo, hi := keyOf(keys[j], st.key)
+			if _, ok := c.keys.Lookup(lo, hi, now); ok {
+				pp.Verdict.Dropped++ // observed, not dropped
+			}
+		}
+	}
+	if pp.Verdict.Dropped > 0 {
+		pp.Verdict.Rule, pp.Verdict.Would = RuleKey, Forward
+	}
+}
+
+// keyOf mixes the topic and the principal into a record key: the same key
+// on two topics, or from two principals, is two keys.
+func keyOf(k protocol.RecordKey, key seqstate.Key) (lo, hi uint64) {
+	return k.Lo ^ (uint64(key.Topic)+1)*0x9e3779b97f4a7c15, k.Hi ^ (uint64(key.Principal)+1)*0xbf58476d1ce4e5b9
+}
+
+// rebuild writes the rebuilt batches of Rebuild parts.
+func (c *Core) rebuild(req *Request, pl *Plan) {
+	for i := range pl.Parts {
+		pp := &pl.Parts[i]
+		if pp.Act != Rebuild {
+			continue
+		}
+		p, st := &req.Parts[i], &pl.st[i]
+		drops := pl.drops[st.idsAt:st.idsEnd]
+		at := len(pl.Rebuilt)
+		out, err := protocol.DropRecords(pl.Rebuilt, p.Records, &p.Header, drops)
+		if err != nil {
+			// Cannot be cut (it parsed before, so this is not expected):
+			// forward it whole, a miss rather than a wrong answer.
+			c.unmatch(pl, i)
+			pp.Act = Forward
+			continue
+		}
+		pl.Rebuilt = out
+		pp.At, pp.End = at, len(out)
+	}
+}

@@ -1,0 +1,419 @@
+package decide
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// Legacy producers (producer id -1) carry no sequence numbers; the proxy
+// tells their retries from new data by one rule (docs/legacy.md, "The
+// rule"): a record of a batch is a retry when the same client instance
+// already sent the same record to the same topic within the window and may
+// not hold its acknowledgement — the connection it went on closed or broke,
+// its answer was an error or never reached the client, or it is still in
+// flight on another connection to the same partition (then the request
+// waits for its outcome). Records of different client instances are never
+// retries of each other.
+//
+// The state is one object per client instance: its connections, each with
+// the batches it sent that a retry may still need (those in flight and
+// those of its last keepRequests answered requests), and the batches whose
+// acknowledgement the client may not hold (disowned), indexed by record.
+
+// keepRequests is how many answered requests of a connection keep their
+// batches: when the connection breaks, answers written before it may not
+// have been read (one traced run lost 22 written answers with its
+// connection), and answers older than these are taken as read.
+const keepRequests = 64
+
+type phase uint8
+
+const (
+	inFlight phase = iota // forwarded, no answer yet
+	appended              // the broker appended it
+	unknown               // the broker connection broke before its answer: the log will tell
+)
+
+// Record offsets with a meaning of their own.
+const (
+	offUnknown = -1 // appended, offset not known
+	offPending = -2 // sent upstream, not answered yet
+)
+
+// rec is one record of a batch: its hash (0 once it answered for a retry,
+// or was not written) and its offset.
+type rec struct {
+	hash uint64
+	off  int64
+}
+
+// batch is one legacy batch a connection sent, or the part of it the proxy
+// answered itself.
+type batch struct {
+	gen        uint32
+	inst       *instance
+	conn       *Conn // holds its acknowledgement; nil once disowned
+	req        uint64
+	topic      seqstate.TopicID
+	part       int32
+	phase      phase
+	delivered  bool  // its answer was written to its connection
+	whole      bool  // compressed: its one rec stands for the whole batch
+	inFifo     bool  // referenced by conn.fifo
+	inDisowned bool  // referenced by inst.disowned
+	resolvable bool  // appended with offUnknown records the log may settle
+	until      int64 // ns: append time plus the window (0 while in flight)
+	appendTime int64 // the broker's log append time, -1 for CreateTime
+	recs       []rec
+}
+
+type batchRef struct {
+	b   *batch
+	gen uint32
+}
+
+func (r batchRef) live() bool { return r.b != nil && r.b.gen == r.gen }
+
+// Conn is a client connection's legacy state. Get one with Core.Connect.
+type Conn struct {
+	id        ConnID
+	principal uint32
+	inst      *instance
+	open      bool
+	reqs      uint64   // requests that registered batches
+	fifo      []*batch // registered batches, oldest first
+}
+
+// ID returns the connection's number.
+func (c *Conn) ID() ConnID { return c.id }
+
+type instKey struct {
+	principal uint32
+	id        string
+	host      [16]byte
+}
+
+type partKey struct {
+	topic seqstate.TopicID
+	part  int32
+}
+
+// instance is one client instance's legacy state.
+type instance struct {
+	key   instKey
+	shard *legacyShard
+	conns int // open connections
+	// undelivered lists, per partition, the batches not yet answered to
+	// their connection: a batch to the same partition from another
+	// connection may be their retry.
+	undelivered map[partKey][]*batch
+	// disowned are the batches whose acknowledgement the client may not
+	// hold, each until its window ends (in flight ones until their
+	// outcome); index finds their records.
+	disowned []*batch
+	index    recIndex
+	dirty    bool // index is stale
+	lastSeen int64
+}
+
+// recIndex finds disowned records by hash: an open-addressing table of
+// positions in refs (linear probing, at most half full). Records are added
+// in the order they were sent, and a probe meets records with equal hashes
+// in that order, so identical records of a retry match their originals in
+// order. About 32 bytes per record.
+type recIndex struct {
+	slots []int32 // index+1 in refs, 0 for empty; the length a power of two
+	refs  []recRef
+}
+
+type recRef struct {
+	b   *batch
+	gen uint32
+	i   int32
+}
+
+func (x *recIndex) reset(n int) {
+	size := 16
+	for size < 2*n {
+		size *= 2
+	}
+	if cap(x.slots) >= size && cap(x.slots) <= 4*size {
+		x.slots = x.slots[:size]
+		clear(x.slots)
+	} else {
+		x.slots = make([]int32, size)
+	}
+	clear(x.refs)
+	x.refs = x.refs[:0]
+}
+
+func (x *recIndex) add(h uint64, r recRef) {
+	x.refs = append(x.refs, r)
+	mask := uint64(len(x.slots) - 1)
+	for j := h & mask; ; j = (j + 1) & mask {
+		if x.slots[j] == 0 {
+			x.slots[j] = int32(len(x.refs))
+			return
+		}
+	}
+}
+
+type legacyShard struct {
+	mu    sync.Mutex
+	ls    *legacyStore
+	insts map[instKey]*instance
+	free  []*batch
+	_     [32]byte
+}
+
+const legacyShards = 16
+
+type legacyStore struct {
+	shards     [legacyShards]legacyShard
+	seed       maphash.Seed
+	scope      Scope
+	window     int64 // ns
+	maxRecords int64
+	held       atomic.Int64  // records held in batches
+	evicted    atomic.Uint64 // batches not kept for want of room
+}
+
+func (ls *legacyStore) init(scope Scope, window int64, maxRecords int) {
+	ls.seed = maphash.MakeSeed()
+	ls.scope, ls.window, ls.maxRecords = scope, window, int64(maxRecords)
+	for i := range ls.shards {
+		ls.shards[i].insts = map[instKey]*instance{}
+		ls.shards[i].ls = ls
+	}
+}
+
+func (ls *legacyStore) shardOf(k instKey) *legacyShard {
+	var h maphash.Hash
+	h.SetSeed(ls.seed)
+	h.WriteString(k.id)
+	h.Write(k.host[:])
+	x := h.Sum64() ^ uint64(k.principal)*0x9e3779b97f4a7c15
+	return &ls.shards[x%legacyShards]
+}
+
+// connect returns the state of connection id of client cl.
+func (ls *legacyStore) connect(id ConnID, cl Client, now int64) *Conn {
+	k := instKey{principal: cl.Principal, id: cl.ID}
+	if ls.scope == ScopeInstance {
+		k.host = cl.Host.As16()
+	}
+	sh := ls.shardOf(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	in := sh.insts[k]
+	if in == nil {
+		if len(sh.insts) >= maxInstancesPerShard {
+			sh.evictIdle(now)
+		}
+		in = &instance{key: k, shard: sh, undelivered: map[partKey][]*batch{}}
+		sh.insts[k] = in
+	}
+	in.conns++
+	in.lastSeen = now
+	return &Conn{id: id, principal: cl.Principal, inst: in, open: true}
+}
+
+// maxInstancesPerShard bounds the client instances remembered (64 Ki in
+// all); past it the longest idle one without connections is forgotten.
+const maxInstancesPerShard = 4096
+
+// evictIdle forgets the instance without connections seen longest ago.
+func (sh *legacyShard) evictIdle(now int64) {
+	var victim *instance
+	for _, in := range sh.insts {
+		if in.conns == 0 && (victim == nil || in.lastSeen < victim.lastSeen) {
+			victim = in
+		}
+	}
+	if victim == nil {
+		return
+	}
+	for _, b := range victim.disowned {
+		b.inDisowned = false
+		sh.release(b)
+	}
+	victim.disowned = nil
+	delete(sh.insts, victim.key)
+}
+
+// newBatch takes a batch from the shard's free list.
+func (sh *legacyShard) newBatch() *batch {
+	if n := len(sh.free); n > 0 {
+		b := sh.free[n-1]
+		sh.free = sh.free[:n-1]
+		return b
+	}
+	return &batch{}
+}
+
+// release frees b once nothing refers to it; call with the shard locked.
+func (sh *legacyShard) release(b *batch) {
+	if b.inFifo || b.inDisowned {
+		return
+	}
+	sh.ls.held.Add(-int64(len(b.recs)))
+	if b.inst != nil {
+		b.inst.dropUndelivered(b)
+	}
+	recs := b.recs[:0]
+	gen := b.gen + 1
+	*b = batch{gen: gen, recs: recs}
+	if len(sh.free) < maxFreeBatches {
+		sh.free = append(sh.free, b)
+	}
+}
+
+const maxFreeBatches = 1024
+
+// disown records that b's client may not hold its acknowledgement: its
+// records are matchable by a retry from any connection of the instance
+// until b's window ends.
+func (in *instance) disown(b *batch) {
+	b.conn = nil
+	if b.phase == appended && b.until == 0 {
+		b.until = 1 // settled before it was registered: nothing to keep
+	}
+	if !b.inDisowned {
+		b.inDisowned = true
+		in.disowned = append(in.disowned, b)
+		in.dirty = true
+	}
+}
+
+// undisown takes b back from the disowned batches: its client holds its
+// acknowledgement after all.
+func (in *instance) undisown(b *batch) {
+	if !b.inDisowned {
+		return
+	}
+	b.inDisowned = false
+	in.dirty = true
+	for i, x := range in.disowned {
+		if x == b {
+			copy(in.disowned[i:], in.disowned[i+1:])
+			in.disowned[len(in.disowned)-1] = nil
+			in.disowned = in.disowned[:len(in.disowned)-1]
+			break
+		}
+	}
+}
+
+// abandon disowns every batch of conn whose answer is not yet written: its
+// client resent one of them on another connection. Batches conn sends
+// later are its own again.
+func (conn *Conn) abandon(in *instance) {
+	for _, b := range conn.fifo {
+		if !b.delivered && b.conn == conn {
+			in.disown(b)
+		}
+	}
+}
+
+// dropUndelivered removes b from the undelivered lists.
+func (in *instance) dropUndelivered(b *batch) {
+	k := partKey{b.topic, b.part}
+	l := in.undelivered[k]
+	for i, x := range l {
+		if x == b {
+			l = append(l[:i], l[i+1:]...)
+			break
+		}
+	}
+	in.undelivered[k] = l // kept when empty: the partition's next batch reuses it
+}
+
+// sweep releases the disowned batches whose window has ended.
+func (in *instance) sweep(now int64) {
+	kept := in.disowned[:0]
+	for _, b := range in.disowned {
+		if b.phase == appended && b.until <= now {
+			b.inDisowned = false
+			in.dirty = true
+			in.shard.release(b)
+			continue
+		}
+		kept = append(kept, b)
+	}
+	clear(in.disowned[len(kept):])
+	in.disowned = kept
+}
+
+// reindex rebuilds the index of disowned records.
+func (in *instance) reindex() {
+	n := 0
+	for _, b := range in.disowned {
+		n += len(b.recs)
+	}
+	in.index.reset(n)
+	for _, b := range in.disowned {
+		for i, r := range b.recs {
+			if r.hash != 0 {
+				in.index.add(r.hash, recRef{b: b, gen: b.gen, i: int32(i)})
+			}
+		}
+	}
+	in.dirty = false
+}
+
+// candidate is a record a record of a new batch may repeat.
+type candidate struct {
+	b *batch
+	i int32
+}
+
+// lookup returns the first disowned record of topic with hash h that is
+// not used up, or false.
+func (in *instance) lookup(topic seqstate.TopicID, h uint64) (candidate, bool) {
+	if len(in.disowned) == 0 {
+		return candidate{}, false
+	}
+	if in.dirty {
+		in.reindex()
+	}
+	x := &in.index
+	mask := uint64(len(x.slots) - 1)
+	for j := h & mask; x.slots[j] != 0; j = (j + 1) & mask {
+		r := &x.refs[x.slots[j]-1]
+		if r.b.gen != r.gen || !r.b.inDisowned || r.b.topic != topic || r.b.recs[r.i].hash != h {
+			continue
+		}
+		return candidate{r.b, r.i}, true
+	}
+	return candidate{}, false
+}
+
+// sameParts returns a record with hash h in a batch to (topic, part) not
+// yet answered to another connection than conn: the client gave up on it
+// and this is its retry.
+func (in *instance) sameParts(conn *Conn, topic seqstate.TopicID, part int32, h uint64, now int64) (candidate, bool) {
+	for _, b := range in.undelivered[partKey{topic, part}] {
+		if b.conn == conn || b.conn == nil || (b.phase == appended && b.until <= now) {
+			continue
+		}
+		for i, r := range b.recs {
+			if r.hash == h {
+				return candidate{b, int32(i)}, true
+			}
+		}
+	}
+	return candidate{}, false
+}
+
+// anyOtherUndelivered reports whether a batch to (topic, part) from another
+// connection than conn is not yet answered.
+func (in *instance) anyOtherUndelivered(conn *Conn, topic seqstate.TopicID, part int32) bool {
+	for _, b := range in.undelivered[partKey{topic, part}] {
+		if b.conn != conn && b.conn != nil {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,378 @@
+package decide
+
+import (
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// Outcome applies the broker's answer to what pl sent upstream: body is
+// the Produce response body after its header, sc the caller's reusable
+// scanner. Appended batches are committed with their offsets, the others
+// released; a part the answer does not mention is handled as Lost. It
+// appends to wake the connections whose waiting requests may now be
+// decided.
+func (c *Core) Outcome(pl *Plan, sc *protocol.ProduceResponseScanner, body []byte, now time.Time, wake []ConnID) ([]ConnID, error) {
+	if pl.settled {
+		return wake, nil
+	}
+	if err := sc.Reset(body, pl.version); err != nil {
+		return c.Lost(pl, now, wake), err
+	}
+	if cap(pl.done) < len(pl.Parts) {
+		pl.done = make([]bool, len(pl.Parts))
+	}
+	done := pl.done[:len(pl.Parts)]
+	clear(done)
+	anyError := false
+	cursor := 0
+	pl.seqOuts = pl.seqOuts[:0]
+	for sc.Next() {
+		pr := sc.Partition()
+		topic, ok := c.lookupTopic(pl.version, pr.Topic, pr.TopicID)
+		if !ok {
+			continue
+		}
+		i := pl.find(topic, pr.Partition, &cursor, done)
+		if i < 0 {
+			continue
+		}
+		done[i] = true
+		anyError = anyError || pr.ErrorCode != 0
+		wake = c.outcomePart(pl, i, pr, now, wake)
+	}
+	err := sc.Err()
+	c.settleIdempotent(pl, now)
+	if anyError {
+		// A client that gets an error for one partition of a request may
+		// resend all of it (kafkajs does): the appended batches of the
+		// request are ones whose acknowledgement it may not hold.
+		c.disownAppended(pl)
+	}
+	for i := range pl.Parts {
+		if !done[i] && pl.Parts[i].Act != Answer {
+			wake = c.lostPart(pl, i, now, wake)
+		}
+	}
+	pl.settled = true
+	return wake, err
+}
+
+// appendedCode reports whether an error code means the broker appended the
+// batch: Kafka counts REQUEST_TIMED_OUT and NOT_ENOUGH_REPLICAS_AFTER_APPEND
+// as appended (docs/kafka-rules.md §2.1 row 16).
+func appendedCode(code int16) bool {
+	return code == 0 || code == kerr.RequestTimedOut.Code || code == kerr.NotEnoughReplicasAfterAppend.Code
+}
+
+func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartition, now time.Time, wake []ConnID) []ConnID {
+	st, pp := &pl.st[i], &pl.Parts[i]
+	k := partKeyOf(st.key.Topic, st.key.Partition)
+	appended := appendedCode(pr.ErrorCode)
+	// Only an acks=all append is durable, so only its offset is kept: a
+	// later retry of an acks=1 one goes to the broker.
+	off := pr.BaseOffset
+	if pr.ErrorCode != 0 || pl.acks != -1 {
+		off = -1
+	}
+	switch {
+	case st.pass >= 0:
+	case !st.legacy:
+		if st.pending || st.commit {
+			ts := pr.LogAppendTime
+			if ts < 0 {
+				ts = st.maxTS
+			}
+			pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: st.key, Batch: st.batch, Appended: appended, BaseOffset: off, MaxTimestamp: ts})
+		}
+		if appended && pl.acks == -1 {
+			c.commitKeys(pl, i, off, now)
+		}
+	default:
+		c.outcomeLegacy(pl, i, pr, appended, now)
+		if appended && pl.acks == -1 {
+			c.commitKeys(pl, i, off, now)
+		}
+		if pp.Act == Rebuild {
+			pp.Local = c.rebuiltAnswer(pl, i, pr, appended)
+		}
+	}
+	p, sh := c.parts.get(k)
+	if pr.LogStartOffset >= 0 {
+		p.logStart = pr.LogStartOffset
+	}
+	wake = p.event(wake)
+	sh.mu.Unlock()
+	return wake
+}
+
+// rebuiltAnswer is the answer to a part the proxy forwarded without the
+// records it repeats: the broker's error if it appended nothing, else
+// error 0 and the one base offset true for all its records, or -1, never a
+// wrong one. REQUEST_TIMED_OUT and NOT_ENOUGH_REPLICAS_AFTER_APPEND mean
+// appended; their answer carries no offset.
+func (c *Core) rebuiltAnswer(pl *Plan, i int, pr *protocol.ProduceResponsePartition, appended bool) protocol.LocalPartitionResult {
+	if !appended {
+		return protocol.LocalPartitionResult{ErrorCode: pr.ErrorCode, BaseOffset: -1, LogAppendTime: -1, LogStartOffset: pr.LogStartOffset}
+	}
+	st := &pl.st[i]
+	drops, ms := pl.drops[st.idsAt:st.idsEnd], pl.matches[st.idsAt:st.idsEnd]
+	base := int64(-1)
+	if pr.ErrorCode == 0 {
+		k := int64(0)
+		offs := func(j int) int64 {
+			if drops[j] {
+				return ms[j].off
+			}
+			o := pr.BaseOffset + k
+			k++
+			return o
+		}
+		base = baseOf(offs, len(drops))
+	}
+	return protocol.LocalPartitionResult{BaseOffset: base, LogAppendTime: pr.LogAppendTime, LogStartOffset: pr.LogStartOffset}
+}
+
+// outcomeLegacy settles the records part i sent upstream.
+func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartition, written bool, now time.Time) {
+	st := &pl.st[i]
+	b := st.b.b
+	if b == nil {
+		return
+	}
+	sh := pl.conn.inst.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if !st.b.live() || b.phase != inFlight {
+		return
+	}
+	ns := now.UnixNano()
+	if !written {
+		// Not written: nothing of it is in the log. (The records the
+		// proxy matched, in st.m, were appended long ago; the client, told
+		// of the error, will send them again, and they are matchable.)
+		for j := range b.recs {
+			b.recs[j].hash = 0
+		}
+		b.phase, b.until, b.delivered = appended, ns, true
+		b.inst.dropUndelivered(b)
+		if m := st.m.b; st.m.live() {
+			m.inst.disown(m)
+			m.conn = nil
+		}
+		return
+	}
+	base := pr.BaseOffset
+	if pr.ErrorCode != 0 {
+		base = -1
+	}
+	for j := range b.recs {
+		if base >= 0 {
+			b.recs[j].off = base + int64(j)
+		} else {
+			b.recs[j].off = offUnknown
+		}
+	}
+	b.phase = appended
+	b.appendTime = pr.LogAppendTime
+	b.until = ns + c.legacy.window
+	if pr.ErrorCode != 0 {
+		// Appended, but answered with an error: the client holds no
+		// acknowledgement, and the log has the offsets.
+		b.resolvable = true
+		b.inst.disown(b)
+		c.listUnknown(b)
+	} else if b.conn == nil || !b.conn.open {
+		b.inst.disown(b)
+	}
+}
+
+// listUnknown files b with its partition, whose next tail read settles it.
+// Call with b's shard locked (the partition's is taken inside).
+func (c *Core) listUnknown(b *batch) {
+	p, sh := c.parts.get(partKeyOf(b.topic, b.part))
+	p.unknown = append(p.unknown, batchRef{b, b.gen})
+	if len(p.unknown) > maxUnknown {
+		p.unknown = append(p.unknown[:0], p.unknown[len(p.unknown)-maxUnknown:]...)
+	}
+	sh.mu.Unlock()
+}
+
+// maxUnknown bounds the batches a partition's next read must settle.
+const maxUnknown = 1024
+
+// disownAppended disowns every appended legacy batch of pl.
+func (c *Core) disownAppended(pl *Plan) {
+	if pl.conn == nil {
+		return
+	}
+	sh := pl.conn.inst.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for i := range pl.st {
+		st := &pl.st[i]
+		for _, r := range [2]batchRef{st.m, st.b} {
+			if st.legacy && r.live() && r.b.phase == appended {
+				r.b.inst.disown(r.b)
+				r.b.conn = nil
+			}
+		}
+	}
+}
+
+// settleIdempotent applies pl.seqOuts to the table.
+func (c *Core) settleIdempotent(pl *Plan, now time.Time) {
+	if len(pl.seqOuts) > 0 {
+		c.table.SettleBatches(pl.seqOuts, now)
+		pl.seqOuts = pl.seqOuts[:0]
+	}
+	for i := range pl.st {
+		pl.st[i].pending, pl.st[i].commit = false, false
+	}
+}
+
+// Lost settles pl when the broker's answer will never come (the broker
+// connection broke, or was never written to): idempotent batches are
+// released, and legacy ones become unknown — the partition's log will tell
+// whether they were appended (docs/warm.md, "Unknown outcomes").
+func (c *Core) Lost(pl *Plan, now time.Time, wake []ConnID) []ConnID {
+	if pl.settled || pl.Status != Ready {
+		return wake
+	}
+	pl.seqOuts = pl.seqOuts[:0]
+	for i := range pl.Parts {
+		if pl.Parts[i].Act != Answer {
+			wake = c.lostPart(pl, i, now, wake)
+		}
+	}
+	c.settleIdempotent(pl, now)
+	pl.settled = true
+	return wake
+}
+
+func (c *Core) lostPart(pl *Plan, i int, now time.Time, wake []ConnID) []ConnID {
+	st := &pl.st[i]
+	if st.pass >= 0 {
+		return wake
+	}
+	if !st.legacy {
+		if st.pending {
+			pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: st.key, Batch: st.batch})
+		}
+	} else if b := st.b.b; b != nil {
+		sh := pl.conn.inst.shard
+		sh.mu.Lock()
+		if st.b.live() && b.phase == inFlight {
+			b.phase = unknown
+			b.inst.disown(b)
+			c.listUnknown(b)
+		}
+		sh.mu.Unlock()
+	}
+	return c.wakePartition(partKeyOf(st.key.Topic, st.key.Partition), wake)
+}
+
+// Delivered records whether pl's answer reached its client's socket (ok)
+// or not. Batches whose answer did not, or whose connection has closed,
+// are ones their client may not hold the acknowledgement of; the records a
+// retry repeated, answered here, are this connection's from now on.
+func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
+	conn := pl.conn
+	if conn == nil || pl.Status != Ready {
+		return
+	}
+	any := false
+	for i := range pl.st {
+		if st := &pl.st[i]; st.legacy && (st.b.b != nil || st.m.b != nil) {
+			any = true
+			break
+		}
+	}
+	if !any {
+		return
+	}
+	sh := conn.inst.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	in := conn.inst
+	for i := range pl.st {
+		st := &pl.st[i]
+		if !st.legacy {
+			continue
+		}
+		for _, r := range [2]batchRef{st.m, st.b} {
+			b := r.b
+			if !r.live() {
+				continue
+			}
+			if !b.delivered {
+				b.delivered = true
+				in.dropUndelivered(b)
+			}
+			switch {
+			case !ok || !conn.open:
+				in.disown(b)
+				b.conn = nil
+			case b == st.m.b && b.conn == conn:
+				in.undisown(b)
+			}
+		}
+	}
+	if conn.open {
+		conn.trim(keepRequests, &c.legacy)
+	}
+	in.sweep(now.UnixNano())
+}
+
+// commitKeys remembers the idempotency keys of part i's records the broker
+// appended at base (-1 if unknown); dropped records are skipped, so the
+// others are numbered as in the batch that went upstream.
+func (c *Core) commitKeys(pl *Plan, i int, base int64, now time.Time) {
+	st := &pl.st[i]
+	if c.keys == nil || st.keysEnd == st.keysAt {
+		return
+	}
+	delta := int64(0)
+	for j := st.keysAt; j < st.keysEnd; j++ {
+		if st.legacy && pl.drops[st.idsAt+j-st.keysAt] {
+			continue
+		}
+		if k := pl.keys[j]; k.Present {
+			off := int64(-1)
+			if base >= 0 {
+				off = base + delta
+			}
+			lo, hi := keyOf(k, st.key)
+			c.keys.Commit(lo, hi, off, now)
+		}
+		delta++
+	}
+}
+
+// lookupTopic returns the table's key for a topic named in a Produce
+// request or response: by ID from v13 (KIP-516), by name before.
+func (c *Core) lookupTopic(version int16, name []byte, id [16]byte) (seqstate.TopicID, bool) {
+	if version >= 13 {
+		return c.table.LookupTopicID(id)
+	}
+	return c.table.LookupTopic(name)
+}
+
+// find returns the index of the part of topic/partition not yet settled
+// that went upstream, searching from *cursor (brokers answer in request
+// order in practice; Kafka does not promise it), or -1.
+func (pl *Plan) find(topic seqstate.TopicID, partition int32, cursor *int, done []bool) int {
+	n := len(pl.st)
+	for k := 0; k < n; k++ {
+		j := (*cursor + k) % n
+		st := &pl.st[j]
+		if !done[j] && pl.Parts[j].Act != Answer && st.key.Topic == topic && st.key.Partition == partition {
+			*cursor = j + 1
+			return j
+		}
+	}
+	return -1
+}

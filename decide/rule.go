@@ -1,0 +1,450 @@
+package decide
+
+import (
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// matchLegacy applies the rule (docs/legacy.md, "The rule") to every
+// legacy part of req, with the instance's shard locked: for each record,
+// what it repeats, if anything. Records it takes as retries are used up at
+// once (each earlier record answers for one retry); rollback restores them
+// when the request ends up waiting.
+func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
+	conn, in := req.Conn, req.Conn.inst
+	ns := now.UnixNano()
+	for i := range req.Parts {
+		p, st, pp := &req.Parts[i], &pl.st[i], &pl.Parts[i]
+		if !st.legacy || st.pass >= 0 {
+			continue
+		}
+		st.key = seqstate.Key{ProducerID: -1, Topic: p.Topic, Partition: p.Partition, Principal: conn.principal}
+		st.idsAt = len(pl.ids)
+		var err error
+		if pl.ids, err = protocol.AppendRecordIDs(pl.ids, p.Records, &p.Header); err != nil {
+			if err != protocol.ErrCompressed {
+				// Malformed: the broker rejects it; nothing to remember.
+				st.pass = PassInvalid
+				pp.Verdict.Pass = PassInvalid
+				continue
+			}
+			// A compressed batch is one unit: matched whole or not at all.
+			pl.ids = append(pl.ids, protocol.BatchID(p.Records, &p.Header))
+		}
+		st.idsEnd = len(pl.ids)
+		ids := pl.ids[st.idsAt:st.idsEnd]
+		for range ids {
+			pl.matches = append(pl.matches, match{})
+			pl.drops = append(pl.drops, false)
+		}
+		ms := pl.matches[st.idsAt:st.idsEnd]
+		logged := conn.principal == 0 && c.hasLog(p.Topic, p.Partition)
+		if len(in.disowned) == 0 && !logged && !in.anyOtherUndelivered(conn, p.Topic, p.Partition) {
+			continue // nothing this batch could repeat: the common case
+		}
+		var prev candidate
+		for j, id := range ids {
+			cand, ok := c.findCandidate(conn, in, p, prev, recHash(id, st.match), ns)
+			if ok {
+				ms[j] = c.classify(pl, conn, in, p, st, cand, ns)
+				if ms[j].kind == matchDrop {
+					prev = cand
+				} else {
+					prev = candidate{}
+				}
+				continue
+			}
+			prev = candidate{}
+			if logged {
+				ms[j] = c.matchLog(pl, p, ids[j], st.mode == Enforce, ns)
+			}
+		}
+		c.verdictLegacy(pl, i, ms, st.mode)
+	}
+}
+
+// recHash is the hash a record is compared by: with match exact, its
+// timestamp is part of it.
+func recHash(id protocol.RecordID, m Match) uint64 {
+	if m == MatchExact {
+		return mixTS(id.Hash, id.Timestamp)
+	}
+	return id.Hash
+}
+
+// mixTS mixes a timestamp into a record hash. Never 0.
+func mixTS(h uint64, ts int64) uint64 {
+	x := (h ^ uint64(ts)*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9
+	x ^= x >> 31
+	return x | 1
+}
+
+// findCandidate returns the earlier record a record with id may repeat:
+// the next record of the batch the previous record matched (a retry keeps
+// its records' order), a disowned record of the topic, or a record of a
+// batch to the same partition not yet answered to another connection.
+func (c *Core) findCandidate(conn *Conn, in *instance, p *Part, prev candidate, h uint64, now int64) (candidate, bool) {
+	if b := prev.b; b != nil && b.conn == nil && int(prev.i)+1 < len(b.recs) && b.recs[prev.i+1].hash == h {
+		return candidate{b, prev.i + 1}, true
+	}
+	if cand, ok := in.lookup(p.Topic, h); ok {
+		return cand, true
+	}
+	return in.sameParts(conn, p.Topic, p.Partition, h, now)
+}
+
+// classify decides one record against the earlier record cand it repeats.
+func (c *Core) classify(pl *Plan, conn *Conn, in *instance, p *Part, st *partState, cand candidate, ns int64) match {
+	b := cand.b
+	if old := b.conn; old != nil && old != conn && st.mode == Enforce {
+		// Not yet answered to another connection, to this very
+		// partition: its client gave up on that connection (a client
+		// gives up on a connection as a whole: librdkafka "22 request(s)
+		// timed out: disconnect") and resends here, perhaps before the
+		// proxy sees the old one close. Every answer not yet written
+		// there may never be read.
+		old.abandon(in)
+	}
+	r := &b.recs[cand.i]
+	enforce := st.mode == Enforce
+	switch {
+	case b.phase == inFlight:
+		if enforce {
+			pl.waitOn = appendKey(pl.waitOn, partKeyOf(b.topic, b.part))
+		}
+		return match{kind: matchWait, rule: RuleInFlight}
+	case b.phase == unknown || (r.off == offUnknown && b.resolvable):
+		if enforce {
+			c.needTail(pl, b)
+		}
+		return match{kind: matchTail, rule: RuleRetry}
+	}
+	m := match{kind: matchDrop, off: r.off, rule: RuleRetry, at: b.appendTime, age: ns - (b.until - c.legacy.window)}
+	if b.part != p.Partition {
+		// Moved to another partition (kafkajs partitions keyless
+		// records afresh on each attempt): the records are in the
+		// original's partition, and no offset of this one is true.
+		m.off, m.at = offUnknown, -1
+	}
+	if enforce {
+		pl.undo = append(pl.undo, undo{b: b, gen: b.gen, i: cand.i, hash: r.hash})
+		r.hash = 0
+	}
+	return m
+}
+
+func appendKey(keys []seqstate.Key, k seqstate.Key) []seqstate.Key {
+	for _, x := range keys {
+		if x == k {
+			return keys
+		}
+	}
+	return append(keys, k)
+}
+
+// needTail asks for a read of b's partition, whose log settles b.
+func (c *Core) needTail(pl *Plan, b *batch) {
+	k := partKeyOf(b.topic, b.part)
+	p, sh := c.parts.get(k)
+	defer sh.mu.Unlock()
+	if p.warm == reading {
+		pl.waitOn = appendKey(pl.waitOn, k)
+		return
+	}
+	p.warm = reading
+	for _, t := range pl.Tails {
+		if t.Topic == k.Topic && t.Partition == k.Partition {
+			return
+		}
+	}
+	pl.Tails = append(pl.Tails, TailKey{k.Topic, k.Partition})
+}
+
+// rollback restores the records a decision that ends in a wait used up.
+func (c *Core) rollback(pl *Plan) {
+	for _, u := range pl.undo {
+		if u.log != nil {
+			u.log.log[u.i].taken = false
+			continue
+		}
+		if u.b.gen == u.gen {
+			u.b.recs[u.i].hash = u.hash
+		}
+	}
+	pl.undo = pl.undo[:0]
+}
+
+// unmatch makes part i new data again (its records are not dropped).
+func (c *Core) unmatch(pl *Plan, i int) {
+	st := &pl.st[i]
+	for j := st.idsAt; j < st.idsEnd; j++ {
+		pl.drops[j] = false
+		pl.matches[j] = match{}
+	}
+	pl.Parts[i].Verdict.Dropped = 0
+}
+
+// verdictLegacy sets part i's act from its records' matches.
+func (c *Core) verdictLegacy(pl *Plan, i int, ms []match, mode Mode) {
+	pp, st := &pl.Parts[i], &pl.st[i]
+	dropped := 0
+	for j, m := range ms {
+		switch m.kind {
+		case matchDrop:
+			dropped++
+			pl.drops[st.idsAt+j] = true
+			if pp.Verdict.Rule == RuleNone || pp.Verdict.Rule == RuleRetry {
+				pp.Verdict.Rule = m.rule
+			}
+			if pp.Verdict.Original < 0 && m.off >= 0 {
+				pp.Verdict.Original = m.off
+				pp.Verdict.Age = time.Duration(m.age)
+			}
+		case matchWait, matchTail:
+			pp.Verdict.Rule = m.rule
+			pp.Verdict.Waited = true
+		}
+	}
+	st.dropped = int32(dropped)
+	pp.Verdict.Dropped = int32(dropped)
+	if dropped > 0 && len(ms) == 1 {
+		pp.Verdict.Dropped = pp.Verdict.Records // a compressed batch is one unit
+	}
+	switch {
+	case dropped == 0:
+		pp.Verdict.Would = Forward
+	case dropped == len(ms):
+		pp.Verdict.Would = Answer
+	default:
+		pp.Verdict.Would = Rebuild
+	}
+	if mode != Enforce {
+		// Observe: nothing is used up or waited for; the verdict says
+		// what enforce would have done.
+		for j := range ms {
+			pl.drops[st.idsAt+j] = false
+		}
+		return
+	}
+	pp.Act = pp.Verdict.Would
+}
+
+// matchLog matches a record against the records read back from its
+// partition's log after a restart (docs/legacy.md, "After a restart"): the
+// same key, value, headers and timestamp, sent by ANONYMOUS (the only
+// principal a log can vouch for).
+func (c *Core) matchLog(pl *Plan, p *Part, id protocol.RecordID, enforce bool, ns int64) match {
+	k := partKeyOf(p.Topic, p.Partition)
+	part, sh := c.parts.get(k)
+	defer sh.mu.Unlock()
+	h := mixTS(id.Hash, id.Timestamp)
+	if id.Hash == 0 {
+		return match{}
+	}
+	for j := part.logIdx[h]; j != 0; {
+		r := &part.log[j-1]
+		idx := j - 1
+		j = r.next
+		if r.hash != h || r.taken || r.until <= ns {
+			continue
+		}
+		if enforce {
+			r.taken = true
+			pl.undo = append(pl.undo, undo{log: part, i: idx})
+		}
+		return match{kind: matchDrop, off: r.off, rule: RuleLog, at: -1, age: ns - (r.until - c.legacy.window)}
+	}
+	return match{}
+}
+
+// hasLog reports whether records read back from partition's log may still
+// be matched.
+func (c *Core) hasLog(topic seqstate.TopicID, partition int32) bool {
+	p, sh := c.parts.get(partKeyOf(topic, partition))
+	defer sh.mu.Unlock()
+	return len(p.log) > 0
+}
+
+// keysLegacy drops the records of legacy parts whose idempotency key was
+// written before (docs/legacy.md, "Idempotency keys"), from records not
+// already dropped as retries.
+func (c *Core) keysLegacy(req *Request, pl *Plan, now time.Time) {
+	if c.keys == nil {
+		return
+	}
+	for i := range req.Parts {
+		p, st, pp := &req.Parts[i], &pl.st[i], &pl.Parts[i]
+		if !st.legacy || st.pass >= 0 || st.header == "" || pp.Act == Answer {
+			continue
+		}
+		start := len(pl.keys)
+		keys, err := protocol.RecordKeys(pl.keys, p.Records, &p.Header, st.header)
+		if err != nil {
+			pp.Verdict.Pass = PassKeysCompressed
+			continue
+		}
+		pl.keys = keys
+		st.keysAt, st.keysEnd = start, len(keys)
+		ms := pl.matches[st.idsAt:st.idsEnd]
+		known := 0
+		for j := range ms {
+			k := keys[start+j]
+			if ms[j].kind == matchDrop || !k.Present {
+				continue
+			}
+			lo, hi := keyOf(k, st.key)
+			off, ok := c.keys.Lookup(lo, hi, now)
+			if !ok {
+				continue
+			}
+			known++
+			if st.mode == Enforce {
+				ms[j] = match{kind: matchDrop, off: off, rule: RuleKey, at: -1}
+			}
+		}
+		if known == 0 {
+			continue
+		}
+		if st.mode != Enforce {
+			pp.Verdict.Rule, pp.Verdict.Dropped = RuleKey, pp.Verdict.Dropped+int32(known)
+			continue
+		}
+		rule := pp.Verdict.Rule
+		c.verdictLegacy(pl, i, ms, st.mode)
+		if rule == RuleNone {
+			pp.Verdict.Rule = RuleKey
+		}
+	}
+}
+
+// registerLegacy remembers the legacy batches of a decided request, each
+// acks=all batch on its connection in up to two parts: the records it
+// repeats, with their original offsets, and the records it sends upstream,
+// pending. Until its answer is written, the first part stays matchable from
+// any connection of the instance, this one included: a client that sent a
+// retry and, before reading its answer, resends the same records cut at
+// other boundaries (librdkafka pipelines both on its new connection) is
+// still resending.
+func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
+	conn, in := req.Conn, req.Conn.inst
+	ns := now.UnixNano()
+	registered := false
+	for i := range req.Parts {
+		p, st, pp := &req.Parts[i], &pl.st[i], &pl.Parts[i]
+		if !st.legacy || st.pass >= 0 {
+			continue
+		}
+		ids, ms := pl.ids[st.idsAt:st.idsEnd], pl.matches[st.idsAt:st.idsEnd]
+		if pp.Act == Answer {
+			pp.Local = c.answerOf(p, ms)
+		}
+		if req.Acks != -1 {
+			// Only an acks=all append is durable: an unclean leader
+			// election can lose an acks=1 one, and its resend must then be
+			// written.
+			continue
+		}
+		if !c.legacy.room(int64(len(ids)), conn) {
+			c.legacy.evicted.Add(1)
+			continue
+		}
+		whole := p.Header.Attributes&0x07 != 0
+		if pp.Act != Forward {
+			m := c.newBatch(in, conn, p, whole, int(st.dropped))
+			m.phase, m.appendTime = appended, -1
+			for j := range ids {
+				if ms[j].kind != matchDrop {
+					continue
+				}
+				m.recs = append(m.recs, rec{hash: recHash(ids[j], st.match), off: ms[j].off})
+				if o := ns + c.legacy.window - ms[j].age; m.until == 0 || o < m.until {
+					m.until = o // the window runs from the original's append
+				}
+				m.appendTime = ms[j].at
+			}
+			c.keep(m)
+			in.disown(m)
+			m.conn = conn // matchable, and this connection's once its answer is written
+			st.m = batchRef{m, m.gen}
+		}
+		if pp.Act != Answer {
+			f := c.newBatch(in, conn, p, whole, len(ids)-int(st.dropped))
+			f.phase, f.appendTime = inFlight, -1
+			for j := range ids {
+				if pp.Act == Rebuild && ms[j].kind == matchDrop {
+					continue
+				}
+				f.recs = append(f.recs, rec{hash: recHash(ids[j], st.match), off: offPending})
+			}
+			c.keep(f)
+			st.b = batchRef{f, f.gen}
+		}
+		registered = true
+	}
+	if registered {
+		conn.reqs++
+	}
+}
+
+func (c *Core) newBatch(in *instance, conn *Conn, p *Part, whole bool, n int) *batch {
+	b := in.shard.newBatch()
+	if cap(b.recs) < n {
+		b.recs = make([]rec, 0, n) // sized exactly: 16 bytes a record
+	}
+	b.inst, b.conn, b.req = in, conn, conn.reqs
+	b.topic, b.part, b.whole = p.Topic, p.Partition, whole
+	return b
+}
+
+// keep files b with its connection, not yet answered.
+func (c *Core) keep(b *batch) {
+	c.legacy.held.Add(int64(len(b.recs)))
+	b.inFifo = true
+	b.conn.fifo = append(b.conn.fifo, b)
+	k := partKey{b.topic, b.part}
+	b.inst.undelivered[k] = append(b.inst.undelivered[k], b)
+}
+
+// answerOf is the proxy's answer to a legacy part it answers whole: error
+// 0, and the one base offset true for all its records, or -1.
+func (c *Core) answerOf(p *Part, ms []match) protocol.LocalPartitionResult {
+	base := baseOf(func(j int) int64 { return ms[j].off }, len(ms))
+	at := ms[0].at
+	for _, m := range ms {
+		if m.at != at {
+			at = -1
+		}
+	}
+	return protocol.LocalPartitionResult{BaseOffset: base, LogAppendTime: at, LogStartOffset: c.LogStart(p.Topic, p.Partition)}
+}
+
+// room reports whether n more records may be kept, first letting conn's
+// oldest answered batches go when the store is full.
+func (ls *legacyStore) room(n int64, conn *Conn) bool {
+	if ls.held.Load()+n <= ls.maxRecords {
+		return true
+	}
+	conn.trim(1, ls)
+	return ls.held.Load()+n <= ls.maxRecords
+}
+
+// trim lets go the batches of conn's answered requests beyond the last
+// keep; call with the shard locked.
+func (conn *Conn) trim(keep uint64, ls *legacyStore) {
+	n := 0
+	for _, b := range conn.fifo {
+		if !b.delivered || b.req+keep >= conn.reqs {
+			break
+		}
+		b.inFifo = false
+		conn.inst.shard.release(b)
+		n++
+	}
+	if n > 0 {
+		copy(conn.fifo, conn.fifo[n:])
+		clear(conn.fifo[len(conn.fifo)-n:])
+		conn.fifo = conn.fifo[:len(conn.fifo)-n]
+	}
+}

@@ -1,0 +1,203 @@
+package decide
+
+import (
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// Kafka is the proxy's memory (docs/warm.md): a partition's tail holds what
+// the tables would hold had the proxy seen its batches appended. TailRead
+// applies one: idempotent batches fill the table, legacy records read on a
+// partition's first read since start may answer for a resend after a
+// restart, and batches whose outcome was unknown are looked for.
+
+// logBatch is one legacy batch of a tail.
+type logBatch struct {
+	base   int64
+	hashes []uint64
+}
+
+// TailRead applies the tail of partition k, read from the log by the
+// caller after Decide asked (ReadTails): records holds whole record
+// batches in log order. It appends to wake the connections waiting on the
+// partition.
+func (c *Core) TailRead(k TailKey, records []byte, now time.Time, wake []ConnID) []ConnID {
+	pk := partKeyOf(k.Topic, k.Partition)
+	_, match, header := c.topicSettings(c.settings.Load(), k.Topic)
+	ns := now.UnixNano()
+	var (
+		batches []logBatch
+		logRecs []logRec
+		ids     []protocol.RecordID
+		keys    []protocol.RecordKey
+	)
+	first := false
+	{
+		p, sh := c.parts.get(pk)
+		first = !p.warmed
+		sh.mu.Unlock()
+	}
+	for len(records) > 0 {
+		var bh protocol.BatchHeader
+		if _, err := protocol.ReadBatch(records, &bh); err != nil {
+			break
+		}
+		size := 12 + int(bh.Length)
+		if size > len(records) {
+			break // a partial batch at the end of the fetch
+		}
+		b := records[:size]
+		records = records[size:]
+		if bh.Magic < 2 || bh.IsControl() {
+			continue
+		}
+		switch {
+		case bh.ProducerID >= 0:
+			// Fingerprint 0 (unknown) matches any retry: the broker may
+			// have recompressed the batch, and then its records are not
+			// the bytes the producer resends. The log cannot say which
+			// principal wrote it: ANONYMOUS (docs/security.md).
+			key := seqstate.Key{ProducerID: bh.ProducerID, Topic: k.Topic, Partition: k.Partition}
+			batch := seqstate.Batch{Epoch: bh.ProducerEpoch, FirstSeq: bh.BaseSequence, Count: bh.LastOffsetDelta + 1}
+			c.table.Commit(key, batch, bh.BaseOffset, bh.MaxTimestamp, now)
+		case match != MatchOff:
+			var err error
+			ids = ids[:0]
+			if ids, err = protocol.AppendRecordIDs(ids, b, &bh); err != nil {
+				if err != protocol.ErrCompressed {
+					break
+				}
+				ids = append(ids, protocol.BatchID(b, &bh))
+			}
+			lb := logBatch{base: bh.BaseOffset, hashes: make([]uint64, len(ids))}
+			for j, id := range ids {
+				lb.hashes[j] = recHash(id, match)
+				if !first {
+					continue
+				}
+				until := min(id.Timestamp*int64(time.Millisecond), ns) + c.legacy.window
+				if until > ns && len(ids) == int(bh.NumRecords) {
+					logRecs = append(logRecs, logRec{hash: mixTS(id.Hash, id.Timestamp), off: bh.BaseOffset + int64(j), until: until})
+				}
+			}
+			batches = append(batches, lb)
+		}
+		if header != "" && c.keys != nil {
+			var err error
+			if keys, err = protocol.RecordKeys(keys[:0], b, &bh, header); err == nil {
+				for j, rk := range keys {
+					if rk.Present {
+						lo, hi := keyOf(rk, seqstate.Key{Topic: k.Topic})
+						c.keys.Commit(lo, hi, bh.BaseOffset+int64(j), now)
+					}
+				}
+			}
+		}
+	}
+	if len(logRecs) > maxLogRecs {
+		logRecs = logRecs[len(logRecs)-maxLogRecs:]
+	}
+	p, sh := c.parts.get(pk)
+	if first {
+		p.log = logRecs
+		p.logIdx = nil
+		if len(logRecs) > 0 {
+			// Built backwards, so that each chain lists its records in log
+			// order: identical records of a resend match theirs in order.
+			p.logIdx = make(map[uint64]int32, len(logRecs))
+			for j := len(logRecs) - 1; j >= 0; j-- {
+				r := &logRecs[j]
+				r.next = p.logIdx[r.hash]
+				p.logIdx[r.hash] = int32(j + 1)
+			}
+		}
+	}
+	p.warm, p.warmed = warm, true
+	unknowns := p.unknown
+	p.unknown = nil
+	wake = p.event(wake)
+	sh.mu.Unlock()
+	for _, ref := range unknowns {
+		c.settleFromLog(ref, batches, true, ns)
+	}
+	return wake
+}
+
+// TailFailed records that partition k's tail could not be read: its
+// batches are decided without it, and batches whose outcome only it could
+// tell are taken as not written (a retry of them is forwarded: at worst a
+// duplicate, as without the proxy).
+func (c *Core) TailFailed(k TailKey, now time.Time, wake []ConnID) []ConnID {
+	p, sh := c.parts.get(partKeyOf(k.Topic, k.Partition))
+	p.warm, p.warmed = warm, true
+	unknowns := p.unknown
+	p.unknown = nil
+	wake = p.event(wake)
+	sh.mu.Unlock()
+	for _, ref := range unknowns {
+		c.settleFromLog(ref, nil, false, now.UnixNano())
+	}
+	return wake
+}
+
+// settleFromLog looks for batch ref's records sent upstream in the tail's
+// batches: found, they were appended there; not found (or read is false),
+// an unknown batch is taken as not written, and an appended one keeps its
+// unknown offsets.
+func (c *Core) settleFromLog(ref batchRef, batches []logBatch, read bool, ns int64) {
+	b := ref.b
+	sh := b.inst.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if !ref.live() {
+		return
+	}
+	want := func(r rec) bool {
+		if b.phase == unknown {
+			return r.off == offPending
+		}
+		return r.off == offUnknown
+	}
+	var found *logBatch
+	if read {
+	search:
+		for bi := range batches {
+			lb := &batches[bi]
+			k := 0
+			for _, r := range b.recs {
+				if !want(r) {
+					continue
+				}
+				if k >= len(lb.hashes) || lb.hashes[k] != r.hash {
+					continue search
+				}
+				k++
+			}
+			if k == len(lb.hashes) && k > 0 {
+				found = lb
+				break
+			}
+		}
+	}
+	k := int64(0)
+	for j := range b.recs {
+		r := &b.recs[j]
+		if !want(*r) {
+			continue
+		}
+		switch {
+		case found != nil:
+			r.off = found.base + k
+		case b.phase == unknown:
+			r.hash = 0 // not written
+		}
+		k++
+	}
+	b.resolvable = false
+	if b.phase == unknown {
+		b.phase = appended
+		b.until = ns + c.legacy.window
+	}
+}

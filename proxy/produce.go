@@ -1,0 +1,507 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// The session's side of the Produce path (docs/produce-path.md): it scans a
+// request, hands it to the decision core (package decide), carries out
+// what the core decides — read partitions' tails, wait for an outcome,
+// forward, forward rewritten, answer — and reports back what happens to
+// it: the broker's answer, a lost broker connection, the answer written to
+// the client or not, the connection closed. The core decides; the session
+// reads, writes and waits.
+
+// producePlan is a decided Produce request on its way through the session.
+type producePlan struct {
+	decide.Plan
+	corrID  int32
+	version int16
+	acks    int16
+	// skeleton is the request body without records (keepSkeleton), when
+	// the proxy answers some part; skeletonHold holds its budget when it
+	// is large.
+	skeleton     []byte
+	skeletonHold *requestBuffer
+	upstream     *[]byte // the broker's response frame, when AnyUp and AnyLocal
+	upOff        int     // its body offset after the size prefix
+	pending      int     // batches counted in Server.pendingBatches
+}
+
+var planPool = sync.Pool{New: func() any { return &producePlan{} }}
+
+func getPlan() *producePlan {
+	pl := planPool.Get().(*producePlan)
+	pl.skeleton, pl.upstream, pl.pending = pl.skeleton[:0], nil, 0
+	return pl
+}
+
+func putPlan(pl *producePlan) {
+	putFrame(pl.upstream)
+	pl.upstream = nil
+	if h := pl.skeletonHold; h != nil {
+		h.pool.put(h, nil)
+		pl.skeletonHold = nil
+	}
+	if cap(pl.skeleton) > maxPooledFrame {
+		pl.skeleton = nil
+	}
+	planPool.Put(pl)
+}
+
+// errClientGone ends readLoop: the client left while its request waited.
+var errClientGone = errors.New("client connection closed")
+
+// errHolesLost ends readLoop: the records of a request held in pipes could
+// not be read back.
+var errHolesLost = errors.New("cannot read back the records of a produce request held in pipes")
+
+// maxDecideRounds bounds how often one request is decided again after
+// waits and tail reads; past it the request is answered REQUEST_TIMED_OUT.
+const maxDecideRounds = 64
+
+// decideProduce scans a Produce request and has the core decide it,
+// reading tails and waiting as the core asks. nil means relay it
+// untouched: nothing in it could be decided.
+func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*producePlan, error) {
+	core, m := c.s.core, c.s.Metrics
+	switch {
+	case core == nil:
+		m.passthrough[decide.PassDedupOff].Inc()
+		return nil, nil
+	case h.APIVersion < 3: // message formats v0/v1: no producer ids
+		m.passthrough[decide.PassOldFormat].Inc()
+		return nil, nil
+	}
+	sc := &c.scan
+	if err := sc.Reset(body[h.BodyOffset:], h.APIVersion); err != nil {
+		return nil, err
+	}
+	req := &c.dreq
+	clear(req.Parts)
+	req.Parts = req.Parts[:0]
+	// Before the broker has authenticated the client, nothing is decided
+	// or looked up for it (docs/security.md).
+	conn := c.coreConn()
+	holes := c.req != nil && len(c.req.holes) > 0
+	for sc.Next() {
+		part := sc.Partition()
+		if conn == nil {
+			m.passthrough[decide.PassUnauthenticated].Inc()
+			continue
+		}
+		var bh protocol.BatchHeader
+		n, err := protocol.ReadBatch(part.Records, &bh)
+		switch {
+		case err != nil || n != 1:
+			m.passthrough[decide.PassInvalid].Inc()
+			continue
+		case bh.Magic < 2:
+			m.passthrough[decide.PassOldFormat].Inc()
+			continue
+		}
+		topic, known := c.s.lookupTopic(h.APIVersion, part.Topic, part.TopicID)
+		if !known {
+			m.passthrough[decide.PassUnknownTopic].Inc()
+			c.s.unknownTopics.Add(1)
+			continue
+		}
+		req.Parts = append(req.Parts, decide.Part{TI: part.TopicIndex, PI: part.PartitionIndex, Topic: topic, Partition: part.Partition,
+			Header: bh, Records: part.Records, Unread: holes && bh.ProducerID >= 0})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(req.Parts) == 0 {
+		return nil, nil
+	}
+	req.Version, req.Acks, req.GiveUp = h.APIVersion, sc.Acks, false
+	req.Timeout = time.Duration(max(sc.TimeoutMillis, 0)) * time.Millisecond
+	req.Conn = conn
+	pl := getPlan()
+	pl.corrID, pl.version, pl.acks = h.CorrelationID, h.APIVersion, sc.Acks
+	waited := false
+	for round := 0; ; round++ {
+		now := time.Now()
+		if round == maxDecideRounds {
+			req.GiveUp = true
+		}
+		core.Decide(req, &pl.Plan, now)
+		switch pl.Status {
+		case decide.ReadTails:
+			c.readTails(pl.Tails)
+			continue
+		case decide.ReadRecords:
+			if !c.fillRequest() {
+				putPlan(pl)
+				return nil, errHolesLost
+			}
+			for i := range req.Parts {
+				req.Parts[i].Unread = false
+			}
+			continue
+		case decide.Wait:
+			if c.log.Enabled(context.Background(), slog.LevelDebug) {
+				var rules []string
+				for i := range pl.Parts {
+					rules = append(rules, fmt.Sprintf("p%d:%s/%d", req.Parts[i].Partition, pl.Parts[i].Verdict.Rule, pl.Parts[i].Verdict.Dropped))
+				}
+				c.log.Debug("produce request waits for an outcome", "corr", h.CorrelationID, "until", time.Until(pl.Until), "parts", rules)
+			}
+			waited = true
+			c.s.Metrics.waiting.Inc()
+			woken := c.awaitWake(pl.Until)
+			c.s.Metrics.waiting.Dec()
+			if !woken {
+				putPlan(pl)
+				return nil, errClientGone
+			}
+			if !time.Now().Before(pl.Until) {
+				c.s.Metrics.waitTimeouts.Inc()
+				req.GiveUp = true
+			}
+			continue
+		}
+		break
+	}
+	c.countVerdicts(pl, waited)
+	return pl, nil
+}
+
+// coreConn returns the core's state of this connection once the broker has
+// authenticated its client, nil before.
+func (c *session) coreConn() *decide.Conn {
+	who, ok := c.authenticated()
+	if !ok {
+		return nil
+	}
+	if c.dconn == nil || c.dconnPrincipal != who.id {
+		if c.dconn != nil {
+			c.s.core.Disconnect(c.dconn, time.Now())
+		}
+		cl := decide.Client{Principal: who.id, ID: c.clientID, Host: remoteIP(c.client)}
+		c.dconn, c.dconnPrincipal = c.s.core.Connect(decide.ConnID(c.id), cl, time.Now()), who.id
+	}
+	return c.dconn
+}
+
+// awaitWake waits until the core wakes this connection (an outcome its
+// request waits for), until, or shutdown; it reports false when the
+// connection closed meanwhile.
+func (c *session) awaitWake(until time.Time) bool {
+	d := time.Until(until)
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c.wake:
+	case <-t.C:
+	case <-c.s.stop:
+	case <-c.closed:
+		return false
+	}
+	return true
+}
+
+// wakeConns wakes the sessions whose waiting requests the core named.
+func (s *Server) wakeConns(ids []decide.ConnID) {
+	for _, id := range ids {
+		if v, ok := s.byID.Load(uint64(id)); ok {
+			select {
+			case v.(*session).wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// readTails reads the tails the core asked for, each on a connection of
+// the proxy's own (at most connWarmups at once for this connection and
+// dedup.warm.max_concurrent for the proxy), and waits for them at most
+// dedup.warm.timeout. A tail that gets no slot in time is decided without;
+// one still being read when the wait ends is waited for by the next
+// decision.
+func (c *session) readTails(tails []decide.TailKey) {
+	bound := c.s.Config.Dedup.Warm.Timeout
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	done := make(chan struct{}, len(tails))
+	started := 0
+	for _, k := range tails {
+		if !c.warmSlot(timer.C) {
+			c.s.Metrics.warmups[warmTimedOut].Inc()
+			c.s.wakeConns(c.s.core.TailFailed(k, time.Now(), nil))
+			continue
+		}
+		name, _ := c.s.table.TopicName(k.Topic)
+		if !c.s.spawn(func() {
+			defer func() { c.releaseWarmSlot(); done <- struct{}{} }()
+			c.s.warmPartition(name, k)
+		}) {
+			c.releaseWarmSlot()
+			c.s.wakeConns(c.s.core.TailFailed(k, time.Now(), nil))
+			continue
+		}
+		started++
+	}
+	for ; started > 0; started-- {
+		select {
+		case <-done:
+		case <-timer.C:
+			c.s.Metrics.warmups[warmTimedOut].Inc()
+			return
+		case <-c.closed:
+			return
+		}
+	}
+}
+
+// connWarmups bounds the warm-ups one client connection runs at once.
+const connWarmups = 8
+
+// warmSlot takes a slot for one warm-up: the connection's, then the
+// proxy's. It gives up when expired fires or the connection closes.
+func (c *session) warmSlot(expired <-chan time.Time) bool {
+	select {
+	case c.warmSlots <- struct{}{}:
+	case <-expired:
+		return false
+	case <-c.closed:
+		return false
+	}
+	select {
+	case c.s.warmSlots <- struct{}{}:
+		return true
+	case <-expired:
+	case <-c.closed:
+	}
+	<-c.warmSlots
+	return false
+}
+
+func (c *session) releaseWarmSlot() {
+	<-c.s.warmSlots
+	<-c.warmSlots
+}
+
+// lookupTopic returns the table's key for a topic named in a Produce
+// request: by ID from v13 (KIP-516), by name before.
+func (s *Server) lookupTopic(version int16, name []byte, id [16]byte) (seqstate.TopicID, bool) {
+	if version >= 13 {
+		return s.table.LookupTopicID(id)
+	}
+	return s.table.LookupTopic(name)
+}
+
+// sendDecided queues and forwards a decided Produce request. It reports
+// false when the connection must close.
+func (c *session) sendDecided(pl *producePlan, h protocol.RequestHeader, body, frame []byte, start time.Time, api *apiMetrics) bool {
+	// Until pl is queued or settled, a panic leaves it to readLoop's
+	// cleanup (not a defer here: that would run first and hide it).
+	c.unqueued = pl
+	testHook("plan")
+	// Parts answered or left out: the request's bytes are needed whole.
+	if (pl.AnyLocal && !c.fillRequest()) || (c.req != nil && c.req.broken) {
+		c.log.Error("closing connection: cannot read back the records of a produce request held in pipes")
+		return false
+	}
+	if pl.acks == 0 {
+		// Nothing comes back, so nothing was registered. Kafka closes the
+		// connection when an acks=0 write fails (KafkaApis
+		// handleProduceRequest); a duplicate is simply not written again.
+		var rewritten []byte
+		if pl.AnyLocal && pl.AnyUp && !pl.Reuse {
+			rewritten = c.rewriteRequest(pl, h, body)
+		}
+		anyLocal, anyUp, reuse := pl.AnyLocal, pl.AnyUp, pl.Reuse
+		c.unqueued = nil
+		putPlan(pl)
+		switch {
+		case reuse:
+			c.log.Warn("closing client connection: acks=0 produce reuses a sequence with different records (as Kafka closes on a failed acks=0 write)")
+			return false
+		case !anyLocal:
+			return c.forward(frame)
+		case anyUp:
+			return rewritten != nil && c.forward(rewritten)
+		}
+		return true
+	}
+	p := c.newPending(h, start, api)
+	p.plan = pl
+	pl.pending = c.countPending(pl)
+	if !pl.AnyLocal {
+		// Everything goes upstream as it came; the plan rides along so the
+		// response settles each batch.
+		c.queue <- p
+		c.unqueued = nil
+		return c.forward(frame)
+	}
+	var rewritten []byte
+	if !c.keepSkeleton(pl, h, body) || (pl.AnyUp && func() bool { rewritten = c.rewriteRequest(pl, h, body); return rewritten == nil }()) {
+		c.unqueued = nil
+		c.fail(p)
+		c.release(p)
+		return false
+	}
+	// Once queued, pl belongs to responseLoop, which may answer, release
+	// and reuse it at once (nothing goes upstream): read nothing of it after.
+	anyUp := pl.AnyUp
+	c.queue <- p
+	c.unqueued = nil
+	if anyUp {
+		return c.forward(rewritten)
+	}
+	c.kickResponseLoop() // no broker response will wake it
+	return true
+}
+
+// countPending counts pl's batches that go upstream decided, in
+// dedupproxy_produce_pending_batches until their answer is in.
+func (c *session) countPending(pl *producePlan) int {
+	n := 0
+	for i := range pl.Parts {
+		if pp := &pl.Parts[i]; pp.Act != decide.Answer && pp.Verdict.Pass < 0 {
+			n++
+		}
+	}
+	c.s.pendingBatches.Add(int64(n))
+	return n
+}
+
+// settled takes pl's batches out of the pending count.
+func (c *session) settled(pl *producePlan) {
+	if pl.pending > 0 {
+		c.s.pendingBatches.Add(-int64(pl.pending))
+		pl.pending = 0
+	}
+}
+
+// keepSkeleton keeps in pl what its answer is built from: the request's
+// topics and partitions in order, without their records (a few bytes per
+// partition), so that a request the proxy answers copies none of its
+// records. A skeleton larger than smallRequest holds request_memory budget
+// until the answer is written (docs/security.md, "Memory").
+func (c *session) keepSkeleton(pl *producePlan, h protocol.RequestHeader, body []byte) bool {
+	out, _, err := protocol.RewriteProduce(pl.skeleton[:0], body[h.BodyOffset:], h.APIVersion, withoutRecords)
+	if err != nil {
+		c.log.Error("cannot copy produce request; closing connection", "err", err)
+		return false
+	}
+	pl.skeleton = out
+	if len(out) > smallRequest {
+		hold := &requestBuffer{pool: c.s.requestPool()}
+		hold.pool.reserve(hold, len(out), c.closed)
+		pl.skeletonHold = hold
+	}
+	return true
+}
+
+// withoutRecords keeps every partition of a request with empty records.
+func withoutRecords(int, int) (bool, []byte) { return true, noRecords }
+
+var noRecords = []byte{}
+
+// rewriteRequest builds, in c.reduceBuf, the frame of a Produce request
+// holding only the parts that go upstream, rebuilt ones with their rebuilt
+// batch.
+func (c *session) rewriteRequest(pl *producePlan, h protocol.RequestHeader, body []byte) []byte {
+	if cap(c.reduceBuf) > maxPooledFrame && len(body) < cap(c.reduceBuf)/4 {
+		c.reduceBuf = nil // one outsized request does not pin memory for the connection's life
+	}
+	buf := append(c.reduceBuf[:0], 0, 0, 0, 0)
+	buf = append(buf, body[:h.BodyOffset]...)
+	cursor := 0
+	out, _, err := protocol.RewriteProduce(buf, body[h.BodyOffset:], h.APIVersion, func(ti, pi int) (bool, []byte) {
+		return pl.Upstream(&cursor, ti, pi)
+	})
+	if err != nil {
+		c.log.Error("cannot rewrite produce request; closing connection", "err", err)
+		return nil
+	}
+	size := uint32(len(out) - 4)
+	out[0], out[1], out[2], out[3] = byte(size>>24), byte(size>>16), byte(size>>8), byte(size)
+	c.reduceBuf = out
+	return out
+}
+
+// settleResponse hands the broker's answer (body after its header) to the
+// core and wakes whoever waited on it.
+func (c *session) settleResponse(pl *producePlan, body []byte) error {
+	c.settled(pl)
+	wake, err := c.s.core.Outcome(&pl.Plan, &c.respScan, body, time.Now(), c.wakeBuf[:0])
+	c.s.wakeConns(wake)
+	c.wakeBuf = wake[:0]
+	return err
+}
+
+// lose tells the core that pl's answer will never come.
+func (c *session) lose(pl *producePlan) {
+	c.settled(pl)
+	wake := c.s.core.Lost(&pl.Plan, time.Now(), c.wakeBuf[:0])
+	c.s.wakeConns(wake)
+	c.wakeBuf = wake[:0]
+}
+
+// finishProduce builds the response of a Produce request the proxy answered
+// at least partly itself, once its upstream part (if any) is in.
+func (c *session) finishProduce(p *pending) {
+	pl := p.plan
+	testHook("merge")
+	var upBody []byte
+	if pl.upstream != nil {
+		upBody = (*pl.upstream)[4+pl.upOff:]
+	}
+	bp := getFrame(len(pl.skeleton) + 64)
+	dst := append((*bp)[:0], 0, 0, 0, 0)
+	dst = protocol.AppendResponseHeader(dst, int16(kmsg.Produce), pl.version, pl.corrID)
+	cursor := 0
+	out, err := protocol.MergeProduceResponse(dst, pl.version, pl.skeleton, upBody, func(ti, pi int) (protocol.LocalPartitionResult, bool) {
+		return pl.Local(&cursor, ti, pi)
+	})
+	if err != nil {
+		c.log.Error("cannot build produce response; closing connection", "err", err)
+		putFrame(bp)
+		p.failed = true
+		return
+	}
+	size := uint32(len(out) - 4)
+	out[0], out[1], out[2], out[3] = byte(size>>24), byte(size>>16), byte(size>>8), byte(size)
+	*bp = out
+	p.resp = bp
+}
+
+// warmPartition reads the tail of one partition and hands it to the core.
+func (s *Server) warmPartition(topic string, k decide.TailKey) {
+	cfg := &s.Config.Dedup.Warm
+	ctx, cancel := context.WithTimeout(s.dialCtx, cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	records, n, err := s.readTail(ctx, topic, k.Partition)
+	if err != nil {
+		s.Metrics.warmups[warmFailed].Inc()
+		if ok, suppressed := s.warmLog.allow(time.Now()); ok {
+			s.Logger.Warn("cannot read partition tail; deciding its batches without it", "topic", topic, "partition", k.Partition, "err", err, "suppressed", suppressed)
+		}
+		s.wakeConns(s.core.TailFailed(k, time.Now(), nil))
+		return
+	}
+	s.wakeConns(s.core.TailRead(k, records, time.Now(), nil))
+	s.Metrics.warmups[warmOK].Inc()
+	s.Metrics.warmBytes.Add(float64(len(records)))
+	s.Metrics.warmSeconds.Observe(time.Since(start).Seconds())
+	s.Logger.Debug("warmed partition from its tail", "topic", topic, "partition", k.Partition, "batches", n, "bytes", len(records), "took", time.Since(start))
+}
