@@ -47,7 +47,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 //	lost req=R [at=D]                   the broker connection broke
 //	deliver req=R [ok=false] [at=D]     the answer was written (or not)
 //	close conn=C [at=D]
-//	tail p=P [batches=O:r1,r2;O:...] [ts=T] [failed] [at=D]
+//	tail p=P [batches=O:r1,r2;O:...] [ts=T] [compressed] [failed] [at=D]
 //
 // at=D sets the clock to a fixed base time plus D and stays set; record
 // timestamps (ts, ms) count from the same base. Topic "t" has 4
@@ -370,7 +370,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 				os, recs, _ := strings.Cut(bs, ":")
 				off, _ := strconv.ParseInt(os, 10, 64)
 				names := strings.Split(recs, ",")
-				raw := scriptBatch(names, tsList(t, get("ts", "1000"), len(names)), -1, 0, 0, false)
+				raw := scriptBatch(names, tsList(t, get("ts", "1000"), len(names)), -1, 0, 0, args["compressed"] == "true")
 				binary.BigEndian.PutUint64(raw, uint64(off))
 				records = append(records, raw...)
 			}

@@ -65,11 +65,12 @@ func (c *Core) TailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 		case match != MatchOff:
 			var err error
 			ids = ids[:0]
+			whole := false
 			if ids, err = protocol.AppendRecordIDs(ids, b, &bh); err != nil {
 				if err != protocol.ErrCompressed {
 					break
 				}
-				ids = append(ids, protocol.BatchID(b, &bh))
+				ids, whole = append(ids, protocol.BatchID(b, &bh)), true
 			}
 			lb := logBatch{base: bh.BaseOffset, hashes: make([]uint64, len(ids))}
 			for j, id := range ids {
@@ -78,7 +79,7 @@ func (c *Core) TailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 					continue
 				}
 				until := min(id.Timestamp*int64(time.Millisecond), ns) + c.legacy.window
-				if until > ns && len(ids) == int(bh.NumRecords) {
+				if until > ns && (whole || len(ids) == int(bh.NumRecords)) {
 					logRecs = append(logRecs, logRec{hash: mixTS(id.Hash, id.Timestamp), off: bh.BaseOffset + int64(j), until: until})
 				}
 			}

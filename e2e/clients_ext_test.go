@@ -77,7 +77,7 @@ func pythonModule(module string) func() error {
 // would otherwise exit with records still queued.
 func kcatClient() legacyClient {
 	return legacyClient{
-		name: "kcat", retries: true, dropAt: 10,
+		name: "kcat", clientID: "e2e-kcat", retries: true, dropAt: 10,
 		available: func() error { _, err := exec.LookPath("kcat"); return err },
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			var in bytes.Buffer
@@ -138,7 +138,7 @@ func kcatVersion() string {
 // idempotence off, acks=all.
 func confluentPythonClient() legacyClient {
 	return legacyClient{
-		name: "confluent-kafka-python", retries: true, dropAt: 10,
+		name: "confluent-kafka-python", clientID: "e2e-confluent-python", retries: true, dropAt: 10,
 		available: pythonModule("confluent_kafka"),
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			return runReporting(ctx, t, saslEnv(auth), debianPython, filepath.Join("testdata", "confluent_producer.py"), bootstrap, topic, fmt.Sprint(n))
@@ -160,7 +160,7 @@ func kafkaPythonClient(retries int) legacyClient {
 	return legacyClient{
 		// Its requests carry several batches, about 300 records each, so
 		// the third one is mid-stream.
-		name: name, retries: retries > 0, dropAt: 3,
+		name: name, clientID: "e2e-kafka-python", retries: retries > 0, dropAt: 3,
 		available: pythonModule("kafka"),
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			return runReporting(ctx, t, saslEnv(auth), debianPython, filepath.Join("testdata", "kafka_python_producer.py"),
@@ -173,7 +173,7 @@ func kafkaPythonClient(retries int) legacyClient {
 // false, acks=-1.
 func kafkajsClient() legacyClient {
 	return legacyClient{
-		name: "kafkajs", retries: true, resendsOnSameSocket: true, dropAt: 10,
+		name: "kafkajs", clientID: "e2e-kafkajs", retries: true, resendsOnSameSocket: true, restampsResends: true, dropAt: 10,
 		available: func() error {
 			if _, err := exec.LookPath("node"); err != nil {
 				return err

@@ -62,7 +62,7 @@ func indexOf(v []byte) (int, error) {
 // long, so the dropped acknowledgement is mid-stream.
 func franzClient() legacyClient {
 	return legacyClient{
-		name: "franz-go", retries: true, dropAt: 10, available: goAvailable,
+		name: "franz-go", clientID: "e2e-franz-go", retries: true, dropAt: 10, available: goAvailable,
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			return franzProduce(ctx, bootstrap, topic, n, false, auth)
 		},
@@ -122,7 +122,7 @@ func franzIdempotentClient() legacyClient {
 // +2 then, +1798 with a 20 ms linger on 10,000).
 func saramaClient() legacyClient {
 	return legacyClient{
-		name: "sarama", retries: true, dropAt: 10, available: goAvailable,
+		name: "sarama", clientID: "e2e-sarama", retries: true, dropAt: 10, available: goAvailable,
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			cfg := sarama.NewConfig()
 			cfg.ClientID = "e2e-sarama"
@@ -206,7 +206,7 @@ func mustBytes(e sarama.Encoder) []byte {
 // returns per-message errors as WriteErrors.
 func kafkaGoClient() legacyClient {
 	return legacyClient{
-		name: "kafka-go", retries: true, dropAt: 10, available: goAvailable,
+		name: "kafka-go", clientID: "e2e-kafka-go", retries: true, restampsResends: true, dropAt: 10, available: goAvailable,
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			w := &kafkago.Writer{
 				Addr:            kafkago.TCP(bootstrap),

@@ -73,11 +73,12 @@ func eventually(d time.Duration, cond func() bool) bool {
 }
 
 // replayHeld sends the held request again, as it was, on a new connection
-// to the proxy, once the proxy has settled what its killed client left in
-// flight. The broker appended the original and the client never got the
-// answer, so the copy is a retry: it must be answered without error and
-// without being written again (the caller counts the log after this).
-func replayHeld(t *testing.T, px *testProxy, held *heldProduce, idempotent bool) {
+// to the proxy, as the killed client would once restarted (its client id,
+// from its host), once the proxy has settled what it left in flight. The
+// broker appended the original and the client never got the answer, so
+// the copy is a retry: it must be answered without error and without being
+// written again (the caller counts the log after this).
+func replayHeld(t *testing.T, px *testProxy, held *heldProduce, idempotent bool, clientID string) {
 	t.Helper()
 	if !eventually(15*time.Second, func() bool { return px.metric("dedupproxy_produce_pending_batches", "") == 0 }) {
 		t.Errorf("the proxy still holds %v batches pending 15 s after its client was killed",
@@ -91,7 +92,7 @@ func replayHeld(t *testing.T, px *testProxy, held *heldProduce, idempotent bool)
 	// the newest the broker supports, where topics go by id (v13).
 	versions := kversion.Stable()
 	versions.SetMaxKeyVersion(int16(kmsg.Produce), req.GetVersion())
-	cl, err := kgo.NewClient(kgo.SeedBrokers(px.addr()), kgo.ClientID("e2e-replay"), kgo.MaxVersions(versions))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(px.addr()), kgo.ClientID(clientID), kgo.MaxVersions(versions))
 	if err != nil {
 		t.Fatal(err)
 	}
