@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -153,11 +152,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 			continue
 		case decide.Wait:
 			if c.log.Enabled(context.Background(), slog.LevelDebug) {
-				var rules []string
-				for i := range pl.Parts {
-					rules = append(rules, fmt.Sprintf("p%d:%s/%d", req.Parts[i].Partition, pl.Parts[i].Verdict.Rule, pl.Parts[i].Verdict.Dropped))
-				}
-				c.log.Debug("produce request waits for an outcome", "corr", h.CorrelationID, "until", time.Until(pl.Until), "parts", rules)
+				c.log.Debug("produce request waits for an outcome it needs", "correlation_id", h.CorrelationID, "at_most", time.Until(pl.Until).Round(time.Millisecond))
 			}
 			waited = true
 			c.s.Metrics.waiting.Inc()

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -430,11 +429,7 @@ func (c *session) responseLoop() {
 			dead = !c.writeResponse(p)
 		}
 		if pl := p.plan; pl != nil {
-			ok := !dead && !p.failed && !c.clientLeft.Load()
-			if c.log.Enabled(context.Background(), slog.LevelDebug) {
-				c.log.Debug("produce answer written", "corr", p.corrID, "delivered", ok)
-			}
-			c.s.core.Delivered(&pl.Plan, ok, time.Now())
+			c.s.core.Delivered(&pl.Plan, !dead && !p.failed && !c.clientLeft.Load(), time.Now())
 		}
 		c.current = nil
 		c.release(p)

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"log/slog"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/decide"
@@ -13,7 +11,6 @@ import (
 // waited for an outcome before it was decided.
 func (c *session) countVerdicts(pl *producePlan, waited bool) {
 	m := c.s.Metrics
-	debug := c.log.Enabled(context.Background(), slog.LevelDebug)
 	for i := range pl.Parts {
 		pp := &pl.Parts[i]
 		v := &pp.Verdict
@@ -81,9 +78,6 @@ func (c *session) countVerdicts(pl *producePlan, waited bool) {
 		}
 		if v.Would != decide.Forward || pp.Act != decide.Forward {
 			c.logVerdict(pl, i)
-		} else if debug {
-			p := &c.dreq.Parts[i]
-			c.log.Debug("produce batch forwarded", "partition", p.Partition, "records", v.Records, "rule", v.Rule.String(), "legacy", v.Legacy, "waited", waited)
 		}
 	}
 }
