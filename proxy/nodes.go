@@ -136,6 +136,17 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 	if n.advHost == "" {
 		r.tryListen(id, n)
 	}
+	if rs := r.s.replicas; rs != nil {
+		// Node id is advertised at the replica that serves it, which
+		// this one relays to the broker too (docs/replicas.md).
+		rs.node(id)
+		if i := rs.advertised(id); i != rs.l.self {
+			if h, p, ok := rs.l.nodeAddr(&r.s.Config, i, id); ok {
+				return h, p
+			}
+			return "", protocol.OmitBroker
+		}
+	}
 	if n.advHost == "" {
 		return "", protocol.OmitBroker
 	}

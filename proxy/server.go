@@ -49,10 +49,12 @@ type Server struct {
 	// listener or to a node its probe learns.
 	AdminAddr net.Addr
 
-	nodes        nodeRegistry
-	planner      *planner
-	openUpstream atomic.Bool // a broker answered a request without authentication (see session.trusted)
-	answerLog    logLimiter  // lines about batches the proxy answered itself
+	nodes          nodeRegistry
+	planner        *planner
+	replicas       *replicaSet // nil when the proxy runs on its own (replicas.go)
+	replicaMetrics *replicaMetrics
+	openUpstream   atomic.Bool // a broker answered a request without authentication (see session.trusted)
+	answerLog      logLimiter  // lines about batches the proxy answered itself
 
 	// TLS (tls.go), set by Start: the client listeners' and the admin
 	// listener's certificates, TLS to brokers, and every certificate
@@ -162,6 +164,10 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.setupTLS(); err != nil {
 		return err
 	}
+	s.replicaMetrics = newReplicaMetrics(s)
+	if err := s.replicaStart(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
 	if pn.table != nil {
 		s.Metrics.registerTable(pn.table)
 		s.Metrics.registerPlanner(pn)
@@ -203,6 +209,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	if s.planner.table != nil {
 		s.spawn(s.topicRefreshLoop)
+	}
+	if s.replicas != nil {
+		s.spawn(s.replicas.pollLoop)
 	}
 	// A node listener on the admin port is a configuration mistake that
 	// would leave that broker unreachable for good: refuse to start.
@@ -517,6 +526,10 @@ func (s *Server) handle(c net.Conn, node int32) {
 		return
 	}
 	tr := newRequestTracker(c)
+	if rs := s.replicas; rs != nil {
+		rs.attach(tr, node)
+		defer rs.detach(tr)
+	}
 	sess := newSession(s, id, tr, up, log.With("broker", addr))
 	if !s.track(sess, tr) {
 		c.Close()
@@ -551,10 +564,18 @@ func (s *Server) upstreamFor(node int32) (string, error) {
 // long poll holds nothing to lose (drain.go). It may be called
 // more than once, concurrently, and before Start.
 //
+// With replicas it first hands every node it serves to a peer
+// (docs/replicas.md), within ctx.
+//
 // ctx is final: once it ends, Shutdown closes every listener and connection
 // at once, waits at most a short grace (shutdownGrace) for the connection
 // goroutines to notice, and returns ctx.Err() whether or not they all have.
 func (s *Server) Shutdown(ctx context.Context) error {
+	if rs := s.replicas; rs != nil && ctx.Err() == nil && !s.closing.Load() {
+		// Listeners and connections stay open while the nodes move, so
+		// clients are answered where to go (handover.go).
+		rs.handOver(ctx)
+	}
 	s.mu.Lock()
 	s.closing.Store(true)
 	lns := s.listeners

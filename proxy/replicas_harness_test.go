@@ -1,0 +1,237 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// fleet is R replicas of the proxy on loopback, each its own Server with
+// its own ports (bootstrap, one per broker node, admin), index and
+// advertised address, in front of one kfake cluster. A replica can be
+// stopped as SIGTERM does (Shutdown, which hands its nodes over), killed
+// as SIGKILL does (every connection cut, nothing handed over) and started
+// again on the same ports, as a new process with empty tables.
+type fleet struct {
+	t       testing.TB
+	cluster *kfake.Cluster
+	listen  []string // bootstrap address, by index
+	admin   []string // admin address, by index
+	mod     func(i int, c *Config)
+
+	mu       sync.Mutex
+	replicas []*fleetReplica // running, by index
+	all      []*fleetReplica // every incarnation started, for the logs
+}
+
+// fleetReplica is one running incarnation of a replica.
+type fleetReplica struct {
+	*testProxy
+	index int
+	http  *http.Server
+}
+
+// freePortBlock returns a port P such that P..P+n-1 were all free a moment
+// ago on 127.0.0.1, skipping any in avoid.
+func freePortBlock(t testing.TB, n int, avoid map[int]bool) int {
+	t.Helper()
+	for range 100 {
+		first, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := first.Addr().(*net.TCPAddr).Port
+		held := []net.Listener{first}
+		ok := p+n <= 65536
+		for k := 1; ok && k < n; k++ {
+			if avoid[p+k] {
+				ok = false
+				break
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+k))
+			if err != nil {
+				ok = false
+				break
+			}
+			held = append(held, ln)
+		}
+		for _, ln := range held {
+			ln.Close()
+		}
+		if ok && !avoid[p] {
+			for k := range n {
+				avoid[p+k] = true
+			}
+			return p
+		}
+	}
+	t.Fatalf("no %d consecutive free ports in 100 tries", n)
+	return 0
+}
+
+// newFleet starts count replicas in front of c, whose brokers are numbered
+// 0..brokers-1, and waits until each serves its nodes. mod, if set,
+// changes replica i's config before each start.
+func newFleet(t testing.TB, c *kfake.Cluster, count, brokers int, mod func(i int, cfg *Config)) *fleet {
+	t.Helper()
+	f := &fleet{t: t, cluster: c, mod: mod, replicas: make([]*fleetReplica, count)}
+	avoid := map[int]bool{}
+	for range count {
+		p := freePortBlock(t, 2+brokers, avoid) // bootstrap, nodes, admin
+		f.listen = append(f.listen, "127.0.0.1:"+strconv.Itoa(p))
+		f.admin = append(f.admin, "127.0.0.1:"+strconv.Itoa(p+1+brokers))
+	}
+	t.Cleanup(func() {
+		for i := range count {
+			f.kill(i)
+		}
+		if t.Failed() {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			for _, r := range f.all {
+				t.Logf("replica %d log:\n%s", r.index, r.logs.String())
+			}
+		}
+	})
+	for i := range count {
+		f.start(i)
+	}
+	for i := range count {
+		f.waitReady(i)
+	}
+	return f
+}
+
+// config is replica i's configuration.
+func (f *fleet) config(i int) Config {
+	idx := i
+	cfg := Config{
+		Upstream: f.cluster.ListenAddrs(), Listen: f.listen[i], Admin: "off",
+		Replicas: f.listen, ReplicaIndex: &idx, ReplicaAdmin: f.admin,
+		DrainTimeout: 10 * time.Second,
+	}
+	if f.mod != nil {
+		f.mod(i, &cfg)
+	}
+	return cfg
+}
+
+// start starts replica i (again), on its ports, with its status served on
+// its admin address.
+func (f *fleet) start(i int) *fleetReplica {
+	f.t.Helper()
+	var (
+		s    *Server
+		reg  *prometheus.Registry
+		logs *syncBuffer
+		err  error
+	)
+	// The ports of the previous incarnation may take a moment to be free.
+	for attempt := 0; attempt < 50; attempt++ {
+		logs, reg = &syncBuffer{}, prometheus.NewRegistry()
+		s = &Server{
+			Config:  f.config(i),
+			Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			Metrics: NewMetrics(reg),
+		}
+		if err = s.Start(context.Background()); !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		f.t.Fatalf("replica %d: %v\n%s", i, err, logs.String())
+	}
+	ln, err := net.Listen("tcp", f.admin[i])
+	if err != nil {
+		f.t.Fatalf("replica %d admin: %v", i, err)
+	}
+	hs := &http.Server{Handler: s.ReplicaHandler(), ReadHeaderTimeout: time.Second}
+	go hs.Serve(ln)
+	r := &fleetReplica{testProxy: &testProxy{Server: s, reg: reg, logs: logs}, index: i, http: hs}
+	f.mu.Lock()
+	f.replicas[i] = r
+	f.all = append(f.all, r)
+	f.mu.Unlock()
+	return r
+}
+
+// replica returns replica i's current incarnation (nil once stopped).
+func (f *fleet) replica(i int) *fleetReplica {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.replicas[i]
+}
+
+// waitReady waits until replica i serves every node it owns.
+func (f *fleet) waitReady(i int) {
+	f.t.Helper()
+	r := f.replica(i)
+	waitFor(f.t, 15*time.Second, fmt.Sprintf("replica %d ready", i), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return r.Ready(ctx) == nil
+	})
+}
+
+// stop stops replica i as SIGTERM does: it hands its nodes over, drains
+// and closes (Shutdown within drain_timeout), then its status goes.
+func (f *fleet) stop(i int) error {
+	r := f.replica(i)
+	if r == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.Config.DrainTimeout)
+	defer cancel()
+	err := r.Shutdown(ctx)
+	f.finish(r)
+	return err
+}
+
+// kill stops replica i as SIGKILL does: connections cut, nothing handed
+// over or drained, the status gone at once.
+func (f *fleet) kill(i int) {
+	r := f.replica(i)
+	if r == nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r.http.Close()
+	r.Shutdown(ctx)
+	f.finish(r)
+}
+
+func (f *fleet) finish(r *fleetReplica) {
+	r.http.Close()
+	f.mu.Lock()
+	if f.replicas[r.index] == r {
+		f.replicas[r.index] = nil
+	}
+	f.mu.Unlock()
+	if n := testutil.ToFloat64(r.Metrics.Panics); n != 0 {
+		f.t.Errorf("replica %d recovered %v panics", r.index, n)
+	}
+}
+
+// nodeAddr is where replica i serves node id: its bootstrap port + 1 + id.
+func (f *fleet) nodeAddr(i int, id int32) string {
+	host, port, _ := net.SplitHostPort(f.listen[i])
+	p, _ := strconv.Atoi(port)
+	return net.JoinHostPort(host, strconv.Itoa(p+1+int(id)))
+}
+
+// bootstrap lists every replica's bootstrap address.
+func (f *fleet) bootstrap() []string { return append([]string(nil), f.listen...) }
