@@ -1,10 +1,17 @@
 package proxy
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -112,5 +119,248 @@ func TestReplicasAdvertiseOwners(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// holdAtNode makes the broker hold the next Produce request (acks != 0)
+// that node receives, once armed, for hold: requests are then in flight
+// through the replica that serves node when it is stopped. It returns arm,
+// which arms it and returns a channel closed when a request is held.
+func holdAtNode(c *kfake.Cluster, hold time.Duration) (arm func(node int32) <-chan struct{}) {
+	var mu sync.Mutex
+	armed := int32(-1)
+	var fired chan struct{}
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if req.(*kmsg.ProduceRequest).Acks == 0 {
+			return nil, nil, false
+		}
+		mu.Lock()
+		if armed < 0 || c.CurrentNode() != armed {
+			mu.Unlock()
+			return nil, nil, false
+		}
+		armed = -1
+		close(fired)
+		mu.Unlock()
+		c.SleepControl(func() { time.Sleep(hold) }) // the broker is slow: that is the fault
+		return nil, nil, false
+	})
+	return func(node int32) <-chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		armed, fired = node, make(chan struct{})
+		return fired
+	}
+}
+
+// paced produces value(prefix, i) records to topic through cl, one every
+// interval, until stop is closed; it records every acknowledgement and
+// error, and the longest time with records outstanding and no
+// acknowledgement (the producers' stall).
+type paced struct {
+	mu       sync.Mutex
+	sent     int
+	acked    map[string]bool
+	errs     []error
+	lastAck  time.Time
+	stall    time.Duration
+	inFlight int
+}
+
+func newPaced() *paced { return &paced{acked: map[string]bool{}, lastAck: time.Now()} }
+
+// ackedCount is how many records were acknowledged so far.
+func (p *paced) ackedCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.acked)
+}
+
+func (p *paced) run(ctx context.Context, cl *kgo.Client, topic, prefix string, every time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			cl.Flush(ctx)
+			p.mu.Lock()
+			p.noteStall(time.Now())
+			p.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		v := fmt.Sprintf("%s-%06d", prefix, i)
+		p.mu.Lock()
+		p.sent++
+		if p.inFlight == 0 {
+			p.lastAck = time.Now()
+		}
+		p.inFlight++
+		p.mu.Unlock()
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Value: []byte(v)}, func(r *kgo.Record, err error) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			now := time.Now()
+			p.noteStall(now)
+			p.inFlight--
+			if err != nil {
+				p.errs = append(p.errs, err)
+				return
+			}
+			p.acked[string(r.Value)] = true
+			p.lastAck = now
+		})
+	}
+}
+
+func (p *paced) noteStall(now time.Time) {
+	if p.inFlight > 0 {
+		p.stall = max(p.stall, now.Sub(p.lastAck))
+	}
+}
+
+// storedCopies reads every record of topic straight from the cluster and
+// counts the copies of each value.
+func storedCopies(t testing.TB, c *kfake.Cluster, topic string, partitions int32) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ends := map[int32]int64{}
+	total := int64(0)
+	for p := range partitions {
+		ends[p] = partitionEnd(t, c.ListenAddrs()[c.LeaderFor(topic, p)], topic, p)
+		total += ends[p]
+	}
+	offsets := map[int32]kgo.Offset{}
+	for p := range ends {
+		offsets[p] = kgo.NewOffset().AtStart()
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	copies := map[string]int{}
+	got := int64(0)
+	for polls := 0; got < total && polls < 10000 && ctx.Err() == nil; polls++ {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			if r.Offset < ends[r.Partition] {
+				copies[string(r.Value)]++
+				got++
+			}
+		})
+	}
+	if got < total {
+		t.Fatalf("read %d of %d records of %s", got, total, topic)
+	}
+	return copies
+}
+
+// TestReplicasRollingRestartFranzGo: three replicas in front of a
+// three-broker cluster; a legacy and an idempotent franz-go producer write
+// without pause while the replicas are restarted one after another as a
+// rolling upgrade does (SIGTERM's Shutdown, which hands the replica's nodes
+// to its peers; start again; wait until it took them back; next), each
+// stopped while the broker holds a Produce request of one of its nodes for
+// 300 ms. Nothing is written twice, nothing acknowledged is lost, the
+// producers see no error, and the stopped replicas redirected requests
+// (NOT_LEADER_OR_FOLLOWER) that their peers then served.
+func TestReplicasRollingRestartFranzGo(t *testing.T) {
+	const topic = "rolling"
+	c := newCluster(t, kfake.SeedTopics(6, topic))
+	arm := holdAtNode(c, 300*time.Millisecond)
+	f := newFleet(t, c, 3, 3, nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	producers := []*paced{newPaced(), newPaced()}
+	for k, idem := range []bool{false, true} {
+		opts := []kgo.Opt{kgo.SeedBrokers(f.listen[1]), kgo.RequiredAcks(kgo.AllISRAcks()),
+			kgo.MetadataMinAge(250 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }),
+			kgo.ProducerLinger(5 * time.Millisecond), kgo.RecordPartitioner(kgo.RoundRobinPartitioner())}
+		prefix := "idempotent"
+		if !idem {
+			opts = append(opts, kgo.DisableIdempotentWrite())
+			prefix = "legacy"
+		}
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			producers[k].run(ctx, cl, topic, prefix, 2*time.Millisecond, stop)
+		}()
+	}
+	// A steady stream before the first stop.
+	waitFor(t, 10*time.Second, "the producers' first acknowledgements", func() bool {
+		return producers[0].ackedCount() > 50 && producers[1].ackedCount() > 50
+	})
+	var redirected, covered float64
+	for i := range 3 {
+		held := arm(int32(i)) // node i is replica i's
+		select {
+		case <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no Produce reached node %d", i)
+		}
+		start := time.Now()
+		r := f.replica(i)
+		if err := f.stop(i); err != nil {
+			t.Errorf("replica %d shutdown: %v", i, err)
+		}
+		redirected += testutil.ToFloat64(r.replicaMetrics.redirected)
+		t.Logf("replica %d stopped in %v (redirected %v)", i, time.Since(start).Round(time.Millisecond), testutil.ToFloat64(r.replicaMetrics.redirected))
+		f.start(i)
+		f.waitReady(i)
+		t.Logf("replica %d back and serving its nodes %v after its stop began", i, time.Since(start).Round(time.Millisecond))
+	}
+	var rewarmed float64
+	f.mu.Lock()
+	for _, r := range f.all {
+		covered += testutil.ToFloat64(r.replicaMetrics.handovers[handoverCovered])
+		rewarmed += testutil.ToFloat64(r.replicaMetrics.rewarmed)
+	}
+	f.mu.Unlock()
+	close(stop)
+	wg.Wait()
+	copies := storedCopies(t, c, topic, 6)
+	var sent, acked, dups, lost int
+	for _, p := range producers {
+		sent += p.sent
+		acked += len(p.acked)
+		if len(p.errs) > 0 {
+			t.Errorf("%d produce errors, the first: %v", len(p.errs), p.errs[0])
+		}
+		for v := range p.acked {
+			if copies[v] == 0 {
+				lost++
+			}
+		}
+		t.Logf("sent %d, acknowledged %d, longest stall %v", p.sent, len(p.acked), p.stall.Round(time.Millisecond))
+	}
+	for v, n := range copies {
+		if n > 1 {
+			dups += n - 1
+			if dups < 5 {
+				t.Errorf("%s stored %d times", v, n)
+			}
+		}
+	}
+	t.Logf("stored %d distinct values (%d acknowledged of %d sent); redirected %v, nodes covered %v, partitions marked to warm %v", len(copies), acked, sent, redirected, covered, rewarmed)
+	if dups > 0 {
+		t.Errorf("%d records written twice", dups)
+	}
+	if lost > 0 {
+		t.Errorf("%d acknowledged records lost", lost)
+	}
+	if redirected == 0 || covered < 3 || rewarmed == 0 {
+		t.Errorf("the handovers did not happen as they should: %v requests redirected, %v nodes covered (want 3), %v partitions marked to warm", redirected, covered, rewarmed)
 	}
 }
