@@ -165,7 +165,7 @@ func kafkaPythonClient(retries int) legacyClient {
 // false, acks=-1.
 func kafkajsClient() legacyClient {
 	return legacyClient{
-		name: "kafkajs", retries: true, resendsOnSameSocket: true, dropAt: 10,
+		name: "kafkajs", retries: true, resendsOnSameSocket: true, repartitionsRetries: true, dropAt: 10,
 		available: func() error {
 			if _, err := exec.LookPath("node"); err != nil {
 				return err

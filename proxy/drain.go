@@ -141,6 +141,16 @@ type requestTracker struct {
 	awaited  []int32 // ring, under mu
 	awaitHd  int
 	awaitLen int
+	// gone is closed when the client connection is closed (by either
+	// loop): a request held for a handover is then answered by no one.
+	gone     chan struct{}
+	goneOnce sync.Once
+}
+
+// Close closes the client connection and marks it gone.
+func (t *requestTracker) Close() error {
+	t.goneOnce.Do(func() { close(t.gone) })
+	return t.Conn.Close()
 }
 
 // produceSent records that the Produce request corr was forwarded and
@@ -159,6 +169,16 @@ func (t *requestTracker) produceSent(corr int32) {
 	t.awaitLen++
 }
 
+// produceUnsent takes back the last produceSent: that request was not
+// forwarded after all.
+func (t *requestTracker) produceUnsent() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.awaitLen > 0 {
+		t.awaitLen--
+	}
+}
+
 // producesAwaited is how many forwarded Produce requests await an answer.
 func (t *requestTracker) producesAwaited() int {
 	t.mu.Lock()
@@ -167,7 +187,7 @@ func (t *requestTracker) producesAwaited() int {
 }
 
 func newRequestTracker(c net.Conn) *requestTracker {
-	return &requestTracker{Conn: c, inflight: make(map[int32]int16)}
+	return &requestTracker{Conn: c, inflight: make(map[int32]int16), gone: make(chan struct{})}
 }
 
 func (t *requestTracker) Read(p []byte) (int, error) {

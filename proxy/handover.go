@@ -42,10 +42,14 @@ func (c *session) replicaGate(h protocol.RequestHeader, body []byte, acks int16,
 		// broker is still the partition's leader, so forwarding is right.
 		return false
 	}
+	// Counted before the state is read: a release that begins after this
+	// read waits for its answer (drained), so no request slips upstream
+	// between the two.
+	tr.produceSent(h.CorrelationID)
 	if tr.rnode.state.Load() == nodeServing {
-		tr.produceSent(h.CorrelationID)
 		return false
 	}
+	tr.produceUnsent()
 	return c.replicaGateSlow(rs, tr, h, body, start, api)
 }
 
@@ -82,22 +86,29 @@ func (c *session) replicaGateSlow(rs *replicaSet, tr *requestTracker, h protocol
 		rs.mu.Lock()
 		polled := rs.polled
 		rs.mu.Unlock()
-		switch n.state.Load() {
-		case nodeServing:
-			tr.produceSent(h.CorrelationID)
+		tr.produceSent(h.CorrelationID)
+		st := n.state.Load()
+		if st == nodeServing {
 			return false
+		}
+		tr.produceUnsent()
+		switch st {
 		case nodeReleased:
-			c.answerNotLeader(rs, &req, h, n, rs.redirectTarget(n), start, api)
+			c.redirect(rs, &req, h, n, rs.redirectTarget(n), start, api)
 			return true
 		case nodeForeign:
 			relay, wait := rs.foreignProduce(n)
 			if relay {
-				rs.m.foreignProduce.Inc()
 				tr.produceSent(h.CorrelationID)
-				return false
+				if n.state.Load() == nodeForeign {
+					rs.m.foreignProduce.Inc()
+					return false
+				}
+				tr.produceUnsent()
+				continue // it began to move: look again
 			}
 			if !wait {
-				c.answerNotLeader(rs, &req, h, n, rs.redirectTarget(n), start, api)
+				c.redirect(rs, &req, h, n, rs.redirectTarget(n), start, api)
 				return true
 			}
 		}
@@ -114,9 +125,10 @@ func (c *session) replicaGateSlow(rs *replicaSet, tr *requestTracker, h protocol
 			rs.mu.Unlock()
 			// Still moving: the client retries after a metadata refresh.
 			// Forwarding it could write it twice.
-			c.answerNotLeader(rs, &req, h, n, -1, start, api)
+			c.redirect(rs, &req, h, n, -1, start, api)
 			return true
 		case <-c.closed:
+		case <-tr.gone:
 		case <-c.s.stop:
 		}
 		rs.mu.Lock()
@@ -125,6 +137,8 @@ func (c *session) replicaGateSlow(rs *replicaSet, tr *requestTracker, h protocol
 		select {
 		case <-c.closed:
 			return true // closing: nothing more is answered
+		case <-tr.gone:
+			return true // the client left (or its answers failed): the read that follows ends the loop
 		case <-c.s.stop:
 			// Shutting down without a handover (its context ended): the
 			// connection closes; the client retries elsewhere.
@@ -160,6 +174,18 @@ func (rs *replicaSet) foreignProduce(n *replicaNode) (relay, wait bool) {
 		}
 	}
 	return true, false
+}
+
+// redirect answers a Produce request NOT_LEADER_OR_FOLLOWER pointing at
+// target, then stops reading the connection: it closes once that answer
+// and those before it are written, as a broker that stops leading closes
+// its connections. Some clients (kafka-python) keep using an open
+// connection to a node whatever the metadata says, and would be
+// redirected here until their retries ran out; on a new connection they
+// go where the metadata points.
+func (c *session) redirect(rs *replicaSet, req *kmsg.ProduceRequest, h protocol.RequestHeader, n *replicaNode, target int, start time.Time, api *apiMetrics) {
+	c.answerNotLeader(rs, req, h, n, target, start, api)
+	c.stopReading()
 }
 
 // redirectTarget is the replica a redirected request for node n is sent

@@ -344,7 +344,7 @@ func (rs *replicaSet) pollLoop() {
 	}
 	t := time.NewTimer(0)
 	defer t.Stop()
-	for {
+	for first := true; ; first = false {
 		select {
 		case <-rs.s.stop:
 			return
@@ -352,6 +352,13 @@ func (rs *replicaSet) pollLoop() {
 		case <-t.C:
 		}
 		rs.pollOnce()
+		if first {
+			// Tell the peers this incarnation is up: those covering its
+			// nodes give them back without waiting for their next poll.
+			for i := range rs.l.count {
+				rs.wakePeer(i)
+			}
+		}
 		rs.mu.Lock()
 		every := replicaPollEvery
 		if rs.busy > 0 || rs.phase != phaseServing || rs.transitioningLocked() {
