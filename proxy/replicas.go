@@ -648,7 +648,7 @@ func (rs *replicaSet) statusHandler() http.Handler {
 // POST /replica/wake, for the admin listener; without replicas it answers
 // 404. Call it after Start.
 func (s *Server) ReplicaHandler() http.Handler {
-	if s.replicas == nil {
+	if s == nil || s.replicas == nil {
 		return http.NotFoundHandler()
 	}
 	return s.replicas.statusHandler()
