@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -121,42 +120,74 @@ func newReplicaFleet(t *testing.T, c *kfake.Cluster) *replicaFleet {
 }
 
 // start runs replica i on its ports, its status on its admin address. It
-// returns an error rather than failing the test: the driver calls it from
-// its own goroutine.
+// binds the ports first and hands them to the Server (Listen), so nothing
+// else takes one between their choice and the start; a previous
+// incarnation's may take a moment to be free again. It returns an error
+// rather than failing the test: the driver calls it from its own goroutine.
 func (f *replicaFleet) start(i int) error {
-	var (
-		srv  *proxy.Server
-		reg  *prometheus.Registry
-		logs *syncBuffer
-		err  error
-	)
-	for attempt := 0; attempt < 50; attempt++ {
-		idx := i
-		logs, reg = &syncBuffer{}, prometheus.NewRegistry()
-		srv = &proxy.Server{
-			Config: proxy.Config{Upstream: f.cluster.ListenAddrs(), Listen: f.listen[i], Admin: "off",
-				Replicas: f.listen, ReplicaIndex: &idx, ReplicaAdmin: f.admin, DrainTimeout: 10 * time.Second},
-			Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
-			Metrics: proxy.NewMetrics(reg),
+	host, ps, _ := net.SplitHostPort(f.listen[i])
+	base, _ := strconv.Atoi(ps)
+	held := map[string]net.Listener{}
+	bind := func(addr string) (net.Listener, error) {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			ln, err := net.Listen("tcp", addr)
+			if err == nil || time.Now().After(deadline) {
+				return ln, err
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err = srv.Start(ctx)
-		cancel()
-		if !errors.Is(err, syscall.EADDRINUSE) {
-			break
+	}
+	closeHeld := func() {
+		for _, ln := range held {
+			ln.Close()
 		}
-		time.Sleep(20 * time.Millisecond) // the previous incarnation's ports are being freed
 	}
-	if err != nil {
-		return fmt.Errorf("start replica %d: %w", i, err)
+	for p := base; p <= base+fleetSize; p++ {
+		addr := net.JoinHostPort(host, strconv.Itoa(p))
+		ln, err := bind(addr)
+		if err != nil {
+			closeHeld()
+			return fmt.Errorf("replica %d: %w", i, err)
+		}
+		held[addr] = ln
 	}
-	ln, err := net.Listen("tcp", f.admin[i])
+	admin, err := bind(f.admin[i])
 	if err != nil {
-		srv.Shutdown(context.Background())
+		closeHeld()
 		return fmt.Errorf("replica %d admin: %w", i, err)
 	}
+	var mu sync.Mutex
+	idx := i
+	logs, reg := &syncBuffer{}, prometheus.NewRegistry()
+	srv := &proxy.Server{
+		Config: proxy.Config{Upstream: f.cluster.ListenAddrs(), Listen: f.listen[i], Admin: "off",
+			Replicas: f.listen, ReplicaIndex: &idx, ReplicaAdmin: f.admin, DrainTimeout: 10 * time.Second},
+		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Metrics: proxy.NewMetrics(reg),
+		Listen: func(network, addr string) (net.Listener, error) {
+			mu.Lock()
+			ln, ok := held[addr]
+			delete(held, addr)
+			mu.Unlock()
+			if ok {
+				return ln, nil
+			}
+			return net.Listen(network, addr)
+		},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	err = srv.Start(ctx)
+	cancel()
+	mu.Lock()
+	closeHeld()
+	mu.Unlock()
+	if err != nil {
+		admin.Close()
+		return fmt.Errorf("start replica %d: %w", i, err)
+	}
 	hs := &http.Server{Handler: srv.ReplicaHandler(), ReadHeaderTimeout: time.Second}
-	go hs.Serve(ln)
+	go hs.Serve(admin)
 	m := &fleetMember{testProxy: &testProxy{srv: srv, reg: reg, logs: logs}, index: i, http: hs, logs: logs}
 	f.mu.Lock()
 	f.running[i], f.all = m, append(f.all, m)

@@ -2,14 +2,12 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +25,7 @@ import (
 type fleet struct {
 	t       testing.TB
 	cluster *kfake.Cluster
+	brokers int
 	listen  []string // bootstrap address, by index
 	admin   []string // admin address, by index
 	mod     func(i int, c *Config)
@@ -86,7 +85,7 @@ func freePortBlock(t testing.TB, n int, avoid map[int]bool) int {
 // changes replica i's config before each start.
 func newFleet(t testing.TB, c *kfake.Cluster, count, brokers int, mod func(i int, cfg *Config)) *fleet {
 	t.Helper()
-	f := &fleet{t: t, cluster: c, mod: mod, replicas: make([]*fleetReplica, count)}
+	f := &fleet{t: t, cluster: c, mod: mod, brokers: brokers, replicas: make([]*fleetReplica, count)}
 	avoid := map[int]bool{}
 	for range count {
 		p := freePortBlock(t, 2+brokers, avoid) // bootstrap, nodes, admin
@@ -129,37 +128,71 @@ func (f *fleet) config(i int) Config {
 }
 
 // start starts replica i (again), on its ports, with its status served on
-// its admin address.
+// its admin address. Its ports are bound here first and handed to the
+// Server (Listen), so no parallel test takes one between the choice of the
+// ports and the start; a previous incarnation's may take a moment to be
+// free again.
 func (f *fleet) start(i int) *fleetReplica {
 	f.t.Helper()
-	var (
-		s    *Server
-		reg  *prometheus.Registry
-		logs *syncBuffer
-		err  error
-	)
-	// The ports of the previous incarnation may take a moment to be free.
-	for attempt := 0; attempt < 50; attempt++ {
-		logs, reg = &syncBuffer{}, prometheus.NewRegistry()
-		s = &Server{
-			Config:  f.config(i),
-			Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-			Metrics: NewMetrics(reg),
+	cfg := f.config(i)
+	host, ps, _ := net.SplitHostPort(f.listen[i])
+	base, _ := strconv.Atoi(ps)
+	held := map[string]net.Listener{}
+	var admin net.Listener
+	deadline := time.Now().Add(5 * time.Second)
+	for p := base; p <= base+f.brokers; p++ {
+		addr := net.JoinHostPort(host, strconv.Itoa(p))
+		for {
+			ln, err := net.Listen("tcp", addr)
+			if err == nil {
+				held[addr] = ln
+				break
+			}
+			if time.Now().After(deadline) {
+				f.t.Fatalf("replica %d: %v", i, err)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		if err = s.Start(context.Background()); !errors.Is(err, syscall.EADDRINUSE) {
+	}
+	for {
+		ln, err := net.Listen("tcp", f.admin[i])
+		if err == nil {
+			admin = ln
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		if time.Now().After(deadline) {
+			f.t.Fatalf("replica %d admin: %v", i, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if err != nil {
+	var mu sync.Mutex
+	logs, reg := &syncBuffer{}, prometheus.NewRegistry()
+	s := &Server{
+		Config:  cfg,
+		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Metrics: NewMetrics(reg),
+		Listen: func(network, addr string) (net.Listener, error) {
+			mu.Lock()
+			ln, ok := held[addr]
+			delete(held, addr)
+			mu.Unlock()
+			if ok {
+				return ln, nil
+			}
+			return net.Listen(network, addr)
+		},
+	}
+	if err := s.Start(context.Background()); err != nil {
 		f.t.Fatalf("replica %d: %v\n%s", i, err, logs.String())
 	}
-	ln, err := net.Listen("tcp", f.admin[i])
-	if err != nil {
-		f.t.Fatalf("replica %d admin: %v", i, err)
+	mu.Lock()
+	for _, ln := range held { // ports of nodes the cluster does not have
+		ln.Close()
 	}
+	held = map[string]net.Listener{}
+	mu.Unlock()
 	hs := &http.Server{Handler: s.ReplicaHandler(), ReadHeaderTimeout: time.Second}
-	go hs.Serve(ln)
+	go hs.Serve(admin)
 	r := &fleetReplica{testProxy: &testProxy{Server: s, reg: reg, logs: logs}, index: i, http: hs}
 	f.mu.Lock()
 	f.replicas[i] = r
