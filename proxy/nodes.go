@@ -153,6 +153,15 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 	return n.advHost, n.advPort
 }
 
+// ObserveLeaders passes a Metadata response's partition leaders to the
+// replicas (protocol.LeaderObserver), which note partitions led away from
+// the nodes this replica decides.
+func (r *nodeRegistry) ObserveLeaders(topic string, leaders []protocol.PartitionLeader) {
+	if rs := r.s.replicas; rs != nil {
+		rs.observeLeaders(topic, leaders)
+	}
+}
+
 // tryListen starts node id's listener unless an earlier failure says not
 // yet (or never). Called with r.mu held.
 func (r *nodeRegistry) tryListen(id int32, n *node) {

@@ -16,6 +16,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // Replicas (docs/replicas.md). R copies of the proxy each own a share of the
@@ -626,6 +629,37 @@ const (
 )
 
 var handoverEvents = [numHandoverEvents]string{"released", "covered", "reclaimed"}
+
+// observeLeaders notes where each partition of topic is led, as a
+// Metadata response (a client's, or the proxy's own) names it. A partition
+// whose leader moved from a node this replica decides to one it does not
+// is marked to be warmed from the log again here: should its leadership
+// come back, the batches appended meanwhile through another replica are
+// read before its next batch is decided (docs/replicas.md, "Leader moves").
+func (rs *replicaSet) observeLeaders(topic string, leaders []protocol.PartitionLeader) {
+	pn := rs.s.planner
+	if pn.table == nil {
+		return
+	}
+	id, ok := pn.table.LookupTopic([]byte(topic))
+	if !ok {
+		return
+	}
+	var moved []seqstate.Key
+	rs.mu.Lock()
+	for _, pl := range leaders {
+		if n := rs.nodes[pl.Leader]; n != nil && decides(n.state.Load()) {
+			continue
+		}
+		if k := (seqstate.Key{Topic: id, Partition: pl.Partition}); pn.warm.isWarm(k) {
+			moved = append(moved, k)
+		}
+	}
+	rs.mu.Unlock()
+	if len(moved) > 0 {
+		rs.s.rewarm(moved)
+	}
+}
 
 // statusHandler serves GET /replica (this replica's status) and POST
 // /replica/wake (poll the peers now).

@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // TestReplicaConfigErrors: the replicas settings are checked at start and
@@ -370,5 +372,69 @@ func TestReplicasRollingRestartFranzGo(t *testing.T) {
 	}
 	if redirected == 0 || covered < 3 || rewarmed == 0 {
 		t.Errorf("the handovers did not happen as they should: %v requests redirected, %v nodes covered (want 3), %v partitions marked to warm", redirected, covered, rewarmed)
+	}
+}
+
+// TestReplicaLeaderMovedAwayRewarms: a replica that decided a partition
+// sees, in a Metadata response it relays, the partition's leader move to a
+// node another replica serves: its warm-up of that partition is forgotten,
+// so if the leadership comes back, the partition is read from the log again
+// before its next batch is decided here (the other replica may have
+// appended batches meanwhile).
+func TestReplicaLeaderMovedAwayRewarms(t *testing.T) {
+	const topic = "moves"
+	c := newCluster(t, kfake.SeedTopics(1, topic))
+	f := newFleet(t, c, 3, 3, nil)
+	leader := c.LeaderFor(topic, 0)
+	r := f.replica(int(leader)) // node N is replica N's
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.bootstrap()...), kgo.DefaultProduceTopic(topic), kgo.DisableIdempotentWrite(),
+		kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("before")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	id, ok := r.planner.table.LookupTopic([]byte(topic))
+	if !ok {
+		t.Fatal("topic not interned")
+	}
+	key := seqstate.Key{Topic: id, Partition: 0}
+	if !r.planner.warm.isWarm(key) {
+		t.Fatal("the partition was not warmed by its first batch")
+	}
+	to := (leader + 1) % 3
+	if err := c.MoveTopicPartition(topic, 0, to); err != nil {
+		t.Fatal(err)
+	}
+	// A client's Metadata request through the replica that served it.
+	req := kmsg.NewPtrMetadataRequest()
+	req.SetVersion(12)
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	dialRaw(t, f.listen[leader]).roundTrip(req)
+	if r.planner.warm.isWarm(key) {
+		t.Fatalf("replica %d still takes partition 0 as warm after its leader moved to node %d", leader, to)
+	}
+	if n := testutil.ToFloat64(r.replicaMetrics.rewarmed); n != 1 {
+		t.Errorf("rewarm_partitions_total %v, want 1", n)
+	}
+	// The leadership comes back: the next batch here reads the log first.
+	if err := c.MoveTopicPartition(topic, 0, leader); err != nil {
+		t.Fatal(err)
+	}
+	warmed := testutil.ToFloat64(r.Metrics.warmups[warmOK])
+	waitFor(t, 10*time.Second, "a batch decided by the first replica again", func() bool {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("back")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		return r.planner.warm.isWarm(key)
+	})
+	if got := testutil.ToFloat64(r.Metrics.warmups[warmOK]); got != warmed+1 {
+		t.Errorf("warm-ups at replica %d: %v, want %v (read again when the leadership came back)", leader, got, warmed+1)
 	}
 }
