@@ -80,14 +80,13 @@ func replicasMain(_ context.Context, args []string, stdout io.Writer, _ *slog.Lo
 
 // replicaModel is the cluster and the assumptions.
 type replicaModel struct {
-	Brokers, Partitions, Producers        int
-	PartitionsPerProducer, MBps           float64
-	LegacyShare, BatchKB                  float64
-	Window                                time.Duration
-	WarmMaxBytes                          int
-	FetchMBps, CoresPerReplica            float64
-	ConnsPerProducer                      float64
-	entries, legacyIdentities, connBuffer float64 // derived
+	Brokers, Partitions, Producers int
+	PartitionsPerProducer, MBps    float64
+	LegacyShare, BatchKB           float64
+	Window                         time.Duration
+	WarmMaxBytes                   int
+	FetchMBps, CoresPerReplica     float64
+	ConnsPerProducer               float64
 }
 
 // measured are the figures read from the bench's committed results.

@@ -30,46 +30,6 @@ import (
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
-// yamlDocs decodes every document of a YAML file.
-func yamlDocs(t *testing.T, path string) []map[string]any {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var docs []map[string]any
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	for {
-		var doc map[string]any
-		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-			return docs
-		} else if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if doc != nil {
-			docs = append(docs, doc)
-		}
-	}
-}
-
-// dig walks maps and lists by key and index.
-func dig(v any, path ...any) any {
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, _ := v.(map[string]any)
-			v = m[k]
-		case int:
-			l, _ := v.([]any)
-			if k >= len(l) {
-				return nil
-			}
-			v = l[k]
-		}
-	}
-	return v
-}
-
 // TestKubernetesManifests: the manifests pass the offline schema
 // (kubeschema_test.go), and run three replicas as a StatefulSet
 // (docs/replicas.md) whose config loads for every pod: a headless Service
