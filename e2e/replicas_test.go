@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/internal/testports"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -49,48 +50,12 @@ type fleetMember struct {
 // fleetSize is how many replicas and brokers the replica tests run.
 const fleetSize = 3
 
-// freePortBlock returns P where P..P+n-1 were free a moment ago.
-func freePortBlock(t *testing.T, n int, taken map[int]bool) int {
-	t.Helper()
-	for range 100 {
-		first, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := first.Addr().(*net.TCPAddr).Port
-		held := []net.Listener{first}
-		ok := !taken[p] && p+n <= 65536
-		for k := 1; ok && k < n; k++ {
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+k))
-			if err != nil || taken[p+k] {
-				ok = false
-				if err == nil {
-					ln.Close()
-				}
-				break
-			}
-			held = append(held, ln)
-		}
-		for _, ln := range held {
-			ln.Close()
-		}
-		if ok {
-			for k := range n {
-				taken[p+k] = true
-			}
-			return p
-		}
-	}
-	t.Fatalf("no %d consecutive free ports in 100 tries", n)
-	return 0
-}
-
 func newReplicaFleet(t *testing.T, c *kfake.Cluster) *replicaFleet {
 	t.Helper()
 	f := &replicaFleet{t: t, cluster: c, running: make([]*fleetMember, fleetSize)}
 	taken := map[int]bool{}
 	for range fleetSize {
-		p := freePortBlock(t, fleetSize+2, taken) // bootstrap, nodes 0..2, admin
+		p := testports.Block(t, fleetSize+2, taken) // bootstrap, nodes 0..2, admin
 		f.listen = append(f.listen, "127.0.0.1:"+strconv.Itoa(p))
 		f.admin = append(f.admin, "127.0.0.1:"+strconv.Itoa(p+fleetSize+1))
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/dedupproxy/dedupproxy/internal/testports"
 )
 
 // fleet is R replicas of the proxy on loopback, each its own Server with
@@ -42,44 +44,6 @@ type fleetReplica struct {
 	http  *http.Server
 }
 
-// freePortBlock returns a port P such that P..P+n-1 were all free a moment
-// ago on 127.0.0.1, skipping any in avoid.
-func freePortBlock(t testing.TB, n int, avoid map[int]bool) int {
-	t.Helper()
-	for range 100 {
-		first, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := first.Addr().(*net.TCPAddr).Port
-		held := []net.Listener{first}
-		ok := p+n <= 65536
-		for k := 1; ok && k < n; k++ {
-			if avoid[p+k] {
-				ok = false
-				break
-			}
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+k))
-			if err != nil {
-				ok = false
-				break
-			}
-			held = append(held, ln)
-		}
-		for _, ln := range held {
-			ln.Close()
-		}
-		if ok && !avoid[p] {
-			for k := range n {
-				avoid[p+k] = true
-			}
-			return p
-		}
-	}
-	t.Fatalf("no %d consecutive free ports in 100 tries", n)
-	return 0
-}
-
 // newFleet starts count replicas in front of c, whose brokers are numbered
 // 0..brokers-1, and waits until each serves its nodes. mod, if set,
 // changes replica i's config before each start.
@@ -88,7 +52,7 @@ func newFleet(t testing.TB, c *kfake.Cluster, count, brokers int, mod func(i int
 	f := &fleet{t: t, cluster: c, mod: mod, brokers: brokers, replicas: make([]*fleetReplica, count)}
 	avoid := map[int]bool{}
 	for range count {
-		p := freePortBlock(t, 2+brokers, avoid) // bootstrap, nodes, admin
+		p := testports.Block(t, 2+brokers, avoid) // bootstrap, nodes, admin
 		f.listen = append(f.listen, "127.0.0.1:"+strconv.Itoa(p))
 		f.admin = append(f.admin, "127.0.0.1:"+strconv.Itoa(p+1+brokers))
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/internal/testports"
 )
 
 // processFleet is three dedupproxy processes (this test binary run as the
@@ -36,47 +37,11 @@ type processFleet struct {
 	exits []chan error
 }
 
-// freeBlock returns P where P..P+n-1 were free a moment ago.
-func freeBlock(t *testing.T, n int, taken map[int]bool) int {
-	t.Helper()
-	for range 100 {
-		first, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := first.Addr().(*net.TCPAddr).Port
-		held := []net.Listener{first}
-		ok := !taken[p] && p+n <= 65536
-		for k := 1; ok && k < n; k++ {
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+k))
-			if err != nil || taken[p+k] {
-				if err == nil {
-					ln.Close()
-				}
-				ok = false
-				break
-			}
-			held = append(held, ln)
-		}
-		for _, ln := range held {
-			ln.Close()
-		}
-		if ok {
-			for k := range n {
-				taken[p+k] = true
-			}
-			return p
-		}
-	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return 0
-}
-
 func newProcessFleet(t *testing.T, c *kfake.Cluster) *processFleet {
 	f := &processFleet{t: t, cmds: make([]*exec.Cmd, 3), logs: make([]*logWatcher, 3), exits: make([]chan error, 3)}
 	taken := map[int]bool{}
 	for range 3 {
-		p := freeBlock(t, 5, taken) // bootstrap, nodes 0..2, admin
+		p := testports.Block(t, 5, taken) // bootstrap, nodes 0..2, admin
 		f.listen = append(f.listen, "127.0.0.1:"+strconv.Itoa(p))
 		f.admin = append(f.admin, "127.0.0.1:"+strconv.Itoa(p+4))
 	}
