@@ -287,6 +287,7 @@ func (rs *replicaSet) releaseLocked(n *replicaNode, target int) {
 	if s := n.state.Load(); (s == nodeReleasing || s == nodeReleased) && n.target.Load() == int32(target) {
 		return
 	}
+	served := n.id >= 0 && decides(n.state.Load()) // a foreign node is drained too, but was never this replica's to give
 	rs.setStateLocked(n, nodeReleasing, target)
 	started := rs.s.spawn(func() {
 		deadline := time.Now().Add(rs.s.Config.DrainTimeout)
@@ -305,7 +306,7 @@ func (rs *replicaSet) releaseLocked(n *replicaNode, target int) {
 				rs.log.Warn("handing a node over with Produce requests still unanswered after drain_timeout", "node", n.id, "to", target)
 			}
 			rs.setStateLocked(n, nodeReleased, target)
-			if n.id >= 0 {
+			if served {
 				rs.m.handovers[handoverReleased].Inc()
 			}
 		}

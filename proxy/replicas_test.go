@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -436,5 +438,45 @@ func TestReplicaLeaderMovedAwayRewarms(t *testing.T) {
 	})
 	if got := testutil.ToFloat64(r.Metrics.warmups[warmOK]); got != warmed+1 {
 		t.Errorf("warm-ups at replica %d: %v, want %v (read again when the leadership came back)", leader, got, warmed+1)
+	}
+}
+
+// gateFixture is a session on a node its replica serves, for the gate's
+// hot path: what every Produce request of a replica pays.
+func gateFixture() (*session, *requestTracker, protocol.RequestHeader) {
+	l := &replicaLayout{self: 0, count: 3, owners: map[int32]int{}}
+	s := &Server{Logger: slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil)}
+	s.replicas = newReplicaSet(s, l)
+	s.replicas.phase = phaseServing
+	tr := newRequestTracker(nil)
+	s.replicas.attach(tr, 0)
+	return &session{s: s, client: tr}, tr, protocol.RequestHeader{APIKey: 0, APIVersion: 9, CorrelationID: 7}
+}
+
+// TestReplicaGateNoAllocs: on a node its replica serves, the gate costs a
+// Produce request no allocation.
+func TestReplicaGateNoAllocs(t *testing.T) {
+	c, tr, h := gateFixture()
+	if c.replicaGate(h, nil, -1, time.Time{}, nil) {
+		t.Fatal("a served node's request was answered by the gate")
+	}
+	tr.produceUnsent()
+	if n := testing.AllocsPerRun(1000, func() {
+		if c.replicaGate(h, nil, -1, time.Time{}, nil) {
+			panic("answered")
+		}
+		tr.produceUnsent() // as its answer would
+	}); n != 0 {
+		t.Errorf("%v allocations per Produce request", n)
+	}
+}
+
+// BenchmarkReplicaGate is the gate on a served node.
+func BenchmarkReplicaGate(b *testing.B) {
+	c, tr, h := gateFixture()
+	b.ReportAllocs()
+	for b.Loop() {
+		c.replicaGate(h, nil, -1, time.Time{}, nil)
+		tr.produceUnsent()
 	}
 }
