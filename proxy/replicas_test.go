@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -478,5 +479,86 @@ func BenchmarkReplicaGate(b *testing.B) {
 	for b.Loop() {
 		c.replicaGate(h, nil, -1, time.Time{}, nil)
 		tr.produceUnsent()
+	}
+}
+
+// TestReplicaForeignConnectionRelayed: a client that reaches a replica on
+// the listener of a node another replica owns (metadata from before a
+// handover) is relayed, not refused: its batch is written, and the
+// connection and the request are counted.
+func TestReplicaForeignConnectionRelayed(t *testing.T) {
+	const topic = "foreign"
+	c := newCluster(t, kfake.SeedTopics(1, topic))
+	f := newFleet(t, c, 3, 3, nil)
+	leader := c.LeaderFor(topic, 0)
+	other := (int(leader) + 1) % 3
+	raw := dialRaw(t, f.nodeAddr(other, leader)) // replica other, node leader: not its own
+	raw.learnTopics(topic)
+	before := partitionEnd(t, c.ListenAddrs()[leader], topic, 0)
+	if p := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, recordBatchAt(t, -1, -1, -1, 1, "relayed", time.Now().UnixMilli())}))); p.ErrorCode != 0 {
+		t.Fatalf("relayed Produce answered error %d", p.ErrorCode)
+	}
+	if after := partitionEnd(t, c.ListenAddrs()[leader], topic, 0); after != before+1 {
+		t.Errorf("log end %d -> %d, want one record more", before, after)
+	}
+	r := f.replica(other)
+	if n := testutil.ToFloat64(r.replicaMetrics.foreignConns); n != 1 {
+		t.Errorf("foreign_connections_total %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(r.replicaMetrics.foreignProduce); n != 1 {
+		t.Errorf("foreign_produce_requests_total %v, want 1", n)
+	}
+}
+
+// TestReplicaHandoverRedirect: once a replica stopping has released its
+// node, a Produce request on that node's connection is answered
+// NOT_LEADER_OR_FOLLOWER with the node (KIP-951 CurrentLeader, epoch -1)
+// at the takeover's address in NodeEndpoints, and the connection closes;
+// its Metadata already points there.
+func TestReplicaHandoverRedirect(t *testing.T) {
+	const topic = "redirect"
+	c := newCluster(t, kfake.SeedTopics(1, topic))
+	f := newFleet(t, c, 3, 3, nil)
+	leader := c.LeaderFor(topic, 0)
+	owner := int(leader)
+	raw := dialRaw(t, f.nodeAddr(owner, leader))
+	raw.learnTopics(topic)
+	produce := func() *kmsg.ProduceResponse {
+		req := produceParts(topic, -1, part{0, recordBatchAt(t, -1, -1, -1, 1, "x", time.Now().UnixMilli())})
+		req.SetVersion(10)
+		return raw.roundTrip(req).(*kmsg.ProduceResponse)
+	}
+	if p := produce().Topics[0].Partitions[0]; p.ErrorCode != 0 {
+		t.Fatalf("before the handover: error %d", p.ErrorCode)
+	}
+	r := f.replica(owner)
+	stopped := make(chan error, 1)
+	go func() { stopped <- f.stop(owner) }()
+	n := r.replicas.node(leader)
+	waitFor(t, 10*time.Second, "the node released", func() bool { return n.state.Load() == nodeReleased })
+	target := int(n.target.Load())
+	if target == owner || target < 0 {
+		t.Fatalf("released to %d", target)
+	}
+	mreq := kmsg.NewPtrMetadataRequest()
+	mreq.SetVersion(12)
+	for _, b := range dialRaw(t, f.listen[owner]).roundTrip(mreq).(*kmsg.MetadataResponse).Brokers {
+		if b.NodeID == leader && addrString(b.Host, b.Port) != f.nodeAddr(target, leader) {
+			t.Errorf("the stopping replica's Metadata: node %d at %s, want %s", leader, addrString(b.Host, b.Port), f.nodeAddr(target, leader))
+		}
+	}
+	resp := produce()
+	p := resp.Topics[0].Partitions[0]
+	if p.ErrorCode != kerr.NotLeaderForPartition.Code || p.CurrentLeader.LeaderID != leader || p.CurrentLeader.LeaderEpoch != -1 {
+		t.Errorf("partition answer %+v, want NOT_LEADER_OR_FOLLOWER naming node %d, epoch -1", p, leader)
+	}
+	if len(resp.Brokers) != 1 || resp.Brokers[0].NodeID != leader || addrString(resp.Brokers[0].Host, resp.Brokers[0].Port) != f.nodeAddr(target, leader) {
+		t.Errorf("NodeEndpoints %+v, want node %d at %s", resp.Brokers, leader, f.nodeAddr(target, leader))
+	}
+	if _, err := readFrame(raw.conn); err == nil {
+		t.Error("the redirected connection stayed open")
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("stop: %v", err)
 	}
 }
