@@ -6,6 +6,7 @@
 //	go run ./bench [flags]          # end-to-end run; writes bench/results/
 //	go run ./bench micro [flags]    # hot-path micro-benchmarks, summarized
 //	go run ./bench tls [flags]      # what TLS on both legs costs the proxy
+//	go run ./bench replicas [flags] # replicas at 100 brokers: the simulation (docs/replicas.md)
 //
 // The end-to-end run re-executes this binary for its upstream, floor relay
 // and load-generator processes (child.go).
@@ -39,6 +40,8 @@ func main() {
 		err = microMain(ctx, os.Args[2:], os.Stdout, log)
 	} else if len(os.Args) > 1 && os.Args[1] == "tls" {
 		err = tlsMain(ctx, os.Args[2:], os.Stdout, log)
+	} else if len(os.Args) > 1 && os.Args[1] == "replicas" {
+		err = replicasMain(ctx, os.Args[2:], os.Stdout, log)
 	} else {
 		err = runMain(ctx, os.Args[1:], os.Stdout, log)
 	}

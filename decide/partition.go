@@ -159,3 +159,23 @@ func (c *Core) SetLogStart(topic seqstate.TopicID, partition int32, v int64) {
 	p.logStart = v
 	sh.mu.Unlock()
 }
+
+// Rewarm makes a partition read its tail again before its next decision,
+// as on its first since start: its leadership moved to a broker another
+// proxy decides for, and batches written meanwhile are known only to the
+// log. A read under way is left to finish.
+func (c *Core) Rewarm(topic seqstate.TopicID, partition int32) {
+	p, sh := c.parts.get(partKeyOf(topic, partition))
+	if p.warm == warm {
+		p.warm, p.warmed = cold, false
+	}
+	sh.mu.Unlock()
+}
+
+// Warm reports whether a partition's tail has been read since start (or
+// its read failed, and it is decided without).
+func (c *Core) Warm(topic seqstate.TopicID, partition int32) bool {
+	p, sh := c.parts.get(partKeyOf(topic, partition))
+	defer sh.mu.Unlock()
+	return p.warm == warm
+}

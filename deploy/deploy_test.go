@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -29,118 +30,191 @@ import (
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
-// yamlDocs decodes every document of a YAML file.
-func yamlDocs(t *testing.T, path string) []map[string]any {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var docs []map[string]any
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	for {
-		var doc map[string]any
-		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-			return docs
-		} else if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if doc != nil {
-			docs = append(docs, doc)
-		}
-	}
-}
-
-// dig walks maps and lists by key and index.
-func dig(v any, path ...any) any {
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, _ := v.(map[string]any)
-			v = m[k]
-		case int:
-			l, _ := v.([]any)
-			if k >= len(l) {
-				return nil
-			}
-			v = l[k]
-		}
-	}
-	return v
-}
-
-// TestKubernetesManifests: the manifests parse, run one replica with
-// probes on /readyz and /healthz and a preStop, leave the drain its time,
-// publish every container port in the Service, and their config loads.
+// TestKubernetesManifests: the manifests pass the offline schema
+// (kubeschema_test.go), and run three replicas as a StatefulSet
+// (docs/replicas.md) whose config loads for every pod: a headless Service
+// (per-pod addresses, published before the pods are ready) that the
+// StatefulSet names and that publishes every container port, a bootstrap
+// Service, a PodDisruptionBudget of one, RollingUpdate, pod anti-affinity,
+// probes on /readyz and /healthz, a preStop, and a grace period that leaves
+// the handover and drain their time.
 func TestKubernetesManifests(t *testing.T) {
 	files, _ := filepath.Glob("kubernetes/*.yaml")
 	if len(files) == 0 {
 		t.Fatal("no manifests")
 	}
-	kinds := map[string]map[string]any{}
+	var all kubeDocs
+	all.services = map[string]kubeService{}
 	for _, f := range files {
-		for _, doc := range yamlDocs(t, f) {
-			kind, _ := doc["kind"].(string)
-			if kind == "" || doc["apiVersion"] == nil || dig(doc, "metadata", "name") == nil {
-				t.Errorf("%s: a document without kind, apiVersion or metadata.name", f)
-			}
-			kinds[kind] = doc
+		docs, err := decodeKube(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.configMaps = append(all.configMaps, docs.configMaps...)
+		all.statefulSets = append(all.statefulSets, docs.statefulSets...)
+		all.pdbs = append(all.pdbs, docs.pdbs...)
+		for n, s := range docs.services {
+			all.services[n] = s
 		}
 	}
-	dep, svc, cm := kinds["Deployment"], kinds["Service"], kinds["ConfigMap"]
-	if dep == nil || svc == nil || cm == nil {
-		t.Fatalf("want a Deployment, a Service and a ConfigMap; got %v", kinds)
+	if len(all.statefulSets) != 1 || len(all.configMaps) != 1 || len(all.pdbs) != 1 {
+		t.Fatalf("want one StatefulSet, one ConfigMap, one PodDisruptionBudget; got %d, %d, %d", len(all.statefulSets), len(all.configMaps), len(all.pdbs))
 	}
-	if r := dig(dep, "spec", "replicas"); r != 1 {
-		t.Errorf("replicas %v, want 1", r)
+	sts, cm, pdb := all.statefulSets[0], all.configMaps[0], all.pdbs[0]
+	spec := sts.Spec
+	if spec.Replicas == nil || *spec.Replicas != 3 {
+		t.Errorf("replicas %v, want 3", spec.Replicas)
 	}
-	ctr := dig(dep, "spec", "template", "spec", "containers", 0)
-	if p := dig(ctr, "readinessProbe", "httpGet", "path"); p != "/readyz" {
-		t.Errorf("readiness probe %v", p)
+	if spec.UpdateStrategy.Type != "RollingUpdate" {
+		t.Errorf("updateStrategy %q, want RollingUpdate", spec.UpdateStrategy.Type)
 	}
-	if p := dig(ctr, "livenessProbe", "httpGet", "path"); p != "/healthz" {
-		t.Errorf("liveness probe %v", p)
+	labels := spec.Template.Metadata.Labels
+	matches := func(sel map[string]string) bool {
+		if len(sel) == 0 {
+			return false
+		}
+		for k, v := range sel {
+			if labels[k] != v {
+				return false
+			}
+		}
+		return true
 	}
-	preStop, _ := dig(ctr, "lifecycle", "preStop", "sleep", "seconds").(int)
+	if !matches(spec.Selector.MatchLabels) {
+		t.Errorf("the StatefulSet's selector %v does not match its pods' labels %v", spec.Selector.MatchLabels, labels)
+	}
+	if !matches(pdb.Spec.Selector.MatchLabels) || fmt.Sprint(pdb.Spec.MaxUnavailable) != "1" {
+		t.Errorf("PodDisruptionBudget: selector %v, maxUnavailable %v; want the pods' labels and 1", pdb.Spec.Selector.MatchLabels, pdb.Spec.MaxUnavailable)
+	}
+	pod := spec.Template.Spec
+	if a := pod.Affinity; a == nil || a.PodAntiAffinity == nil ||
+		len(a.PodAntiAffinity.Preferred)+len(a.PodAntiAffinity.Required) == 0 {
+		t.Error("no pod anti-affinity")
+	} else {
+		for _, p := range a.PodAntiAffinity.Preferred {
+			if p.PodAffinityTerm.TopologyKey != "kubernetes.io/hostname" || !matches(p.PodAffinityTerm.LabelSelector.MatchLabels) {
+				t.Errorf("anti-affinity term %+v: want the pods' labels per kubernetes.io/hostname", p.PodAffinityTerm)
+			}
+		}
+	}
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(pod.Containers))
+	}
+	ctr := pod.Containers[0]
+	if p := ctr.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe %+v", p)
+	}
+	if p := ctr.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+		t.Errorf("liveness probe %+v", p)
+	}
+	preStop := int64(0)
+	if l := ctr.Lifecycle; l != nil && l.PreStop != nil && l.PreStop.Sleep != nil {
+		preStop = l.PreStop.Sleep.Seconds
+	}
 	if preStop <= 0 {
 		t.Errorf("no preStop sleep")
 	}
-	if dig(ctr, "resources", "requests", "cpu") == nil || dig(ctr, "resources", "requests", "memory") == nil {
+	if ctr.Resources.Requests["cpu"] == "" || ctr.Resources.Requests["memory"] == "" {
 		t.Errorf("no resource requests")
 	}
 
+	// The config loads, validates, and gives each pod its own replica.
 	var cfg proxy.Config
-	dec := yaml.NewDecoder(strings.NewReader(dig(cm, "data", "config.yaml").(string)))
+	dec := yaml.NewDecoder(strings.NewReader(cm.Data["config.yaml"]))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil {
 		t.Fatalf("ConfigMap config.yaml: %v", err)
 	}
 	cfg.EnsureDefaults()
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("ConfigMap config.yaml: %v", err)
+	for i := range int(*spec.Replicas) {
+		c := cfg
+		c.ReplicaIndex = &i // the ordinal of pod dedupproxy-i
+		if err := c.Validate(); err != nil {
+			t.Fatalf("ConfigMap config.yaml as pod %d: %v", i, err)
+		}
 	}
-	grace, _ := dig(dep, "spec", "template", "spec", "terminationGracePeriodSeconds").(int)
+	if cfg.ReplicaCount != int(*spec.Replicas) {
+		t.Errorf("replica_count %d, but the StatefulSet runs %d replicas", cfg.ReplicaCount, *spec.Replicas)
+	}
+	if want := fmt.Sprintf("%s-{i}.%s.", sts.Metadata.Name, spec.ServiceName); len(cfg.Replicas) != 1 || !strings.HasPrefix(cfg.Replicas[0], want) {
+		t.Errorf("replicas %v: want each pod's headless name, %s...", cfg.Replicas, want)
+	}
+	grace := int64(0)
+	if pod.TerminationGracePeriodSeconds != nil {
+		grace = *pod.TerminationGracePeriodSeconds
+	}
 	if need := time.Duration(preStop)*time.Second + cfg.DrainTimeout; time.Duration(grace)*time.Second <= need {
 		t.Errorf("terminationGracePeriodSeconds %d leaves no margin over preStop %ds + drain_timeout %s", grace, preStop, cfg.DrainTimeout)
 	}
 
-	// Every container port is published, with the node ports where the
-	// config puts them: listen port + 1 + node id.
+	// The headless Service gives each pod its address, before it is ready,
+	// with every container port; the bootstrap Service spreads clients.
+	headless, ok := all.services[spec.ServiceName]
+	if !ok || headless.Spec.ClusterIP != "None" || !headless.Spec.PublishNotReadyAddresses || !matches(headless.Spec.Selector) {
+		t.Fatalf("serviceName %q: want a headless Service (clusterIP None, publishNotReadyAddresses) over the pods; got %+v", spec.ServiceName, headless.Spec)
+	}
+	boot, ok := all.services[sts.Metadata.Name]
+	if !ok || boot.Spec.ClusterIP == "None" || !matches(boot.Spec.Selector) {
+		t.Fatalf("no bootstrap Service %q over the pods", sts.Metadata.Name)
+	}
 	_, lport, _ := strings.Cut(cfg.Listen, ":")
 	listen, _ := strconv.Atoi(lport)
 	published := map[any]bool{}
-	for _, p := range dig(svc, "spec", "ports").([]any) {
-		published[dig(p, "targetPort")] = true
+	for _, p := range headless.Spec.Ports {
+		published[p.TargetPort] = true
 	}
-	for _, p := range dig(ctr, "ports").([]any) {
-		name, port := dig(p, "name").(string), dig(p, "containerPort").(int)
-		if !published[name] {
-			t.Errorf("container port %s is not in the Service", name)
+	names := map[any]bool{}
+	for _, p := range ctr.Ports {
+		names[p.Name] = true
+		if !published[p.Name] {
+			t.Errorf("container port %s is not in the headless Service", p.Name)
 		}
-		if id, ok := strings.CutPrefix(name, "node-"); ok {
-			if n, _ := strconv.Atoi(id); port != listen+1+n {
-				t.Errorf("%s on %d, want listen port + 1 + %d = %d", name, port, n, listen+1+n)
+		if id, ok := strings.CutPrefix(p.Name, "node-"); ok {
+			if n, _ := strconv.Atoi(id); int(p.ContainerPort) != listen+1+n {
+				t.Errorf("%s on %d, want listen port + 1 + %d = %d", p.Name, p.ContainerPort, n, listen+1+n)
 			}
+		}
+		if p.Name == "bootstrap" && int(p.ContainerPort) != listen {
+			t.Errorf("bootstrap port %d, want the listen port %d", p.ContainerPort, listen)
+		}
+	}
+	for _, svc := range []kubeService{headless, boot} {
+		for _, p := range svc.Spec.Ports {
+			if !names[p.TargetPort] {
+				t.Errorf("Service %s targets port %v, which the container does not name", svc.Metadata.Name, p.TargetPort)
+			}
+		}
+	}
+	if len(boot.Spec.Ports) != 1 || boot.Spec.Ports[0].TargetPort != "bootstrap" {
+		t.Errorf("the bootstrap Service publishes %+v, want only the bootstrap port", boot.Spec.Ports)
+	}
+}
+
+// TestKubernetesSchemaCatches: the offline schema refuses what a cluster
+// would refuse: a misspelt field, a field's wrong type, an unknown kind,
+// a kind's wrong apiVersion.
+func TestKubernetesSchemaCatches(t *testing.T) {
+	raw, err := os.ReadFile("kubernetes/dedupproxy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ from, to, want string }{
+		{"podManagementPolicy:", "podManagmentPolicy:", "podManagmentPolicy"},
+		{"replicas: 3\n", "replicas: three\n", "three"},
+		{"kind: PodDisruptionBudget", "kind: PodDisruptionBudgets", "not in the schema"},
+		{"apiVersion: policy/v1", "apiVersion: policy/v1beta1", "want \"policy/v1\""},
+		{"publishNotReadyAddresses: true", "publishNotReadyAdresses: true", "publishNotReadyAdresses"},
+	} {
+		bad := strings.Replace(string(raw), tc.from, tc.to, 1)
+		if bad == string(raw) {
+			t.Fatalf("%q not in the manifest", tc.from)
+		}
+		path := filepath.Join(t.TempDir(), "bad.yaml")
+		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := decodeKube(path); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s -> %s: %v, want an error naming %s", tc.from, tc.to, err, tc.want)
 		}
 	}
 }
@@ -206,11 +280,18 @@ func TestBuildIsStatic(t *testing.T) {
 	}
 }
 
-// TestSystemdUnit: the unit is hardened, reloads with SIGHUP, stops with
-// SIGTERM and a timeout above the default drain_timeout, and (where
-// systemd-analyze exists) verifies cleanly.
+// TestSystemdUnit: the units (one proxy, and the template with one
+// instance per replica, docs/replicas.md) are hardened, reload with
+// SIGHUP, stop with SIGTERM and a timeout above the default drain_timeout,
+// and (where systemd-analyze exists) verify cleanly; the template passes
+// its instance as the replica index.
 func TestSystemdUnit(t *testing.T) {
-	const path = "systemd/dedupproxy.service"
+	for _, path := range []string{"systemd/dedupproxy.service", "systemd/dedupproxy@.service"} {
+		t.Run(filepath.Base(path), func(t *testing.T) { checkSystemdUnit(t, path) })
+	}
+}
+
+func checkSystemdUnit(t *testing.T, path string) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -229,6 +310,10 @@ func TestSystemdUnit(t *testing.T) {
 			t.Errorf("%s=%q, want %q", k, keys[k], want)
 		}
 	}
+	template := strings.Contains(path, "@")
+	if template && !strings.Contains(keys["ExecStart"], "--replica-index %i") {
+		t.Errorf("ExecStart=%q does not pass the instance as --replica-index", keys["ExecStart"])
+	}
 	var def proxy.Config
 	def.EnsureDefaults()
 	if stop, err := strconv.Atoi(keys["TimeoutStopSec"]); err != nil || time.Duration(stop)*time.Second <= def.DrainTimeout {
@@ -246,7 +331,11 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// verify checks that ExecStart exists: point it at the fresh build.
-	unit := filepath.Join(t.TempDir(), "dedupproxy.service")
+	name := filepath.Base(path)
+	if template {
+		name = strings.Replace(name, "@", "@0", 1) // an instance of it
+	}
+	unit := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(unit, bytes.ReplaceAll(raw, []byte("/usr/local/bin/dedupproxy"), []byte(bin)), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -173,7 +173,7 @@ func kafkaPythonClient(retries int) legacyClient {
 // false, acks=-1.
 func kafkajsClient() legacyClient {
 	return legacyClient{
-		name: "kafkajs", clientID: "e2e-kafkajs", retries: true, resendsOnSameSocket: true, restampsResends: true, dropAt: 10,
+		name: "kafkajs", clientID: "e2e-kafkajs", retries: true, resendsOnSameSocket: true, restampsResends: true, repartitionsRetries: true, dropAt: 10,
 		available: func() error {
 			if _, err := exec.LookPath("node"); err != nil {
 				return err

@@ -59,6 +59,14 @@ type legacyClient struct {
 	// timestamp (docs/legacy.md, "After a restart"): its restart and drain
 	// runs report their duplicates and skip.
 	restampsResends bool
+	// repartitionsRetries: the client assigns keyless records to
+	// partitions anew on every attempt and resends only to the brokers
+	// that did not answer (kafkajs, docs/legacy.md rule 4). Through
+	// replicas its retry carries records to partitions another replica
+	// serves, and a NOT_LEADER_OR_FOLLOWER from one broker of a send makes
+	// it lose some records and write others twice, with or without the
+	// proxy (TestReplicasLostAck runs that control).
+	repartitionsRetries bool
 	// idempotent: the client runs with idempotence on, as the control row
 	// for the proxy's idempotent path under the same faults. The broker
 	// deduplicates its retries itself, so every mode, control included,

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -70,6 +71,15 @@ type shimStats struct {
 	// 0 < RecordsAtDrop < sent, the acknowledgement was lost mid-stream.
 	RecordsAtDrop int64
 	Listeners     int
+	// NotLeader counts partitions answered NOT_LEADER_OR_FOLLOWER; Stall is
+	// the longest time between two Produce responses that acknowledged
+	// something, from the first to the last: how long the client's
+	// writes stood still.
+	NotLeader int64
+	Stall     time.Duration
+	// DropTarget is where the connection whose response was dropped led.
+	DropTarget string
+	lastAck    time.Time
 }
 
 // newAckShim starts a shim whose bootstrap listener forwards to target. It is
@@ -214,7 +224,7 @@ func (s *ackShim) serveConn(client net.Conn, target string) {
 		defer close(fifo)
 		s.relayRequests(client, up, fifo)
 	}()
-	s.relayResponses(client, up, fifo)
+	s.relayResponses(client, up, fifo, target)
 	// Unblock the request side (it may be reading, writing upstream or
 	// waiting on a full FIFO) and wait for it.
 	client.Close()
@@ -247,7 +257,7 @@ func (s *ackShim) relayRequests(client, up net.Conn, fifo chan<- awaiting) {
 
 // relayResponses copies frames from upstream to the client, rewriting broker
 // addresses and dropping the chosen Produce response.
-func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting) {
+func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting, target string) {
 	for {
 		frame, err := readFrame(up)
 		if err != nil {
@@ -263,11 +273,15 @@ func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting) {
 		if aw.drop {
 			s.mu.Lock()
 			s.stats.Dropped++
+			s.stats.DropTarget = target
 			s.mu.Unlock()
 			if f := s.onDrop.Load(); f != nil {
 				(*f)()
 			}
 			return // the caller closes both connections
+		}
+		if aw.key == int16(kmsg.Produce) {
+			s.noteProduceResponse(frame, aw)
 		}
 		// Produce v10+ names the new leader's address in its NOT_LEADER
 		// answer (KIP-951); unrewritten, a client that moves there bypasses
@@ -281,6 +295,45 @@ func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting) {
 		if _, err := client.Write(frame); err != nil {
 			return
 		}
+	}
+}
+
+// noteProduceResponse counts a Produce response's NOT_LEADER_OR_FOLLOWER
+// partitions and, if it acknowledged anything, how long it came after the
+// previous acknowledgement.
+func (s *ackShim) noteProduceResponse(frame []byte, aw awaiting) {
+	resp := kmsg.NewPtrProduceResponse()
+	resp.SetVersion(aw.version)
+	body := frame[8:]
+	if resp.IsFlexible() {
+		r := kbin.Reader{Src: body}
+		kmsg.SkipTags(&r)
+		body = r.Src
+	}
+	if resp.ReadFrom(body) != nil {
+		return
+	}
+	acked := false
+	var notLeader int64
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			switch p.ErrorCode {
+			case 0:
+				acked = true
+			case kerr.NotLeaderForPartition.Code:
+				notLeader++
+			}
+		}
+	}
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.NotLeader += notLeader
+	if acked {
+		if !s.stats.lastAck.IsZero() {
+			s.stats.Stall = max(s.stats.Stall, now.Sub(s.stats.lastAck))
+		}
+		s.stats.lastAck = now
 	}
 }
 

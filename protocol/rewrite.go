@@ -83,6 +83,20 @@ type TopicObserver interface {
 	ObserveTopics(topics []TopicInfo)
 }
 
+// LeaderObserver is an optional interface of an [AddrMapper]: RewriteAddresses
+// tells it the leader of every partition of every well-formed Metadata
+// response (topics without error), before any address is mapped. The proxy's
+// replicas use it to notice a partition led elsewhere (docs/replicas.md).
+// The slice is valid only during the call.
+type LeaderObserver interface {
+	ObserveLeaders(topic string, leaders []PartitionLeader)
+}
+
+// PartitionLeader is a partition's leader as a Metadata response names it.
+type PartitionLeader struct {
+	Partition, Leader int32
+}
+
 // TopicInfo is a topic named in a Metadata response. ID is all zero before
 // Metadata v10 (KIP-516 topic IDs).
 type TopicInfo struct {
@@ -229,6 +243,9 @@ func rewriteMetadata(dst, body []byte, version int16, m AddrMapper) ([]byte, boo
 	if o, ok := m.(TopicObserver); ok {
 		observeTopics(o, resp.Topics)
 	}
+	if o, ok := m.(LeaderObserver); ok {
+		ObserveLeaders(o, resp.Topics)
+	}
 	changed := false
 	kept := resp.Brokers[:0]
 	for i := range resp.Brokers {
@@ -267,6 +284,23 @@ func observeTopics(o TopicObserver, topics []kmsg.MetadataResponseTopic) {
 	}
 	if len(seen) > 0 {
 		o.ObserveTopics(seen)
+	}
+}
+
+// ObserveLeaders hands o the partition leaders of the topics of a Metadata
+// response that carry no error and a name.
+func ObserveLeaders(o LeaderObserver, topics []kmsg.MetadataResponseTopic) {
+	var leaders []PartitionLeader
+	for i := range topics {
+		t := &topics[i]
+		if t.ErrorCode != 0 || t.Topic == nil || *t.Topic == "" {
+			continue
+		}
+		leaders = leaders[:0]
+		for _, p := range t.Partitions {
+			leaders = append(leaders, PartitionLeader{Partition: p.Partition, Leader: p.Leader})
+		}
+		o.ObserveLeaders(*t.Topic, leaders)
 	}
 }
 

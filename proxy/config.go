@@ -58,6 +58,36 @@ type Config struct {
 	// nodes, by node id.
 	Nodes map[int32]NodeConfig `yaml:"nodes"`
 
+	// Replicas lists the advertised bootstrap address (host:port) of every
+	// replica of the proxy, in index order; their number is the replica
+	// count. Empty (the default) means one proxy on its own. Replica i owns
+	// the broker nodes whose id ≡ i mod the count (ReplicaOwners overrides
+	// single nodes), and every replica advertises node N at its owner's
+	// host and port + (node N's listen port − listen port), by default
+	// port + 1 + N (docs/replicas.md). "{i}" in an address stands for the
+	// index: one templated address with ReplicaCount stands for them all.
+	Replicas []string `yaml:"replicas"`
+
+	// ReplicaIndex is this replica's index in Replicas. Unset (nil, the
+	// default) means the number that ends the host name, as StatefulSet
+	// pods are named (dedupproxy-2 is replica 2).
+	ReplicaIndex *int `yaml:"replica_index"`
+
+	// ReplicaCount is how many replicas a templated Replicas address
+	// ("dedupproxy-{i}.dedupproxy-headless:9092") stands for. 0 (the
+	// default) means as many as Replicas lists.
+	ReplicaCount int `yaml:"replica_count"`
+
+	// ReplicaOwners assigns single broker nodes to a replica, by node id,
+	// instead of node id mod the replica count. Empty by default.
+	ReplicaOwners map[int32]int `yaml:"replica_owners"`
+
+	// ReplicaAdmin lists the admin address (host:port) of every replica, in
+	// index order, or one templated with "{i}": replicas read each other's
+	// state from /replica there during a handover. Empty (the default)
+	// means each replica's Replicas host at this replica's admin port.
+	ReplicaAdmin []string `yaml:"replica_admin"`
+
 	// Admin is the HTTP address of /metrics, /healthz and /readyz. Default
 	// 127.0.0.1:9080, below the default broker ports. "off" disables it.
 	// Validate refuses only an admin port equal to a listen port it knows
@@ -525,6 +555,16 @@ func (c *Config) EnsureDefaults() {
 	if c.CertReloadInterval == 0 {
 		c.CertReloadInterval = DefaultCertReloadInterval
 	}
+	// Empty is unset: one proxy on its own.
+	if len(c.Replicas) == 0 {
+		c.Replicas = nil
+	}
+	if len(c.ReplicaAdmin) == 0 {
+		c.ReplicaAdmin = nil
+	}
+	if len(c.ReplicaOwners) == 0 {
+		c.ReplicaOwners = nil
+	}
 }
 
 // Validate reports the first problem with the configuration.
@@ -547,7 +587,7 @@ func (c *Config) Validate() error {
 	if err != nil {
 		return bad("listen %q: %v", c.Listen, err)
 	}
-	if c.Advertise == "" && unspecifiedHost(host) {
+	if c.Advertise == "" && unspecifiedHost(host) && len(c.Replicas) == 0 {
 		return bad("listen %q binds every interface: clients cannot connect to that address, so set advertise to the host:port they should use", c.Listen)
 	}
 	if c.Advertise != "" {
@@ -718,6 +758,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CertReloadInterval < 0 {
 		return bad("cert_reload_interval %s is negative", c.CertReloadInterval)
+	}
+	if _, err := c.replicaLayout(hostnameFunc); err != nil {
+		return bad("%v", err)
 	}
 	return nil
 }

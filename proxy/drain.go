@@ -24,12 +24,19 @@ var ErrDraining = errors.New("proxy: draining for shutdown")
 func (s *Server) Draining() bool { return s.closing.Load() }
 
 // Ready is /readyz: nil when the proxy should get traffic. It is not ready
-// once draining has begun, while a broker node's listener failed to bind
-// (clients sent to that node would find nothing), or when no upstream
-// broker answers (Probe).
+// once draining (or, with replicas, handing over) has begun, while a
+// replica has not yet taken back every node it owns from the peers that
+// covered them, while a broker node's listener failed to bind (clients
+// sent to that node would find nothing), or when no upstream broker
+// answers (Probe).
 func (s *Server) Ready(ctx context.Context) error {
 	if s.Draining() {
 		return ErrDraining
+	}
+	if rs := s.replicas; rs != nil {
+		if err := rs.readyErr(); err != nil {
+			return err
+		}
 	}
 	if unbound := s.nodes.unbound(); len(unbound) > 0 {
 		return fmt.Errorf("broker node listeners not bound: %s", strings.Join(unbound, "; "))
@@ -124,10 +131,63 @@ type requestTracker struct {
 	nonFetch int
 
 	hungUp atomic.Bool // the client closed its side normally (EOF)
+
+	// With replicas (handover.go): the node whose listener took the
+	// connection, and the correlation ids of the Produce requests forwarded
+	// on it whose answers are not yet written, oldest first (answers go out
+	// in request order). Requests read ahead but not yet handled are not
+	// in it, so a node's drain waits only for what was really forwarded.
+	rnode    *replicaNode
+	awaited  []int32 // ring, under mu
+	awaitHd  int
+	awaitLen int
+	// gone is closed when the client connection is closed (by either
+	// loop): a request held for a handover is then answered by no one.
+	gone     chan struct{}
+	goneOnce sync.Once
+}
+
+// Close closes the client connection and marks it gone.
+func (t *requestTracker) Close() error {
+	t.goneOnce.Do(func() { close(t.gone) })
+	return t.Conn.Close()
+}
+
+// produceSent records that the Produce request corr was forwarded and
+// awaits its answer.
+func (t *requestTracker) produceSent(corr int32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.awaitLen == len(t.awaited) {
+		grown := make([]int32, max(8, 2*len(t.awaited)))
+		for i := range t.awaitLen {
+			grown[i] = t.awaited[(t.awaitHd+i)%len(t.awaited)]
+		}
+		t.awaited, t.awaitHd = grown, 0
+	}
+	t.awaited[(t.awaitHd+t.awaitLen)%len(t.awaited)] = corr
+	t.awaitLen++
+}
+
+// produceUnsent takes back the last produceSent: that request was not
+// forwarded after all.
+func (t *requestTracker) produceUnsent() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.awaitLen > 0 {
+		t.awaitLen--
+	}
+}
+
+// producesAwaited is how many forwarded Produce requests await an answer.
+func (t *requestTracker) producesAwaited() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.awaitLen
 }
 
 func newRequestTracker(c net.Conn) *requestTracker {
-	return &requestTracker{Conn: c, inflight: make(map[int32]int16)}
+	return &requestTracker{Conn: c, inflight: make(map[int32]int16), gone: make(chan struct{})}
 }
 
 func (t *requestTracker) Read(p []byte) (int, error) {
@@ -198,6 +258,10 @@ func (t *requestTracker) Write(b []byte) (int, error) {
 			if key != int16(kmsg.Fetch) {
 				t.nonFetch--
 			}
+		}
+		if t.awaitLen > 0 && t.awaited[t.awaitHd] == corr {
+			t.awaitHd = (t.awaitHd + 1) % len(t.awaited)
+			t.awaitLen--
 		}
 		t.mu.Unlock()
 	}

@@ -136,10 +136,30 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 	if n.advHost == "" {
 		r.tryListen(id, n)
 	}
+	if rs := r.s.replicas; rs != nil {
+		// Node id is advertised at the replica that serves it, which
+		// this one relays to the broker too (docs/replicas.md).
+		rs.node(id)
+		if i := rs.advertised(id); i != rs.l.self {
+			if h, p, ok := rs.l.nodeAddr(&r.s.Config, i, id); ok {
+				return h, p
+			}
+			return "", protocol.OmitBroker
+		}
+	}
 	if n.advHost == "" {
 		return "", protocol.OmitBroker
 	}
 	return n.advHost, n.advPort
+}
+
+// ObserveLeaders passes a Metadata response's partition leaders to the
+// replicas (protocol.LeaderObserver), which note partitions led away from
+// the nodes this replica decides.
+func (r *nodeRegistry) ObserveLeaders(topic string, leaders []protocol.PartitionLeader) {
+	if rs := r.s.replicas; rs != nil {
+		rs.observeLeaders(topic, leaders)
+	}
 }
 
 // tryListen starts node id's listener unless an earlier failure says not

@@ -103,6 +103,7 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 			}
 			t.InternTopics(refs)
 		}
+		protocol.ObserveLeaders(&s.nodes, resp.Topics)
 	}
 	// The broker answered the proxy's own request without authentication:
 	// clients need none either (see session.trusted). Not so when the

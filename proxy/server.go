@@ -69,6 +69,8 @@ type Server struct {
 	warmSlots       chan struct{} // one per warm-up running (dedup.warm.max_concurrent)
 	warmLog         logLimiter    // warm-up failures
 	unfollowedMechs sync.Map      // SASL mechanisms the proxy cannot follow, said once each
+	replicas        *replicaSet   // nil when the proxy runs on its own (replicas.go)
+	replicaMetrics  *replicaMetrics
 
 	// TLS (tls.go), set by Start: the client listeners' and the admin
 	// listener's certificates, TLS to brokers, and every certificate
@@ -178,6 +180,10 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.setupTLS(); err != nil {
 		return err
 	}
+	s.replicaMetrics = newReplicaMetrics(s)
+	if err := s.replicaStart(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
 	if s.core != nil {
 		s.Metrics.registerTable(s.table)
 		s.Metrics.registerCore(s)
@@ -216,6 +222,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	if s.table != nil {
 		s.spawn(s.topicRefreshLoop)
+	}
+	if s.replicas != nil {
+		s.spawn(s.replicas.pollLoop)
 	}
 	// A node listener on the admin port is a configuration mistake that
 	// would leave that broker unreachable for good: refuse to start.
@@ -467,6 +476,10 @@ func (s *Server) handle(c net.Conn, node int32) {
 		return
 	}
 	tr := newRequestTracker(c)
+	if rs := s.replicas; rs != nil {
+		rs.attach(tr, node)
+		defer rs.detach(tr)
+	}
 	sess := newSession(s, id, tr, up, log.With("broker", addr))
 	if tc, ok := c.(*tlsConn); ok {
 		sess.noteTLSPrincipal(tc.ConnectionState())
@@ -504,10 +517,18 @@ func (s *Server) upstreamFor(node int32) (string, error) {
 // long poll holds nothing to lose (drain.go). It may be called
 // more than once, concurrently, and before Start.
 //
+// With replicas it first hands every node it serves to a peer
+// (docs/replicas.md), within ctx.
+//
 // ctx is final: once it ends, Shutdown closes every listener and connection
 // at once, waits at most a short grace (shutdownGrace) for the connection
 // goroutines to notice, and returns ctx.Err() whether or not they all have.
 func (s *Server) Shutdown(ctx context.Context) error {
+	if rs := s.replicas; rs != nil && ctx.Err() == nil && !s.closing.Load() {
+		// Listeners and connections stay open while the nodes move, so
+		// clients are answered where to go (handover.go).
+		rs.handOver(ctx)
+	}
 	s.mu.Lock()
 	s.closing.Store(true)
 	lns := s.listeners

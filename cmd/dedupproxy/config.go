@@ -54,11 +54,17 @@ func readConfigFile(path string) (proxy.Config, error) {
 }
 
 // upstreamAsList turns a scalar upstream ("a:9092,b:9092") into the list
-// it stands for, so the file takes what the flag takes.
+// it stands for, so the file takes what the flag takes; likewise replicas
+// and replica_admin.
 func upstreamAsList(root *yaml.Node) {
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
-		if k.Value != "upstream" || v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+		switch k.Value {
+		case "upstream", "replicas", "replica_admin":
+		default:
+			continue
+		}
+		if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
 			continue
 		}
 		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Line: v.Line, Column: v.Column}
@@ -187,3 +193,23 @@ func kindName(n *yaml.Node) string {
 // errNoUpstream: a config file must say which cluster it proxies, so a
 // production config that lost the key cannot accept writes into memory.
 var errNoUpstream = errors.New(`upstream is not set: name the cluster's bootstrap brokers (upstream: kafka-1:9092,kafka-2:9092), or write "upstream: embedded" for the in-memory test cluster`)
+
+// parseOwners reads --replica-owners, NODE=INDEX[,NODE=INDEX...]. A pair
+// it cannot read becomes an entry Validate refuses (index -1), so the
+// error names the node.
+func parseOwners(v string) map[int32]int {
+	owners := map[int32]int{}
+	for _, pair := range splitList(v) {
+		node, index, _ := strings.Cut(pair, "=")
+		id, err := strconv.ParseInt(strings.TrimSpace(node), 10, 32)
+		if err != nil {
+			id = -1
+		}
+		i, err := strconv.Atoi(strings.TrimSpace(index))
+		if err != nil {
+			i = -1
+		}
+		owners[int32(id)] = i
+	}
+	return owners
+}

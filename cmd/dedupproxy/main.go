@@ -31,6 +31,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -184,7 +185,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			scheme = "https"
 		}
 		adminAddr = scheme + "://" + adminLn.Addr().String()
-		paths := "/metrics /healthz /readyz"
+		paths := "/metrics /healthz /readyz /replica"
 		if cfg.AdminPprof {
 			paths += " /debug/pprof/"
 		}
@@ -255,6 +256,28 @@ func newFlags() *flags {
 	f.def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
 		func(c *proxy.Config, v string) { c.AdminTLS.Cert = v })
 	f.def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
+	f.def("replicas", "every replica's advertised bootstrap `ADDR0,ADDR1,...` in index order, or one with {i} for the index and --replica-count (docs/replicas.md); default: one proxy on its own",
+		func(c *proxy.Config, v string) { c.Replicas = splitList(v) })
+	f.def("replica-index", "this replica's `index` in --replicas (default: the number ending the host name, as StatefulSet pods are named)",
+		func(c *proxy.Config, v string) {
+			i, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				i = -1 // Validate names the range
+			}
+			c.ReplicaIndex = &i
+		})
+	f.def("replica-count", "how many replicas a --replicas address with {i} stands for (`N`)",
+		func(c *proxy.Config, v string) {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				n = -1
+			}
+			c.ReplicaCount = n
+		})
+	f.def("replica-owners", "broker nodes owned by another replica than node id mod the count, `NODE=INDEX[,...]`",
+		func(c *proxy.Config, v string) { c.ReplicaOwners = parseOwners(v) })
+	f.def("replica-admin", "every replica's admin `HOST:PORT,...` (or one with {i}), where peers read /replica (default: each --replicas host at this --admin port)",
+		func(c *proxy.Config, v string) { c.ReplicaAdmin = splitList(v) })
 	f.adminPprof = fs.Bool("admin-pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener")
 	return f
 }
@@ -410,6 +433,9 @@ func adminHandler(srv *proxy.Server, reg *prometheus.Registry, pprof bool) http.
 		// A scrape is about 30 KB. Gzip would keep a compressor of
 		// ~0.9 MB alive on the heap for it (docs/performance.md).
 		DisableCompression: true}))
+	// The replica protocol's status and wake-up (docs/replicas.md).
+	mux.Handle("/replica", srv.ReplicaHandler())
+	mux.Handle("/replica/", srv.ReplicaHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})

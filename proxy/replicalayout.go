@@ -1,0 +1,224 @@
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// replicaLayout is the replicas configuration resolved: every replica's
+// advertised bootstrap and admin address, this replica's index, and which
+// replica owns which broker node (docs/replicas.md).
+type replicaLayout struct {
+	self, count int
+	addrs       []string // advertised bootstrap address, by index
+	hosts       []string
+	ports       []int
+	admins      []string // admin address, by index
+	owners      map[int32]int
+}
+
+// owner returns the index of the replica that owns broker node id: the
+// override if any, else id mod the replica count.
+func (l *replicaLayout) owner(id int32) int {
+	if i, ok := l.owners[id]; ok {
+		return i
+	}
+	if id < 0 {
+		return l.self // the bootstrap listener (-1) is every replica's own
+	}
+	return int(id % int32(l.count))
+}
+
+// indexTemplate stands for the replica index in a replicas or
+// replica_admin address.
+const indexTemplate = "{i}"
+
+// ordinalSuffix is the number that ends a StatefulSet pod's name.
+var ordinalSuffix = regexp.MustCompile(`-([0-9]+)$`)
+
+// replicaLayout resolves the replicas configuration, or returns nil when
+// the proxy runs on its own. hostname gives the host name, whose ordinal
+// suffix is the index when replica_index is not set. Errors are in the
+// configuration's own terms.
+func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout, error) {
+	if len(c.Replicas) == 0 {
+		switch {
+		case c.ReplicaIndex != nil:
+			return nil, fmt.Errorf("replica_index %d is set but replicas is empty: list every replica's advertised address (--replicas ADDR0,ADDR1,...)", *c.ReplicaIndex)
+		case c.ReplicaCount != 0:
+			return nil, fmt.Errorf("replica_count %d is set but replicas is empty: give the replicas' address, e.g. --replicas 'dedupproxy-{i}.dedupproxy-headless:9092'", c.ReplicaCount)
+		case len(c.ReplicaOwners) > 0:
+			return nil, fmt.Errorf("replica_owners is set but replicas is empty")
+		case len(c.ReplicaAdmin) > 0:
+			return nil, fmt.Errorf("replica_admin is set but replicas is empty")
+		}
+		return nil, nil
+	}
+	if c.ReplicaCount < 0 {
+		return nil, fmt.Errorf("replica_count %d is negative", c.ReplicaCount)
+	}
+	addrs, err := expandReplicaAddrs("replicas", c.Replicas, c.ReplicaCount)
+	if err != nil {
+		return nil, err
+	}
+	l := &replicaLayout{count: len(addrs), addrs: addrs, owners: map[int32]int{}}
+	seen := map[string]int{}
+	for i, a := range addrs {
+		host, port, err := splitHostPort(a)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("replicas[%d] %q: %v (want host:port, the address clients use for that replica's bootstrap listener)", i, a, err)
+		case port == 0:
+			return nil, fmt.Errorf("replicas[%d] %q: port 0 cannot be advertised", i, a)
+		case host == "" || unspecifiedHost(host):
+			return nil, fmt.Errorf("replicas[%d] %q: clients cannot connect to that host; give the replica's own name or address", i, a)
+		}
+		if j, dup := seen[a]; dup {
+			return nil, fmt.Errorf("replicas[%d] and replicas[%d] are both %q: each replica needs its own address", j, i, a)
+		}
+		seen[a] = i
+		l.hosts = append(l.hosts, host)
+		l.ports = append(l.ports, port)
+	}
+	if c.ReplicaIndex != nil {
+		l.self = *c.ReplicaIndex
+		if l.self < 0 || l.self >= l.count {
+			return nil, fmt.Errorf("replica_index %d: there are %d replicas, so want 0..%d", l.self, l.count, l.count-1)
+		}
+	} else {
+		name, err := hostname()
+		if err != nil {
+			return nil, fmt.Errorf("replica_index is not set and the host name cannot be read (%v): set --replica-index", err)
+		}
+		m := ordinalSuffix.FindStringSubmatch(name)
+		if m == nil {
+			return nil, fmt.Errorf("replica_index is not set and the host name %q does not end in -N as StatefulSet pods do (dedupproxy-0, dedupproxy-1, ...): set --replica-index", name)
+		}
+		i, err := strconv.Atoi(m[1])
+		if err != nil || i >= l.count {
+			return nil, fmt.Errorf("the host name %q makes this replica %s, but there are %d replicas (0..%d): check replicas and replica_count, or set --replica-index", name, m[1], l.count, l.count-1)
+		}
+		l.self = i
+	}
+	ids := make([]int32, 0, len(c.ReplicaOwners))
+	for id := range c.ReplicaOwners {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		i := c.ReplicaOwners[id]
+		if id < 0 {
+			return nil, fmt.Errorf("replica_owners: node id %d is negative", id)
+		}
+		if i < 0 || i >= l.count {
+			return nil, fmt.Errorf("replica_owners[%d]: replica %d does not exist (there are %d replicas: 0..%d)", id, i, l.count, l.count-1)
+		}
+		l.owners[id] = i
+	}
+
+	// Node N of every replica is advertised at that replica's port shifted
+	// like this one's node N listener: the shift must be known.
+	_, lport, _ := splitHostPort(c.Listen)
+	if lport == 0 {
+		return nil, fmt.Errorf("listen %q: with replicas the listen port must be fixed, since node N of every replica is advertised at its replicas address's port + (node N's listen port − listen port)", c.Listen)
+	}
+	if c.Advertise != "" && c.Advertise != addrs[l.self] {
+		return nil, fmt.Errorf("advertise %q differs from replicas[%d] %q: with replicas, a replica's advertised address is its entry in replicas (leave advertise empty)", c.Advertise, l.self, addrs[l.self])
+	}
+	for id, n := range c.Nodes {
+		if n.Advertise != "" {
+			return nil, fmt.Errorf("nodes[%d].advertise cannot be combined with replicas: node %d is advertised at the address of the replica that serves it (its replicas host, port + 1 + node id by default); move its port with nodes[%d].listen or node_port_base instead", id, id, id)
+		}
+	}
+
+	if len(c.ReplicaAdmin) > 0 {
+		count := 0 // a list names its own count
+		if len(c.ReplicaAdmin) == 1 && strings.Contains(c.ReplicaAdmin[0], indexTemplate) {
+			count = l.count
+		}
+		if l.admins, err = expandReplicaAddrs("replica_admin", c.ReplicaAdmin, count); err != nil {
+			return nil, err
+		}
+		if len(l.admins) != l.count {
+			return nil, fmt.Errorf("replica_admin lists %d addresses for %d replicas", len(l.admins), l.count)
+		}
+		for i, a := range l.admins {
+			if _, p, err := splitHostPort(a); err != nil || p == 0 {
+				return nil, fmt.Errorf("replica_admin[%d] %q: want the host:port of replica %d's admin listener", i, a, i)
+			}
+		}
+	} else if l.count > 1 {
+		if c.Admin == "off" {
+			return nil, fmt.Errorf("replicas need the admin listener (admin is off): a replica reads its peers' state from /replica on their admin port during a handover")
+		}
+		_, aport, err := splitHostPort(c.Admin)
+		if err != nil || aport == 0 {
+			return nil, fmt.Errorf("admin %q: with replicas the admin port must be fixed, since peers reach it at their replicas host and this port (or set replica_admin)", c.Admin)
+		}
+		for _, h := range l.hosts {
+			l.admins = append(l.admins, net.JoinHostPort(h, strconv.Itoa(aport)))
+		}
+	}
+	return l, nil
+}
+
+// expandReplicaAddrs applies the {i} template: one templated address
+// stands for count addresses; in a list, {i} in an entry is its own index.
+func expandReplicaAddrs(key string, list []string, count int) ([]string, error) {
+	if len(list) == 1 && strings.Contains(list[0], indexTemplate) {
+		if count == 0 {
+			return nil, fmt.Errorf("%s %q: %s stands for the replica index, so replica_count (--replica-count) must say how many replicas there are", key, list[0], indexTemplate)
+		}
+		out := make([]string, count)
+		for i := range out {
+			out[i] = strings.ReplaceAll(list[0], indexTemplate, strconv.Itoa(i))
+		}
+		return out, nil
+	}
+	if count != 0 && count != len(list) {
+		return nil, fmt.Errorf("replica_count is %d but %s lists %d addresses", count, key, len(list))
+	}
+	out := make([]string, len(list))
+	for i, a := range list {
+		out[i] = strings.ReplaceAll(a, indexTemplate, strconv.Itoa(i))
+	}
+	return out, nil
+}
+
+// nodeShift returns how far node id's listen port is from the bootstrap
+// listen port: every replica advertises node id at its own advertised
+// port plus this. Call it on a validated Config with a fixed listen port.
+func (c *Config) nodeShift(id int32) (int, error) {
+	bind, _, err := c.nodeAddrs(id)
+	if err != nil {
+		return 0, err
+	}
+	_, lport, _ := splitHostPort(c.Listen)
+	_, nport, err := splitHostPort(bind)
+	if err != nil {
+		return 0, err
+	}
+	return nport - lport, nil
+}
+
+// nodeAddr returns where replica i serves node id, as clients are told.
+func (l *replicaLayout) nodeAddr(c *Config, i int, id int32) (string, int32, bool) {
+	shift, err := c.nodeShift(id)
+	if err != nil {
+		return "", 0, false
+	}
+	p := l.ports[i] + shift
+	if p < 1 || p > 65535 {
+		return "", 0, false
+	}
+	return l.hosts[i], int32(p), true
+}
+
+// hostnameFunc reads the host name, whose ordinal suffix is the replica
+// index when replica_index is not set; tests replace it.
+var hostnameFunc = os.Hostname
