@@ -1,0 +1,337 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// The false-positive suite (docs/legacy.md, "What is left"): records that
+// different producers really sent, under the default config and without a
+// fault, are never dropped. Each case runs twice: with client instances
+// that differ in client id, and with instances that share a client id but
+// not a host (their clients bound to 127.0.0.2 and 127.0.0.3). A retry
+// comes from the client instance that sent the original; records of
+// different instances are never retries of each other.
+
+// instance is one client instance of a case: its client id and the
+// address it connects from.
+type instance struct {
+	id   string
+	host string
+}
+
+// instances returns n instances for variant: "client ids" (one host, a
+// client id each) or "hosts" (one client id, a loopback address each).
+func instances(variant string, n int) []instance {
+	out := make([]instance, n)
+	for i := range out {
+		if variant == "hosts" {
+			out[i] = instance{id: "svc", host: fmt.Sprintf("127.0.0.%d", i+2)}
+		} else {
+			out[i] = instance{id: fmt.Sprintf("svc-%c", 'a'+i), host: "127.0.0.1"}
+		}
+	}
+	return out
+}
+
+var fpVariants = []string{"client ids", "hosts"}
+
+// fpClient is a legacy franz-go producer of instance in, through the proxy
+// at addr: idempotence off, acks=all, partitions chosen by the record.
+func fpClient(t *testing.T, c *testCluster, addr string, in instance, extra ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(in.host)}, Timeout: 5 * time.Second}
+	opts := append([]kgo.Opt{kgo.SeedBrokers(addr), kgo.ClientID(in.id), kgo.DisableIdempotentWrite(),
+		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(0), kgo.Dialer(d.DialContext)}, extra...)
+	if mech := kgoSASL(c.sasl()); mech != nil {
+		opts = append(opts, kgo.SASL(mech))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// send produces records synchronously: each is acknowledged before send
+// returns.
+func send(t *testing.T, cl *kgo.Client, recs ...*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+func rec(topic string, partition int32, key, value string) *kgo.Record {
+	r := &kgo.Record{Topic: topic, Partition: partition, Value: []byte(value)}
+	if key != "" {
+		r.Key = []byte(key)
+	}
+	return r
+}
+
+// wantStored fails t unless the topic holds want records in all.
+func wantStored(t *testing.T, c *testCluster, topic string, want int, what string) {
+	t.Helper()
+	_, stored := storedValues(t, c, c.topic(topic))
+	if stored != want {
+		t.Fatalf("%s: the topic holds %d records, want %d: records producers really sent were dropped", what, stored, want)
+	}
+	t.Logf("%s: %d of %d written", what, stored, want)
+}
+
+// TestFalsePositives runs the suite's cases.
+func TestFalsePositives(t *testing.T) {
+	for _, variant := range fpVariants {
+		t.Run(variant, func(t *testing.T) {
+			t.Run("two services take turns", func(t *testing.T) { t.Parallel(); fpTakeTurns(t, variant) })
+			t.Run("other producer after a close", func(t *testing.T) { t.Parallel(); fpAfterClose(t, variant) })
+			t.Run("broadcast to every partition", func(t *testing.T) { t.Parallel(); fpBroadcast(t, variant) })
+			t.Run("sensors share readings", func(t *testing.T) { t.Parallel(); fpSensors(t, variant) })
+			t.Run("heartbeats", func(t *testing.T) { t.Parallel(); fpHeartbeats(t, variant) })
+			t.Run("restart then other producers", func(t *testing.T) { t.Parallel(); fpRestart(t, variant) })
+			t.Run("a copy of a record in flight", func(t *testing.T) { t.Parallel(); fpCopyInFlight(t, variant) })
+		})
+	}
+}
+
+// fpTakeTurns: two services, each on its own open connection, take turns
+// sending the same one-record batch (key cfg, value reload) to one
+// partition, 50 each: all 100 are written.
+func fpTakeTurns(t *testing.T, variant string) {
+	const topic = "fp-turns"
+	c := newCluster(t, topic)
+	p := startProxy(t, c)
+	ins := instances(variant, 2)
+	a, b := fpClient(t, c, p.addr(), ins[0]), fpClient(t, c, p.addr(), ins[1])
+	defer a.Close()
+	defer b.Close()
+	for range 50 {
+		send(t, a, rec(c.topic(topic), 0, "cfg", "reload"))
+		send(t, b, rec(c.topic(topic), 0, "cfg", "reload"))
+	}
+	wantStored(t, c, topic, 100, "two services, 50 identical records each")
+}
+
+// fpAfterClose: producer 1 sends X and closes; producer 2 sends X and Y in
+// one batch to the same partition, then Z to another partition after
+// producer 1 sent Z to the first and closed: every record is written.
+func fpAfterClose(t *testing.T, variant string) {
+	const topic = "fp-close"
+	c := newCluster(t, topic)
+	p := startProxy(t, c)
+	ins := instances(variant, 2)
+	one := fpClient(t, c, p.addr(), ins[0])
+	send(t, one, rec(c.topic(topic), 0, "", "X"), rec(c.topic(topic), 0, "", "Z"))
+	one.Close()
+	two := fpClient(t, c, p.addr(), ins[1], kgo.ProducerLinger(50*time.Millisecond))
+	defer two.Close()
+	send(t, two, rec(c.topic(topic), 0, "", "X"), rec(c.topic(topic), 0, "", "Y")) // one batch: linger
+	send(t, two, rec(c.topic(topic), 1, "", "Z"))
+	wantStored(t, c, topic, 5, "X, Z then X, Y and Z moved")
+}
+
+// fpBroadcast: each instance sends the same marker to every partition, five
+// times: all are written.
+func fpBroadcast(t *testing.T, variant string) {
+	const topic = "fp-broadcast"
+	c := newCluster(t, topic)
+	p := startProxy(t, c)
+	var wg sync.WaitGroup
+	for _, in := range instances(variant, 2) {
+		cl := fpClient(t, c, p.addr(), in)
+		defer cl.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				var recs []*kgo.Record
+				for part := int32(0); part < legacyPartitions; part++ {
+					recs = append(recs, rec(c.topic(topic), part, "", "epoch-marker"))
+				}
+				send(t, cl, recs...)
+			}
+		}()
+	}
+	wg.Wait()
+	wantStored(t, c, topic, 2*5*legacyPartitions, "a marker broadcast to every partition")
+}
+
+// fpSensors: four sensors, each on its own connection, send batches of the
+// same readings (21.0, 21.5, 21.0) to one partition, ten each, all at
+// once: all are written.
+func fpSensors(t *testing.T, variant string) {
+	const topic = "fp-sensors"
+	c := newCluster(t, topic)
+	p := startProxy(t, c)
+	var wg sync.WaitGroup
+	for _, in := range instances(variant, 4) {
+		cl := fpClient(t, c, p.addr(), in, kgo.ProducerLinger(20*time.Millisecond))
+		defer cl.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				send(t, cl, rec(c.topic(topic), 0, "", "21.0"), rec(c.topic(topic), 0, "", "21.5"), rec(c.topic(topic), 0, "", "21.0"))
+			}
+		}()
+	}
+	wg.Wait()
+	wantStored(t, c, topic, 4*10*3, "sensors whose batches share readings")
+}
+
+// fpHeartbeats: each instance sends the same heartbeat on one connection,
+// ten times waiting for each answer and ten times pipelined: all are
+// written.
+func fpHeartbeats(t *testing.T, variant string) {
+	const topic = "fp-heartbeat"
+	c := newCluster(t, topic)
+	p := startProxy(t, c)
+	var wg sync.WaitGroup
+	for _, in := range instances(variant, 2) {
+		cl := fpClient(t, c, p.addr(), in)
+		defer cl.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				send(t, cl, rec(c.topic(topic), 0, "", "alive"))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var failed atomic.Pointer[error]
+			for range 10 {
+				cl.Produce(ctx, rec(c.topic(topic), 0, "", "alive"), func(_ *kgo.Record, err error) {
+					if err != nil {
+						failed.Store(&err)
+					}
+				})
+			}
+			if err := cl.Flush(ctx); err != nil {
+				t.Errorf("flush: %v", err)
+			}
+			if err := failed.Load(); err != nil {
+				t.Errorf("pipelined heartbeat: %v", *err)
+			}
+		}()
+	}
+	wg.Wait()
+	wantStored(t, c, topic, 2*20, "heartbeats, sequential and pipelined")
+}
+
+// fpRestart: one producer writes records, the proxy restarts (killed, a new
+// one on the same ports), then other producers send the same records, to
+// the same partition and another: all are written. After a restart the
+// proxy knows records only from the log, which says nothing of who wrote
+// them; it takes a record for a resend only with its timestamp, which
+// another producer's records do not share (docs/legacy.md, "After a
+// restart").
+func fpRestart(t *testing.T, variant string) {
+	const topic = "fp-restart"
+	c := newCluster(t, topic)
+	listen := freeListenPair(t)
+	first := startProxyOn(t, c, listen)
+	ins := instances(variant, 3)
+	h := fpClient(t, c, first.addr(), ins[0])
+	send(t, h, rec(c.topic(topic), 0, "k", "status ok"), rec(c.topic(topic), 0, "", "charge 7"))
+	h.Close()
+	first.kill()
+	second, err := startProxyOnErr(c, listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.kill()
+	for _, in := range ins[1:] {
+		s := fpClient(t, c, second.addr(), in)
+		send(t, s, rec(c.topic(topic), 0, "k", "status ok"), rec(c.topic(topic), 0, "", "charge 7"))
+		send(t, s, rec(c.topic(topic), 1, "k", "status ok"))
+		s.Close()
+	}
+	wantStored(t, c, topic, 2+2*3, "other producers' identical records after a restart")
+}
+
+// fpCopyInFlight: an instance's heartbeat is held by the broker; another
+// instance sends the same record meanwhile, to the same partition. It is
+// not the first's retry: written at once, without waiting. The first's
+// later heartbeats are written too.
+func fpCopyInFlight(t *testing.T, variant string) {
+	const topic = "fp-inflight"
+	c := newCluster(t, topic)
+	fake := c.kfake(t, "holding a Produce request")
+	var fired atomic.Int64
+	release := make(chan struct{})
+	holdProduce(fake, 1, &fired, func() { <-release })
+	p := startProxy(t, c)
+	ins := instances(variant, 2)
+	a, b := fpClient(t, c, p.addr(), ins[0]), fpClient(t, c, p.addr(), ins[1])
+	defer a.Close()
+	defer b.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		send(t, a, rec(c.topic(topic), 0, "", "alive"))
+	}()
+	if !eventually(10*time.Second, func() bool { return fired.Load() == 1 }) {
+		close(release)
+		t.Fatal("the broker never held the first heartbeat")
+	}
+	start := time.Now()
+	send(t, b, rec(c.topic(topic), 0, "", "alive"))
+	waited := time.Since(start)
+	close(release)
+	<-done
+	if waited > 2*time.Second {
+		t.Errorf("the other instance's copy waited %v for the held original", waited)
+	}
+	for range 8 {
+		send(t, a, rec(c.topic(topic), 0, "", "alive"))
+	}
+	if n := p.metric("dedupproxy_batches_total", "outcome=legacy_duplicate"); n != 0 {
+		t.Errorf("%v batches answered as retries", n)
+	}
+	wantStored(t, c, topic, 10, "a copy of a record in flight from another instance")
+}
+
+// TestOneShotJobs measures the case the wire cannot tell from a retry
+// (docs/legacy.md, "What is left"): a job that connects, sends a record,
+// reads its answer and closes, run again and again as the same client
+// instance (the same client id from the same host) within the window. Its
+// second run looks exactly like a client whose answer was lost on a
+// connection that closed: its record is taken for that retry. Jobs that
+// name themselves (a client id per run) are written every time.
+func TestOneShotJobs(t *testing.T) {
+	const topic, runs = "one-shot", 20
+	c := newCluster(t, topic)
+	p := startProxy(t, c)
+	run := func(id string) {
+		cl := fpClient(t, c, p.addr(), instance{id: id, host: "127.0.0.1"})
+		send(t, cl, rec(c.topic(topic), 0, "", "nightly report done"))
+		cl.Close()
+	}
+	for range runs {
+		run("report-job")
+	}
+	_, same := storedValues(t, c, c.topic(topic))
+	for i := range runs {
+		run(fmt.Sprintf("report-job-%d", i))
+	}
+	_, all := storedValues(t, c, c.topic(topic))
+	named := all - same
+	t.Logf("one client instance on fresh connections: %d of %d runs written; a client id per run: %d of %d", same, runs, named, runs)
+	if same != 1 {
+		t.Errorf("the same instance's runs: %d of %d written, docs/legacy.md says 1 (each later run is taken for the first's retry)", same, runs)
+	}
+	if named != runs {
+		t.Errorf("runs with a client id each: %d of %d written", named, runs)
+	}
+}
