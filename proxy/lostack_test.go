@@ -317,3 +317,55 @@ func TestLostAckSarama(t *testing.T) {
 		t.Errorf("repeated at the broker %d, answered by the proxy %v", repeated, dups)
 	}
 }
+
+// TestIdempotentSlowBrokerRetriesStayHere: the broker takes longer than
+// franz-go's request timeout for the first Produce requests, so the client
+// gives up on each, reconnects and retries while its original is still in
+// the broker, again and again. Every retry is held for its original and
+// answered with its outcome: no batch reaches the broker twice (the broker
+// would absorb it, but the proxy knew the original).
+func TestIdempotentSlowBrokerRetriesStayHere(t *testing.T) {
+	t.Parallel()
+	const topic, n, slow = "slow-idem", 12, 3
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
+	bl := logBatches(c)
+	var held atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if held.Add(1) <= slow {
+			// The broker's own slowness is the fault under test.
+			c.SleepControl(func() { time.Sleep(1500 * time.Millisecond) })
+		}
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DefaultProduceTopic(topic),
+		kgo.ProduceRequestTimeout(200*time.Millisecond), kgo.RequestTimeoutOverhead(300*time.Millisecond),
+		kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }),
+		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range n {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte(strconv.Itoa(i))}).FirstErr(); err != nil {
+			t.Fatalf("produce %d: %v", i, err)
+		}
+	}
+	consumeDirect(t, c, topic, n)
+	distinct, repeated := bl.repeats()
+	waited := testutil.ToFloat64(p.Metrics.batches[outInFlight])
+	answered := testutil.ToFloat64(p.Metrics.batches[outDuplicate])
+	t.Logf("batches reaching kfake: %d distinct, %d repeated; retries held for their original %v, answered as duplicates %v", distinct, repeated, waited, answered)
+	if held.Load() < slow {
+		t.Fatalf("the broker held %d requests, want %d", held.Load(), slow)
+	}
+	if repeated != 0 {
+		t.Errorf("%d batches reached the broker more than once", repeated)
+	}
+	if waited+answered < 1 {
+		t.Errorf("no retry was held or answered by the proxy: the client never retried")
+	}
+}
