@@ -154,16 +154,6 @@ func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
 		pl.account()
 		return
 	}
-	if req.GiveUp {
-		for i := range req.Parts {
-			pp := &pl.Parts[i]
-			pp.Act, pp.Local = Answer, timedOut
-			pp.Verdict.Legacy = req.Parts[i].Header.ProducerID < 0
-			pp.Verdict.Waited, pp.Verdict.Would, pp.Verdict.Rule = true, Answer, RuleInFlight
-		}
-		pl.account()
-		return
-	}
 	s := c.settings.Load()
 	decided := 0
 	for i := range req.Parts {
@@ -190,6 +180,10 @@ func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
 			decided++
 		}
 		pp.Verdict.Pass = st.pass
+	}
+	if req.GiveUp {
+		c.giveUp(req, pl)
+		return
 	}
 	if decided > 0 && c.warmOn && c.warmFirst(req, pl, now) {
 		return
@@ -226,6 +220,28 @@ func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
 	pl.account()
 }
 
+// giveUp decides a request whose wait ran out: what it waited for is
+// answered REQUEST_TIMED_OUT, which clients retry, and the retry is decided
+// afresh. Parts that were never to be decided go upstream as they are, and
+// so does an acks=0 request, which no answer reaches: the broker decides it
+// (at worst a duplicate, as without the proxy).
+func (c *Core) giveUp(req *Request, pl *Plan) {
+	for i := range pl.Parts {
+		pp := &pl.Parts[i]
+		if pl.st[i].pass >= 0 {
+			continue
+		}
+		pp.Verdict.Waited, pp.Verdict.Rule = true, RuleInFlight
+		if req.Acks == 0 {
+			pp.Verdict.Would = Forward
+			continue
+		}
+		pp.Act, pp.Local = Answer, timedOut
+		pp.Verdict.Would = Answer
+	}
+	pl.account()
+}
+
 func (c *Core) anyLegacy(pl *Plan) bool {
 	for i := range pl.st {
 		if pl.st[i].legacy && pl.st[i].pass < 0 {
@@ -253,6 +269,9 @@ func (c *Core) warmFirst(req *Request, pl *Plan, now time.Time) bool {
 			p.warm = reading
 			pl.Tails = append(pl.Tails, TailKey{k.Topic, k.Partition})
 		case reading:
+			// Registered under the partition's lock: its read cannot end
+			// unseen between here and the wait.
+			p.await(req.Conn.id)
 			pl.waitOn = append(pl.waitOn, k)
 		}
 		sh.mu.Unlock()
@@ -410,7 +429,7 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
 		if c.table.Decide(op.Key, op.Batch, now).Decision != seqstate.InFlight {
 			c.unwait(req.Conn.id, pl.waitOn)
 			pl.waitOn = pl.waitOn[:0]
-			pl.Status, pl.Until = Wait, now // decide again at once
+			pl.Status, pl.Until = Again, time.Time{}
 			return true
 		}
 	}

@@ -42,7 +42,7 @@ func (c *Core) Outcome(pl *Plan, sc *protocol.ProduceResponseScanner, body []byt
 		}
 		done[i] = true
 		anyError = anyError || pr.ErrorCode != 0
-		wake = c.outcomePart(pl, i, pr, now, wake)
+		c.outcomePart(pl, i, pr, now)
 	}
 	err := sc.Err()
 	c.settleIdempotent(pl, now)
@@ -54,11 +54,24 @@ func (c *Core) Outcome(pl *Plan, sc *protocol.ProduceResponseScanner, body []byt
 	}
 	for i := range pl.Parts {
 		if !done[i] && pl.Parts[i].Act != Answer {
-			wake = c.lostPart(pl, i, now, wake)
+			c.lostPart(pl, i, now)
 		}
 	}
 	pl.settled = true
-	return wake, err
+	return c.wakeUpstream(pl, wake), err
+}
+
+// wakeUpstream signals an event on every partition pl sent upstream, once
+// the state their waiters look at is settled: a waiter that registered
+// after the signal found that state settled already.
+func (c *Core) wakeUpstream(pl *Plan, wake []ConnID) []ConnID {
+	for i := range pl.Parts {
+		if pl.Parts[i].Act != Answer {
+			st := &pl.st[i]
+			wake = c.wakePartition(partKeyOf(st.key.Topic, st.key.Partition), wake)
+		}
+	}
+	return wake
 }
 
 // appendedCode reports whether an error code means the broker appended the
@@ -68,7 +81,7 @@ func appendedCode(code int16) bool {
 	return code == 0 || code == kerr.RequestTimedOut.Code || code == kerr.NotEnoughReplicasAfterAppend.Code
 }
 
-func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartition, now time.Time, wake []ConnID) []ConnID {
+func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartition, now time.Time) {
 	st, pp := &pl.st[i], &pl.Parts[i]
 	k := partKeyOf(st.key.Topic, st.key.Partition)
 	appended := appendedCode(pr.ErrorCode)
@@ -100,13 +113,11 @@ func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartitio
 			pp.Local = c.rebuiltAnswer(pl, i, pr, appended)
 		}
 	}
-	p, sh := c.parts.get(k)
 	if pr.LogStartOffset >= 0 {
+		p, sh := c.parts.get(k)
 		p.logStart = pr.LogStartOffset
+		sh.mu.Unlock()
 	}
-	wake = p.event(wake)
-	sh.mu.Unlock()
-	return wake
 }
 
 // rebuiltAnswer is the answer to a part the proxy forwarded without the
@@ -184,21 +195,26 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 		// acknowledgement, and the log has the offsets.
 		b.resolvable = true
 		b.inst.disown(b)
-		c.listUnknown(b)
+		c.listUnknown(b, ns)
 	} else if b.conn == nil || !b.conn.open {
 		b.inst.disown(b)
 	}
 }
 
 // listUnknown files b with its partition, whose next tail read settles it.
+// Past maxUnknown, b is settled at once as if the read had not found it:
+// a retry of it is forwarded, at worst a duplicate, as without the proxy.
 // Call with b's shard locked (the partition's is taken inside).
-func (c *Core) listUnknown(b *batch) {
+func (c *Core) listUnknown(b *batch, ns int64) {
 	p, sh := c.parts.get(partKeyOf(b.topic, b.part))
-	p.unknown = append(p.unknown, batchRef{b, b.gen})
-	if len(p.unknown) > maxUnknown {
-		p.unknown = append(p.unknown[:0], p.unknown[len(p.unknown)-maxUnknown:]...)
+	full := len(p.unknown) >= maxUnknown
+	if !full {
+		p.unknown = append(p.unknown, batchRef{b, b.gen})
 	}
 	sh.mu.Unlock()
+	if full {
+		c.settleLocked(b, nil, false, ns)
+	}
 }
 
 // maxUnknown bounds the batches a partition's next read must settle.
@@ -245,18 +261,18 @@ func (c *Core) Lost(pl *Plan, now time.Time, wake []ConnID) []ConnID {
 	pl.seqOuts = pl.seqOuts[:0]
 	for i := range pl.Parts {
 		if pl.Parts[i].Act != Answer {
-			wake = c.lostPart(pl, i, now, wake)
+			c.lostPart(pl, i, now)
 		}
 	}
 	c.settleIdempotent(pl, now)
 	pl.settled = true
-	return wake
+	return c.wakeUpstream(pl, wake)
 }
 
-func (c *Core) lostPart(pl *Plan, i int, now time.Time, wake []ConnID) []ConnID {
+func (c *Core) lostPart(pl *Plan, i int, now time.Time) {
 	st := &pl.st[i]
 	if st.pass >= 0 {
-		return wake
+		return
 	}
 	if !st.legacy {
 		if st.pending {
@@ -268,11 +284,10 @@ func (c *Core) lostPart(pl *Plan, i int, now time.Time, wake []ConnID) []ConnID 
 		if st.b.live() && b.phase == inFlight {
 			b.phase = unknown
 			b.inst.disown(b)
-			c.listUnknown(b)
+			c.listUnknown(b, now.UnixNano())
 		}
 		sh.mu.Unlock()
 	}
-	return c.wakePartition(partKeyOf(st.key.Topic, st.key.Partition), wake)
 }
 
 // Delivered records whether pl's answer reached its client's socket (ok)

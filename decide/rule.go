@@ -150,6 +150,9 @@ func (c *Core) needTail(pl *Plan, b *batch) {
 	p, sh := c.parts.get(k)
 	defer sh.mu.Unlock()
 	if p.warm == reading {
+		// Registered under the partition's lock: the read cannot end
+		// unseen between here and the wait.
+		p.await(pl.conn.id)
 		pl.waitOn = appendKey(pl.waitOn, k)
 		return
 	}

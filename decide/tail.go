@@ -115,14 +115,23 @@ func (c *Core) TailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 			}
 		}
 	}
-	p.warm, p.warmed = warm, true
+	p.warmed = true
 	unknowns := p.unknown
 	p.unknown = nil
-	wake = p.event(wake)
 	sh.mu.Unlock()
 	for _, ref := range unknowns {
 		c.settleFromLog(ref, batches, true, ns)
 	}
+	return c.tailDone(pk, wake)
+}
+
+// tailDone marks partition k read and wakes its waiters, once the batches
+// its read settles are settled.
+func (c *Core) tailDone(k seqstate.Key, wake []ConnID) []ConnID {
+	p, sh := c.parts.get(k)
+	p.warm = warm
+	wake = p.event(wake)
+	sh.mu.Unlock()
 	return wake
 }
 
@@ -131,16 +140,16 @@ func (c *Core) TailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 // tell are taken as not written (a retry of them is forwarded: at worst a
 // duplicate, as without the proxy).
 func (c *Core) TailFailed(k TailKey, now time.Time, wake []ConnID) []ConnID {
-	p, sh := c.parts.get(partKeyOf(k.Topic, k.Partition))
-	p.warm, p.warmed = warm, true
+	pk := partKeyOf(k.Topic, k.Partition)
+	p, sh := c.parts.get(pk)
+	p.warmed = true
 	unknowns := p.unknown
 	p.unknown = nil
-	wake = p.event(wake)
 	sh.mu.Unlock()
 	for _, ref := range unknowns {
 		c.settleFromLog(ref, nil, false, now.UnixNano())
 	}
-	return wake
+	return c.tailDone(pk, wake)
 }
 
 // settleFromLog looks for batch ref's records sent upstream in the tail's
@@ -152,9 +161,13 @@ func (c *Core) settleFromLog(ref batchRef, batches []logBatch, read bool, ns int
 	sh := b.inst.shard
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if !ref.live() {
-		return
+	if ref.live() {
+		c.settleLocked(b, batches, read, ns)
 	}
+}
+
+// settleLocked is settleFromLog with b's shard locked.
+func (c *Core) settleLocked(b *batch, batches []logBatch, read bool, ns int64) {
 	want := func(r rec) bool {
 		if b.phase == unknown {
 			return r.off == offPending

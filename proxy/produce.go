@@ -141,6 +141,8 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		case decide.ReadTails:
 			c.readTails(pl.Tails)
 			continue
+		case decide.Again:
+			continue
 		case decide.ReadRecords:
 			if !c.fillRequest() {
 				putPlan(pl)

@@ -18,19 +18,20 @@ func (c *session) countVerdicts(pl *producePlan, waited bool) {
 			m.passthrough[v.Pass].Inc()
 			continue
 		}
+		// Each batch counts once, under its final decision; a retry that
+		// waited for its original and was then answered (or timed out)
+		// counts as an in-flight wait.
+		answeredAfterWait := waited && pp.Act == decide.Answer
 		if v.Legacy {
 			switch {
-			case v.Waited && v.Would == decide.Answer && pp.Act == decide.Answer && pp.Local.ErrorCode != 0:
-				m.batches[outLegacyInFlight].Inc() // gave up waiting
+			case answeredAfterWait:
+				m.batches[outLegacyInFlight].Inc()
 			case v.Would == decide.Answer:
 				m.batches[outLegacyDuplicate].Inc()
 			case v.Would == decide.Rebuild:
 				m.batches[outLegacyRebatched].Inc()
 			default:
 				m.batches[outLegacyAccepted].Inc()
-			}
-			if v.Waited {
-				m.batches[outLegacyInFlight].Inc()
 			}
 			if n := float64(v.Dropped); n > 0 && v.Rule != decide.RuleKey {
 				if pp.Act == decide.Forward {
@@ -47,12 +48,13 @@ func (c *session) countVerdicts(pl *producePlan, waited bool) {
 				}
 			}
 		} else {
-			if waited && v.Rule != decide.RuleInFlight {
-				m.batches[outInFlight].Inc()
-			}
 			switch v.Rule {
 			case decide.RuleDuplicate:
-				m.batches[outDuplicate].Inc()
+				if answeredAfterWait {
+					m.batches[outInFlight].Inc()
+				} else {
+					m.batches[outDuplicate].Inc()
+				}
 				if pp.Act == decide.Answer {
 					m.dupAnswered[dupByProxy].Inc()
 				} else {
