@@ -9,7 +9,7 @@ import (
 // bytes a relay does not need in memory: the records of a partition whose
 // records field is exactly one v2 batch of an idempotent producer (producer
 // id >= 0), from the end of its 61-byte header, when at least minHole bytes
-// of them are still to come. The planner decides such a batch from its
+// of them are still to come. The decision core decides such a batch from its
 // header alone (RecordsFingerprint derives the records' CRC from the
 // header's), so the proxy can move those bytes socket to socket and read
 // them only when it must answer the batch itself (docs/produce-path.md,

@@ -68,7 +68,7 @@ func (c *session) replicaGateSlow(rs *replicaSet, tr *requestTracker, h protocol
 	req.SetVersion(h.APIVersion)
 	if err := req.ReadFrom(body[h.BodyOffset:]); err != nil {
 		tr.produceSent(h.CorrelationID)
-		return false // the planner closes the connection on a bad request
+		return false // the Produce path closes the connection on a bad request
 	}
 	// Wait at most the request's own timeout (the client gives up then),
 	// and no longer than a drain.

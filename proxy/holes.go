@@ -11,14 +11,14 @@ import (
 
 // Record bytes that never enter the proxy (docs/produce-path.md).
 //
-// The planner decides an idempotent batch from its 61-byte header: the
+// The decision core decides an idempotent batch from its 61-byte header: the
 // records' fingerprint derives from the header's CRC, and it reads the
 // records only to check that CRC before it answers a retry itself. So when
 // both legs are plain TCP on Linux, a large Produce request is read with
 // protocol.ProduceWalker: the records of each large idempotent batch (a hole)
 // go from the client's socket into a pipe with splice(2), everything else
 // into a mapping (pipePool.mapping) whose hole pages are not written, and so
-// take no memory. The request, as the planner sees it, has the right size
+// take no memory. The request, as the core sees it, has the right size
 // and every header; its holes hold zeros or an earlier request's bytes.
 //
 // Forwarded as it came (the common case), the request is written upstream
@@ -219,8 +219,8 @@ func (c *session) writeAround(rb *requestBuffer, frame []byte) error {
 	return err
 }
 
-// fillRequest is the planner's fill (producePlan.fill) for this connection's
-// request being read.
+// fillRequest reads back the record bytes of this connection's request
+// being read that are held in pipes, when the core asks (ReadRecords).
 func (c *session) fillRequest() bool {
 	rb := c.req
 	if rb == nil || len(rb.holes) == 0 {

@@ -81,7 +81,6 @@ type session struct {
 	rawClient, rawUp syscall.RawConn
 	tracker          *requestTracker // the client connection's, when it has one
 	req              *requestBuffer  // readLoop's: the request being handled (holes.go)
-	fill             func() bool     // fillRequest, made once for the planner
 	splice           *splicer        // responseLoop's, made on first use
 	stream           fetchStream     // responseLoop's, for Fetch v16+ (fetchstream.go)
 
@@ -101,7 +100,7 @@ type pending struct {
 	api          *apiMetrics
 	resp         *[]byte      // the whole response frame, from getFrame; set early when the proxy answers alone
 	failed       bool         // no response will come; the connection closes
-	plan         *producePlan // Produce decided by the planner, else nil
+	plan         *producePlan // Produce decided by the core, else nil
 	initTxn      bool         // InitProducerId for a transactional id: feeds fencing
 	relayed      bool         // the response went to the client as it was read (relayLarge)
 }
@@ -130,7 +129,6 @@ func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logge
 		}
 		c.rawClient, c.rawUp, _ = rawConns(inner, upstream)
 	}
-	c.fill = c.fillRequest
 	return c
 }
 

@@ -118,7 +118,7 @@
 // A Produce request's batches all carry its producer id, so they all live
 // in one shard. CheckBatches decides them in one acquisition of its lock and
 // SettleBatches applies the broker's outcomes in another, where Check and
-// Commit took it once per batch each; the proxy's planner uses them. Neither
+// Commit took it once per batch each; the decision core (decide) uses them. Neither
 // holds the lock beyond its call: the caller forwards and waits with no lock
 // held. BenchmarkRequest, a known producer's request of 1 or 8 batches
 // (one per partition) decided then settled, takes a median of 48 and 50 ns

@@ -1,0 +1,36 @@
+// Package decide is the proxy's decision core for Produce requests: for
+// each batch, forward it, forward it without the records it repeats, answer
+// it here, or wait for an outcome it needs — for idempotent producers by
+// Kafka's rules (docs/kafka-rules.md §12, through seqstate), for legacy
+// producers by one record-level rule scoped to the client instance
+// (docs/legacy.md).
+//
+// Sessions feed it events and carry out what it returns
+// (docs/produce-path.md, "Events in, effects out"): Connect and Disconnect
+// for connections; Decide for a scanned request, which returns a Plan whose
+// Status says to carry it out (Ready), wait for a wake (Wait), read
+// partition tails from the log (ReadTails), read record bytes held in pipes
+// (ReadRecords) or decide again at once (Again); Outcome, Lost and
+// Delivered for what became of a forwarded request and of its answer;
+// TailRead and TailFailed for the log. Every event that may unblock a
+// waiting request returns the connections to wake.
+//
+// # Contract
+//
+//   - Pure: no I/O, no logging, no metrics, no goroutines, no channels, no
+//     clock — time is an argument (now), never time.Now; no sleeping or
+//     timers. Imports only the standard library, protocol, seqstate and
+//     franz-go's error codes (TestContract enforces all of this).
+//   - Its locks are its own: each call takes and releases the shard locks it
+//     needs and holds none when it returns, so no lock is shared with I/O.
+//   - Settled before woken: an event updates every state a waiter looks at
+//     before it names the waiter to wake (TestWaitersNeverMissAnOutcome).
+//   - Bounded: the legacy records remembered (Config.MaxRecords), client
+//     instances (64 Ki), partitions (256 Ki), log records per partition and
+//     unknown outcomes per partition are capped; past a cap the core forgets,
+//     which costs a missed retry, never a wrong answer.
+//   - No allocation on the steady legacy path (TestLegacyNoAllocs).
+//
+// Its tests are datadriven scripts in testdata/, one per rule and per
+// client retry shape, each citing docs/legacy.md.
+package decide
