@@ -120,8 +120,9 @@ func BenchmarkDecideLegacy(b *testing.B) {
 }
 
 // BenchmarkLegacyMemory reports the heap per legacy record remembered, for
-// batches of 100 records (each batch's own share included): connections
-// that closed, so their batches stay for the window.
+// batches of 100 records (each batch's own share and the index a lookup
+// builds included): connections that closed, so their batches stay for the
+// window.
 func BenchmarkLegacyMemory(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
@@ -141,7 +142,12 @@ func BenchmarkLegacyMemory(b *testing.B) {
 			}
 			s.c.Disconnect(s.conn, s.now)
 		}
+		// A request of the same instance looks its records up, which
+		// builds the index of the disowned ones: counted too.
+		probe := steadyOn(b, first.c, ConnID(conns+2), 1, 100)
+		probe.c.Decide(&probe.reqs[0], &probe.pl, probe.now)
 		b.StopTimer()
+		probe.reqs, probe.resps = nil, nil
 		for _, s := range all {
 			s.reqs, s.resps = nil, nil // the requests' bytes are not the core's
 		}
@@ -150,6 +156,36 @@ func BenchmarkLegacyMemory(b *testing.B) {
 		held, _ := first.c.LegacyRecords()
 		b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/float64(held), "B/record")
 		runtime.KeepAlive(all)
+		b.StartTimer()
+	}
+}
+
+// BenchmarkInstanceMemory reports the heap per client instance with one
+// open connection and nothing remembered yet: what a client costs before
+// it sends a legacy batch.
+func BenchmarkInstanceMemory(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		const n = 20000
+		first := newSteady(b, 1, 1)
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("client-%06d", i)
+		}
+		conns := make([]*Conn, 0, n)
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		b.StartTimer()
+		for i, id := range ids {
+			conns = append(conns, first.c.Connect(ConnID(i+10), Client{ID: id, Host: netip.MustParseAddr("10.0.0.1")}, first.now))
+		}
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapInuse-before.HeapInuse-uint64(cap(conns))*8)/n, "B/instance")
+		runtime.KeepAlive(conns)
+		runtime.KeepAlive(ids)
 		b.StartTimer()
 	}
 }
