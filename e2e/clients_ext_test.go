@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,49 +75,87 @@ func pythonModule(module string) func() error {
 // by one only when none failed. It exits 0 even when deliveries failed
 // (docs/clients.md §2). -E keeps it running when "all brokers are down":
 // with one broker, the shim closing the connection is exactly that, and kcat
-// would otherwise exit with records still queued.
-func kcatClient() legacyClient {
-	return legacyClient{
+// would otherwise exit with records still queued. paced: its stdin is a
+// live source (pacedLines) and it lingers pacedLinger ms with pacedRetries
+// retries.
+func kcatClient(paced bool) legacyClient {
+	c := legacyClient{
 		name: "kcat", clientID: "e2e-kcat", retries: true, dropAt: 10,
 		available: func() error { _, err := exec.LookPath("kcat"); return err },
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
-			var in bytes.Buffer
+	}
+	if paced {
+		c.name, c.paced, c.dropAt = c.name+" paced", true, pacedDropEvery
+	}
+	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+		var in io.Reader
+		if paced {
+			src := pacedLines(ctx, n)
+			defer src.Close() // a writer kcat stopped reading returns
+			in = src
+		} else {
+			var b bytes.Buffer
 			for i := 0; i < n; i++ {
-				in.WriteString(value(i))
-				in.WriteByte('\n')
+				b.WriteString(value(i))
+				b.WriteByte('\n')
 			}
-			args := []string{"-P", "-E", "-b", bootstrap, "-t", topic}
-			if auth.Mechanism != "" {
-				args = append(args, "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms="+auth.Mechanism,
-					"-X", "sasl.username="+auth.User, "-X", "sasl.password="+auth.Password)
+			in = &b
+		}
+		args := []string{"-P", "-E", "-b", bootstrap, "-t", topic}
+		if auth.Mechanism != "" {
+			args = append(args, "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms="+auth.Mechanism,
+				"-X", "sasl.username="+auth.User, "-X", "sasl.password="+auth.Password)
+		}
+		args = append(args,
+			"-X", "client.id=e2e-kcat",
+			"-X", "enable.idempotence=false",
+			"-X", "acks=all",
+			"-X", "socket.timeout.ms=5000",
+			"-X", "request.timeout.ms=5000",
+			"-X", "message.timeout.ms=25000",
+		)
+		if paced {
+			for k, v := range pacedConfig() {
+				args = append(args, "-X", fmt.Sprintf("%s=%d", k, v))
 			}
-			_, stderr, err := runChild(ctx, t, in.Bytes(), nil, "kcat", append(args,
-				"-X", "client.id=e2e-kcat",
-				"-X", "enable.idempotence=false",
-				"-X", "acks=all",
+		} else {
+			args = append(args,
 				"-X", "linger.ms=5",
 				"-X", "batch.num.messages=100", // many Produce requests: the lost acknowledgement is mid-stream
 				"-X", "retry.backoff.ms=50",
 				"-X", "reconnect.backoff.ms=50",
-				"-X", "socket.timeout.ms=5000",
-				"-X", "request.timeout.ms=5000",
-				"-X", "message.timeout.ms=25000",
-			)...)
-			if err != nil {
-				return produceResult{}, fmt.Errorf("kcat: %w; stderr:\n%s", err, firstLines(stderr, 20))
-			}
-			failed := strings.Count(stderr, "Delivery failed")
-			var errs []string
-			for _, l := range strings.Split(stderr, "\n") {
-				if strings.Contains(l, "Delivery failed") || strings.Contains(l, "FATAL") || strings.Contains(l, "ERROR") {
-					if len(errs) < 5 {
-						errs = append(errs, strings.TrimSpace(l))
-					}
+			)
+		}
+		_, stderr, err := runChild(ctx, t, in, nil, "kcat", args...)
+		if err != nil {
+			return produceResult{}, fmt.Errorf("kcat: %w; stderr:\n%s", err, firstLines(stderr, 20))
+		}
+		failed := strings.Count(stderr, "Delivery failed")
+		var errs []string
+		for _, l := range strings.Split(stderr, "\n") {
+			if strings.Contains(l, "Delivery failed") || strings.Contains(l, "FATAL") || strings.Contains(l, "ERROR") {
+				if len(errs) < 5 {
+					errs = append(errs, strings.TrimSpace(l))
 				}
 			}
-			return produceResult{version: kcatVersion(), ackedCount: n - failed, failed: failed, errors: errs}, nil
-		},
+		}
+		return produceResult{version: kcatVersion(), ackedCount: n - failed, failed: failed, errors: errs}, nil
 	}
+	return c
+}
+
+// pacedLines is a live source on a child's stdin: the lines value(0) to
+// value(n-1), handed over as paceSource hands records, ending early (EOF)
+// when ctx ends. Close it once the child is done.
+func pacedLines(ctx context.Context, n int) *io.PipeReader {
+	r, w := io.Pipe()
+	go func() {
+		err := paceSource(ctx, n, func(i int) error {
+			_, err := io.WriteString(w, value(i)+"\n")
+			return err
+		})
+		w.CloseWithError(err) // nil: EOF
+	}()
+	return r
 }
 
 var kcatVersionRE = regexp.MustCompile(`Version (\S+) .*librdkafka (\S+)`)
@@ -135,15 +174,27 @@ func kcatVersion() string {
 }
 
 // confluentPythonClient: confluent-kafka-python (Debian's, on librdkafka),
-// idempotence off, acks=all.
-func confluentPythonClient() legacyClient {
-	return legacyClient{
+// idempotence off, acks=all. paced: the program paces its own source as
+// paceSource does and lingers pacedLinger ms with pacedRetries retries.
+func confluentPythonClient(paced bool) legacyClient {
+	c := legacyClient{
 		name: "confluent-kafka-python", clientID: "e2e-confluent-python", retries: true, dropAt: 10,
 		available: pythonModule("confluent_kafka"),
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
-			return runReporting(ctx, t, saslEnv(auth), debianPython, filepath.Join("testdata", "confluent_producer.py"), bootstrap, topic, fmt.Sprint(n))
-		},
 	}
+	var pace []string
+	if paced {
+		c.name, c.paced, c.dropAt = c.name+" paced", true, pacedDropEvery
+		conf, err := json.Marshal(pacedConfig())
+		if err != nil {
+			panic(err) // a map of ints always encodes
+		}
+		pace = []string{fmt.Sprint(pacedBurst), fmt.Sprint(pacedEvery.Milliseconds()), string(conf)}
+	}
+	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+		args := append([]string{filepath.Join("testdata", "confluent_producer.py"), bootstrap, topic, fmt.Sprint(n)}, pace...)
+		return runReporting(ctx, t, saslEnv(auth), debianPython, args...)
+	}
+	return c
 }
 
 // kafkaPythonClient: kafka-python (Debian's 2.0.2), which has no idempotent

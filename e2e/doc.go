@@ -1,12 +1,15 @@
 // Package e2e holds end-to-end tests that drive real Kafka clients (Go
-// libraries in-process; kcat, Python and Node programs as child processes)
+// libraries in-process, confluent-kafka-go among them through cgo; kcat,
+// Python and Node programs as child processes)
 // against an in-process kfake cluster, directly and through dedupproxy,
 // with a fault-injecting TCP shim in front.
 //
 // The package has no code of its own: everything is in _test.go files and
 // testdata/. What the tests need besides Go is installed by .ci/deps (which
 // .ci/run calls): kcat, python3-confluent-kafka and python3-kafka from
-// Debian, node and npm, and kafkajs (`npm ci` in this directory). A missing
+// Debian, node and npm, kafkajs (`npm ci` in this directory), and gcc, for
+// confluent-kafka-go links the librdkafka its Go module bundles (a build
+// with cgo off reports that client missing). A missing
 // client fails its test, saying what installs it, so a green run has run
 // every client; E2E_SKIP_MISSING=kafkajs,kcat (or =all) skips the ones named
 // instead, outside CI. Either way the run ends by naming every client that
@@ -21,6 +24,11 @@
 // results/legacy-clients.md when run with -update or E2E_WRITE_RESULTS=1:
 //
 //	go test ./e2e -run TestLegacyLostAck -update
+//
+// With E2E_DEBUG=1 the in-process proxies log at debug level, the shim logs
+// every Produce request (the values of each batch) and response, and a
+// run that wrote records twice logs where each copy sits in the log: the
+// retry shape the proxy missed can be read from that.
 //
 // How each client behaves on a lost acknowledgement, and why the shim
 // closes the connection after dropping a response, is measured in

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -317,14 +318,12 @@ func moduleVersion(path string) string {
 // runChild runs a client program to completion, killed if ctx ends first
 // (exec.CommandContext kills it; WaitDelay bounds the wait for its pipes),
 // with env added to its environment. It returns stdout; stderr is logged.
-func runChild(ctx context.Context, t testing.TB, stdin []byte, env []string, name string, args ...string) ([]byte, string, error) {
+func runChild(ctx context.Context, t testing.TB, stdin io.Reader, env []string, name string, args ...string) ([]byte, string, error) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.WaitDelay = 2 * time.Second
 	cmd.Env = append(append(os.Environ(), "KAFKAJS_NO_PARTITIONER_WARNING=1", "PYTHONUNBUFFERED=1"), env...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
+	cmd.Stdin = stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -400,11 +399,11 @@ func startProxyOnErr(c *testCluster, listen string) (*testProxy, error) {
 	return &testProxy{srv: srv, reg: reg, logs: logs}, nil
 }
 
-// cutAfterProduce is a dialer whose connections break right after the
-// n-th Produce request (counted across connections) is written to the
-// broker: the broker gets it, the proxy never reads an answer. fired counts
-// the cuts.
-func cutAfterProduce(n int64, fired *atomic.Int64) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// cutAfterProduce is a dialer whose connections break right after each
+// Produce request the plan names (counted across connections) is written
+// to the broker: the broker gets it, the proxy never reads an answer. fired
+// counts the cuts.
+func cutAfterProduce(plan faultPlan, fired *atomic.Int64) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	var produces atomic.Int64
 	var d net.Dialer
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -412,21 +411,21 @@ func cutAfterProduce(n int64, fired *atomic.Int64) func(ctx context.Context, net
 		if err != nil {
 			return nil, err
 		}
-		return &cutConn{Conn: conn, produces: &produces, at: n, fired: fired}, nil
+		return &cutConn{Conn: conn, produces: &produces, plan: plan, fired: fired}, nil
 	}
 }
 
 type cutConn struct {
 	net.Conn
 	produces *atomic.Int64
-	at       int64
+	plan     faultPlan
 	fired    *atomic.Int64
 }
 
 // Write sees whole frames: the proxy writes one request per call.
 func (c *cutConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
-	if err == nil && len(p) >= 6 && p[4] == 0 && p[5] == 0 && c.produces.Add(1) == c.at { // api key 0: Produce
+	if err == nil && len(p) >= 6 && p[4] == 0 && p[5] == 0 && c.plan.hits(c.produces.Add(1)) { // api key 0: Produce
 		c.fired.Add(1)
 		c.Conn.Close()
 	}

@@ -78,6 +78,12 @@ type legacyClient struct {
 	// while kcat reads stdin), early enough that records are still to be
 	// sent.
 	dropAt int64
+	// paced: the client's source hands it records as a live one does
+	// (paceSource) and the client lingers pacedLinger ms, so its requests
+	// carry records of several bursts; and the faults that can repeat hit
+	// several of its requests (faults), so that librdkafka re-splits the
+	// records of several failed requests at new boundaries.
+	paced bool
 	// available returns nil when the client can run here.
 	available func() error
 	// produce writes values value(0..n-1) to topic via bootstrap with
@@ -94,6 +100,107 @@ const recordsPerRun = 3000
 // value is the unique record value with index i.
 func value(i int) string { return fmt.Sprintf("r-%06d", i) }
 
+// The paced rows' source and faults: pacedBurst records every pacedEvery
+// (recordsPerRun in 1.2 s), as a live source hands them over, to a client
+// lingering pacedLinger ms, retrying pacedRetries times, with batches of at
+// most pacedBatch records: each burst leaves as several requests pipelined
+// on one connection, so a lost answer (its connection closed) loses
+// several batches of a partition, whose records librdkafka then batches
+// again at other boundaries (as a broker slower than the linger does with
+// bigger batches). Its reconnection backoff starts at pacedBackoff ms and
+// doubles up to pacedBackoffMax ms: with librdkafka's defaults (100 ms, up
+// to 10 s) ten breaks in a row stall it past the run's deadline. One
+// Produce answer in pacedDropEvery lost (or timed out, or cut), at most
+// pacedMaxDrops in a run.
+const (
+	pacedBurst      = 50
+	pacedEvery      = 20 * time.Millisecond
+	pacedLinger     = 20
+	pacedRetries    = 10
+	pacedBatch      = 20
+	pacedBackoff    = 50
+	pacedBackoffMax = 1000
+	pacedDropEvery  = 7
+	pacedMaxDrops   = 10
+	pacedMinDrops   = 3 // fewer, and the run did not lose several answers
+)
+
+// pacedConfig is the librdkafka configuration of the paced rows, beside
+// the one every row has.
+func pacedConfig() map[string]int {
+	return map[string]int{
+		"linger.ms":                pacedLinger,
+		"retries":                  pacedRetries,
+		"batch.num.messages":       pacedBatch,
+		"retry.backoff.ms":         pacedBackoff,
+		"reconnect.backoff.ms":     pacedBackoff,
+		"reconnect.backoff.max.ms": pacedBackoffMax,
+	}
+}
+
+// paceSource hands values 0..n-1 to emit in bursts of pacedBurst, one burst
+// every pacedEvery from its start, and stops early when ctx ends or emit
+// fails. The pause is the workload's shape, not a synchronisation.
+func paceSource(ctx context.Context, n int, emit func(i int) error) error {
+	start := time.Now()
+	var timer *time.Timer
+	for i := 0; i < n; i++ {
+		if i > 0 && i%pacedBurst == 0 {
+			d := time.Until(start.Add(time.Duration(i/pacedBurst) * pacedEvery))
+			if timer == nil {
+				timer = time.NewTimer(d)
+				defer timer.Stop()
+			} else {
+				timer.Reset(d)
+			}
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err := emit(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// faultPlan is which Produce requests (acks != 0, counted from 1 across
+// connections) a fault hits: the at-th, and with every > 0 each every-th
+// after it, max in all.
+type faultPlan struct{ at, every, max int64 }
+
+func (p faultPlan) hits(n int64) bool {
+	switch {
+	case n == p.at:
+		return true
+	case p.every <= 0 || n < p.at || (n-p.at)%p.every != 0:
+		return false
+	}
+	return (n-p.at)/p.every < p.max
+}
+
+// repeats reports whether the plan hits more than one request.
+func (p faultPlan) repeats() bool { return p.every > 0 && p.max > 1 }
+
+func (p faultPlan) String() string {
+	if !p.repeats() {
+		return fmt.Sprintf("#%d", p.at)
+	}
+	return fmt.Sprintf("#%d, every %dth after, ≤%d", p.at, p.every, p.max)
+}
+
+// faults is the plan of mode's fault for c: the dropAt-th Produce request,
+// and for a paced client every pacedDropEvery-th after it too, except in
+// the modes that hold one request (slow, abort).
+func (c legacyClient) faults(mode string) faultPlan {
+	if !c.paced || mode == modeSlow || mode == modeAbort {
+		return faultPlan{at: c.dropAt}
+	}
+	return faultPlan{at: c.dropAt, every: pacedDropEvery, max: pacedMaxDrops}
+}
+
 // legacyClients are the clients under test, in the order of the results
 // table.
 func legacyClients() []legacyClient {
@@ -101,13 +208,20 @@ func legacyClients() []legacyClient {
 		franzClient(),
 		saramaClient(),
 		kafkaGoClient(),
-		kcatClient(),
-		confluentPythonClient(),
+		kcatClient(false),
+		confluentPythonClient(false),
+		confluentGoClient(false),
 		kafkaPythonClient(5),
 		kafkaPythonClient(0),
 		kafkajsClient(),
 		franzIdempotentClient(),
 	}
+}
+
+// matrixClients are the rows of TestLegacyLostAck: legacyClients, then
+// every librdkafka client with a paced source (legacyClient.paced).
+func matrixClients() []legacyClient {
+	return append(legacyClients(), kcatClient(true), confluentPythonClient(true), confluentGoClient(true))
 }
 
 const (
@@ -175,7 +289,8 @@ type tally struct {
 	unackedStored         int // values reported failed (or never reported) that are in the log anyway
 	foreign               int // stored values the client never sent
 	shim                  shimStats
-	dropAt                int64
+	plan                  faultPlan
+	faults                int64   // how often the fault fired
 	legacyPassthrough     float64 // proxy: batches it relayed as legacy
 	elapsed               time.Duration
 }
@@ -186,9 +301,9 @@ func (r tally) String() string {
 		lost = "≥" + lost
 	}
 	s := fmt.Sprintf("%s (%s) %s: sent %d, acknowledged %d (failed %d, of which stored anyway %d), stored %d, duplicated %d, lost %s; "+
-		"shim: %d Produce requests, %d batches (%d legacy), %d records, response to #%d dropped (%d), %d records forwarded by then; %v",
+		"shim: %d Produce requests, %d batches (%d legacy), %d records, fault at %v (fired %d, %d dropped by the shim), %d records forwarded by the first; %v",
 		r.client, r.version, r.mode, r.sent, r.acked, r.failed, r.unackedStored, r.stored, r.duplicated, lost,
-		r.shim.Produces, r.shim.Batches, r.shim.LegacyBatches, r.shim.Records, r.dropAt, r.shim.Dropped, r.shim.RecordsAtDrop,
+		r.shim.Produces, r.shim.Batches, r.shim.LegacyBatches, r.shim.Records, r.plan, r.faults, r.shim.Dropped, r.shim.RecordsAtDrop,
 		r.elapsed.Round(time.Millisecond))
 	if r.mode != modeControl {
 		s += fmt.Sprintf("; proxy relayed %v legacy batches", r.legacyPassthrough)
@@ -232,7 +347,7 @@ func record(r tally) {
 //
 // In both modes nothing acknowledged may be missing from the log.
 func TestLegacyLostAck(t *testing.T) {
-	clients := legacyClients()
+	clients := matrixClients()
 	for _, c := range clients {
 		t.Run(c.name, func(t *testing.T) {
 			requireClient(t, c.name, c.available())
@@ -303,23 +418,24 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	}
 	target := cluster.addrs()[0]
 	var px *testProxy
-	// restart: what the shim's goroutine did at the lost acknowledgement.
+	// restart: what the shim's goroutine did at each lost acknowledgement.
 	var restart struct {
 		sync.Mutex
-		done  bool
-		proxy *testProxy
-		err   error
+		done    int
+		proxies []*testProxy // the restarted ones, in order
+		err     error
 	}
-	var faults atomic.Int64 // timedout, cut: how often the fault fired
+	plan := c.faults(mode)
+	var faults atomic.Int64 // how often the fault fired
 	switch mode {
 	case modeProxy:
 		px = startProxy(t, cluster)
 		target = px.addr()
 	case modeTimedOut:
 		var produces atomic.Int64
-		fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.RequestTimedOut, Count: 1,
+		fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.RequestTimedOut, Count: int(max(1, plan.max)),
 			When: func(req kmsg.Request) bool {
-				if req.(*kmsg.ProduceRequest).Acks == 0 || produces.Add(1) != c.dropAt {
+				if req.(*kmsg.ProduceRequest).Acks == 0 || !plan.hits(produces.Add(1)) {
 					return false
 				}
 				faults.Add(1)
@@ -328,7 +444,7 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		px = startProxy(t, cluster)
 		target = px.addr()
 	case modeCut:
-		px = startProxyDial(t, cluster, cutAfterProduce(c.dropAt, &faults))
+		px = startProxyDial(t, cluster, cutAfterProduce(plan, &faults))
 		target = px.addr()
 	case modeLeader:
 		px = startProxy(t, cluster)
@@ -341,9 +457,9 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		px = startProxyOn(t, cluster, listen)
 		target = px.addr()
 	}
-	dropAt := c.dropAt
-	if !shimDrops(mode) {
-		dropAt = 0
+	var dropAt int64
+	if shimDrops(mode) {
+		dropAt = c.dropAt
 	}
 	// The shim reaches the cluster as its clients would (TLS when it
 	// speaks TLS), the proxy in plaintext.
@@ -353,6 +469,12 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		dial = d.DialContext
 	}
 	shim := newAckShim(t, target, dropAt, dial)
+	if shimDrops(mode) {
+		shim.setDrops(plan)
+	}
+	if os.Getenv("E2E_DEBUG") == "1" {
+		shim.setTrace(func(line string) { t.Log("shim: " + line) })
+	}
 	var moveErr atomic.Pointer[error]
 	if mode == modeLeader {
 		shim.setOnDrop(func() {
@@ -368,23 +490,37 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	if mode == modeRestart || mode == modeDrain {
 		listen := px.addr()
 		shim.setOnDrop(func() {
+			// Held throughout: two drops at once restart one after the
+			// other, never two proxies on the same ports.
+			restart.Lock()
+			defer restart.Unlock()
+			if restart.err != nil {
+				return
+			}
+			cur := px
+			if n := len(restart.proxies); n > 0 {
+				cur = restart.proxies[n-1]
+			}
 			if mode == modeDrain {
-				px.drain()
+				cur.drain()
 			} else {
-				px.kill()
+				cur.kill()
 			}
 			next, err := startProxyOnErr(cluster, listen)
-			restart.Lock()
-			restart.done, restart.proxy, restart.err = true, next, err
-			restart.Unlock()
+			restart.done++
+			if err != nil {
+				restart.err = err
+				return
+			}
+			restart.proxies = append(restart.proxies, next)
 		})
 		t.Cleanup(func() {
 			restart.Lock()
 			defer restart.Unlock()
-			if restart.proxy != nil {
-				restart.proxy.kill()
+			for i, p := range restart.proxies {
+				p.kill()
 				if t.Failed() {
-					t.Logf("restarted proxy log:\n%s", restart.proxy.logs.String())
+					t.Logf("restarted proxy %d log:\n%s", i+1, p.logs.String())
 				}
 			}
 		})
@@ -428,7 +564,10 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 	r := tally{
 		client: c.name, version: res.version, mode: mode,
 		sent: recordsPerRun, failed: res.failed, stored: stored,
-		shim: shim.Stats(), dropAt: c.dropAt, elapsed: elapsed,
+		shim: shim.Stats(), plan: plan, faults: faults.Load(), elapsed: elapsed,
+	}
+	if shimDrops(mode) {
+		r.faults = r.shim.Dropped
 	}
 	sent := make(map[string]bool, recordsPerRun)
 	for i := 0; i < recordsPerRun; i++ {
@@ -441,13 +580,20 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 			continue
 		}
 		r.duplicated += n - 1
-		if n > 1 && len(twice) < 20 {
+		if n > 1 {
 			twice = append(twice, v)
 		}
 	}
 	if len(twice) > 0 {
 		sort.Strings(twice)
-		t.Logf("written more than once, the first ones: %v", twice)
+		t.Logf("written more than once, the first ones: %v", twice[:min(20, len(twice))])
+		if os.Getenv("E2E_DEBUG") == "1" {
+			where := make(map[string]bool, len(twice))
+			for _, v := range twice {
+				where[v] = true
+			}
+			logWhereStored(t, cluster, topic, where)
+		}
 	}
 	switch {
 	case res.perValue:
@@ -484,16 +630,16 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		switch {
 		case restart.err != nil:
 			t.Errorf("restarting the proxy: %v", restart.err)
-		case !restart.done:
-			t.Errorf("the proxy was never restarted: the shim dropped no response")
+		case int64(restart.done) != r.shim.Dropped:
+			t.Errorf("the proxy was restarted %d times, but the shim dropped %d responses", restart.done, r.shim.Dropped)
 		}
 		restart.Unlock()
 	}
 	if err := moveErr.Load(); err != nil {
 		t.Errorf("moving the leaders: %v", *err)
 	}
-	if mode == modeLeader && faults.Load() != 1 {
-		t.Errorf("the leaders never moved: the shim dropped no response")
+	if mode == modeLeader && faults.Load() != r.shim.Dropped {
+		t.Errorf("the leaders moved %d times, but the shim dropped %d responses", faults.Load(), r.shim.Dropped)
 	}
 	if cluster.real == nil { // the results table is kfake's
 		record(r)
@@ -503,14 +649,15 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		t.Logf("%s reported errors, the first ones: %s", c.name, strings.Join(res.errors, "; "))
 	}
 
-	// The harness itself: the fault fired mid-stream on legacy batches.
-	if !shimDrops(mode) {
-		if n := faults.Load(); n != 1 {
-			t.Fatalf("the %s fault fired %d times, want 1 (the client sent %d Produce requests)", mode, n, r.shim.Produces)
-		}
-	} else if r.shim.Dropped != 1 {
-		t.Fatalf("the shim dropped %d responses, want 1: the client sent %d Produce requests, dropAt is %d",
-			r.shim.Dropped, r.shim.Produces, c.dropAt)
+	// The harness itself: the fault fired mid-stream on legacy batches,
+	// once, or for a repeating plan several times.
+	switch {
+	case !plan.repeats() && r.faults != 1:
+		t.Fatalf("the %s fault fired %d times, want 1: the client sent %d Produce requests, the fault is at %v",
+			mode, r.faults, r.shim.Produces, plan)
+	case plan.repeats() && (r.faults < pacedMinDrops || r.faults > plan.max):
+		t.Fatalf("the %s fault fired %d times, want %d to %d: the client sent %d Produce requests, the fault is at %v",
+			mode, r.faults, pacedMinDrops, plan.max, r.shim.Produces, plan)
 	}
 	if shimDrops(mode) && (r.shim.RecordsAtDrop <= 0 || r.shim.RecordsAtDrop >= int64(r.sent)) {
 		t.Errorf("the acknowledgement was not lost mid-stream: %d of %d records forwarded when it was dropped",
@@ -644,9 +791,13 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	fmt.Fprintf(&b, "After a broker error sarama puts the failed records back in its queue behind newer ones, so its retry matches no\n")
 	fmt.Fprintf(&b, "earlier batch; the proxy reads those records back from the log and recognises them one by one (docs/legacy.md).\n")
 	fmt.Fprintf(&b, "Known gap in the slow column (reported, not failed on; docs/legacy.md): kafkajs resends a timed-out request down the\n")
-	fmt.Fprintf(&b, "same connection, behind the original. librdkafka (kcat, confluent-kafka-python) batches the records of every request it\n")
-	fmt.Fprintf(&b, "gave up on again at other boundaries; the proxy holds its new requests to those partitions until the originals settle,\n")
-	fmt.Fprintf(&b, "then follows their records one by one.\n")
+	fmt.Fprintf(&b, "same connection, behind the original. librdkafka (kcat, confluent-kafka-python, confluent-kafka-go) puts the records\n")
+	fmt.Fprintf(&b, "of every request it gave up on back in its queue and batches them again at other boundaries; the proxy matches them\n")
+	fmt.Fprintf(&b, "record by record (docs/legacy.md).\n")
+	fmt.Fprintf(&b, "The *paced* rows are the librdkafka clients fed as by a live source, %d records every %v, lingering %d ms with\n", pacedBurst, pacedEvery, pacedLinger)
+	fmt.Fprintf(&b, "retries=%d, their requests carrying records of several bursts; every fault but the slow and killed ones hits the\n", pacedRetries)
+	fmt.Fprintf(&b, "#%d Produce request and every %dth after it, at most %d in a run (each restart, leader move or cut once per\n", pacedDropEvery, pacedDropEvery, pacedMaxDrops)
+	fmt.Fprintf(&b, "lost answer), so the retries hold parts of several lost batches, or fewer records than one.\n")
 	fmt.Fprintf(&b, "The log is then read straight from kfake. *duplicated*: stored copies beyond the first of each value;\n")
 	fmt.Fprintf(&b, "*lost*: values the client reported delivered that are not in the log (≥: the client reports only a count).\n\n")
 	fmt.Fprintf(&b, "The figures vary from run to run: how many requests were in flight when the connection closed, and\n")
@@ -657,16 +808,17 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	b.WriteString(summaryTable(clients, date))
 	fmt.Fprintf(&b, "\n## Every figure\n\n")
 	fmt.Fprintf(&b, "*not acknowledged, stored*: values the client reported failed (or never reported) that are in the log anyway.\n")
-	fmt.Fprintf(&b, "*Produce requests*: as counted by the shim, retries included; *records forwarded by then*: records in the\n")
-	fmt.Fprintf(&b, "Produce requests up to the one whose response was dropped.\n\n")
-	fmt.Fprintf(&b, "| client | run | sent | acknowledged | not acknowledged, stored | stored | duplicated | lost | Produce requests | response dropped | records forwarded by then | time |\n")
+	fmt.Fprintf(&b, "*Produce requests*: as counted by the shim, retries included; *fault at*: the Produce requests the fault hit\n")
+	fmt.Fprintf(&b, "(counted by the shim, the broker or the proxy's broker connection), and how often it fired; *records forwarded by then*:\n")
+	fmt.Fprintf(&b, "records in the Produce requests up to the first one whose response the shim dropped.\n\n")
+	fmt.Fprintf(&b, "| client | run | sent | acknowledged | not acknowledged, stored | stored | duplicated | lost | Produce requests | fault at (fired) | records forwarded by then | time |\n")
 	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range clients {
 		for _, mode := range modes {
 			r := results.runs[c.name][mode]
-			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %d | #%d | %d | %.1f s |\n",
+			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %d | %v (%d) | %d | %.1f s |\n",
 				c.name, mode, r.sent, r.acked, r.unackedStored, r.stored, r.duplicated, lostCell(r),
-				r.shim.Produces, c.dropAt, r.shim.RecordsAtDrop, r.elapsed.Seconds())
+				r.shim.Produces, r.plan, r.faults, r.shim.RecordsAtDrop, r.elapsed.Seconds())
 		}
 	}
 	return b.String()

@@ -32,7 +32,8 @@ const maxShimFrame = 64 << 20
 //     proxy already advertises instead of the brokers) to a shim listener.
 //     Without this, clients bypass the shim after bootstrap.
 //   - The response to the dropAt-th Produce request that expects one
-//     (acks != 0), counted across all connections: the shim waits for it
+//     (acks != 0), counted across all connections (and, after setDrops,
+//     to every one its plan names): the shim waits for it
 //     (so the batch has been appended upstream), drops it, and closes the
 //     client's connection and its upstream connection. This is
 //     docs/clients.md §3's "close" mode: the acknowledgement lost on the
@@ -43,12 +44,17 @@ const maxShimFrame = 64 << 20
 type ackShim struct {
 	// dial connects to what the shim fronts: TLS for a real cluster that
 	// speaks it, so the shim still reads plaintext frames.
-	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
-	dropAt int64 // 1-based index among Produce requests with acks != 0; 0 never drops
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// drops is which Produce requests with acks != 0 lose their response
+	// (newAckShim: only the dropAt-th; setDrops: more).
+	drops faultPlan
 	// onDrop, when set (setOnDrop), runs when the dropped response
 	// arrives, before the client's connection is closed (the restart mode
 	// kills the proxy there).
 	onDrop atomic.Pointer[func()]
+	// trace, when set (setTrace), gets a line for every Produce request
+	// and response (traceProduce).
+	trace atomic.Pointer[func(string)]
 
 	mu        sync.Mutex
 	closed    bool
@@ -67,7 +73,7 @@ type shimStats struct {
 	LegacyBatches int64 // batches with producer id -1
 	Dropped       int64 // responses dropped (and connections closed)
 	// RecordsAtDrop is how many records had been forwarded, the dropped
-	// request's included, when the dropped request was forwarded: with
+	// request's included, when the (first) dropped request was forwarded: with
 	// 0 < RecordsAtDrop < sent, the acknowledgement was lost mid-stream.
 	RecordsAtDrop int64
 	Listeners     int
@@ -88,7 +94,7 @@ func newAckShim(t testing.TB, target string, dropAt int64, dial func(ctx context
 	t.Helper()
 	s := &ackShim{
 		dial:      dial,
-		dropAt:    dropAt,
+		drops:     faultPlan{at: dropAt},
 		listeners: make(map[string]net.Listener),
 		conns:     make(map[net.Conn]struct{}),
 	}
@@ -104,8 +110,19 @@ func newAckShim(t testing.TB, target string, dropAt int64, dial func(ctx context
 // Addr is the shim listener that forwards to the target given to newAckShim.
 func (s *ackShim) Addr() string { return s.bootstrap }
 
-// setOnDrop sets what runs when the dropped response arrives.
+// setOnDrop sets what runs when a dropped response arrives.
 func (s *ackShim) setOnDrop(f func()) { s.onDrop.Store(&f) }
+
+// setTrace sets where the Produce trace goes.
+func (s *ackShim) setTrace(f func(string)) { s.trace.Store(&f) }
+
+// setDrops replaces which Produce requests lose their response; call it
+// before the first request.
+func (s *ackShim) setDrops(p faultPlan) {
+	s.mu.Lock()
+	s.drops = p
+	s.mu.Unlock()
+}
 
 // Stats returns a copy of the counters.
 func (s *ackShim) Stats() shimStats {
@@ -246,6 +263,9 @@ func (s *ackShim) relayRequests(client, up net.Conn, fifo chan<- awaiting) {
 		if err != nil {
 			return // not Kafka: the shim is a test fixture, it just hangs up
 		}
+		if tr := s.trace.Load(); tr != nil && aw.key == int16(kmsg.Produce) {
+			(*tr)(traceProduce(client, up, frame, aw, true))
+		}
 		if expectResponse {
 			fifo <- aw
 		}
@@ -269,6 +289,9 @@ func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting, targ
 		}
 		if len(frame) < 8 || int32(binary.BigEndian.Uint32(frame[4:8])) != aw.corr {
 			return // out of order or garbage: hang up, the test will say why
+		}
+		if tr := s.trace.Load(); tr != nil && aw.key == int16(kmsg.Produce) {
+			(*tr)(traceProduce(client, up, frame, aw, false))
 		}
 		if aw.drop {
 			s.mu.Lock()
@@ -377,9 +400,11 @@ func (s *ackShim) inspectRequest(frame []byte) (awaiting, bool, error) {
 	s.stats.Records += records
 	s.stats.Batches += batches
 	s.stats.LegacyBatches += legacy
-	if s.stats.Produces == s.dropAt {
+	if s.drops.hits(s.stats.Produces) {
 		aw.drop = true
-		s.stats.RecordsAtDrop = s.stats.Records
+		if s.stats.Produces == s.drops.at {
+			s.stats.RecordsAtDrop = s.stats.Records
+		}
 	}
 	s.mu.Unlock()
 	return aw, true, nil

@@ -1,20 +1,26 @@
 """Legacy producer for e2e/legacy_test.go: confluent-kafka-python (librdkafka).
 
-usage: confluent_producer.py BOOTSTRAP TOPIC N
+usage: confluent_producer.py BOOTSTRAP TOPIC N [BURST EVERY_MS CONFIG]
 
 Writes values r-000000 .. r-{N-1} with acks=all and idempotence off, then
 prints one JSON line: {"version", "acked": [indices], "failed": [indices],
 "errors": [first few]}. Run with Debian's /usr/bin/python3 (python3-confluent-kafka).
+
+With BURST and EVERY_MS the values come as from a live source: BURST of them
+every EVERY_MS, and CONFIG (a JSON object) is added to the producer's
+configuration (e2e's paced rows).
 """
 import json
 import os
 import sys
+import time
 
 import confluent_kafka
 
 
 def main():
     bootstrap, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    paced = len(sys.argv) > 4
     acked, failed, errors = [], [], []
 
     def on_delivery(err, msg):
@@ -31,16 +37,22 @@ def main():
         "client.id": "e2e-confluent-python",
         "enable.idempotence": False,
         "acks": "all",
-        "linger.ms": 5,
-        # Small batches: the stream is many Produce requests long, so the
-        # dropped acknowledgement is mid-stream.
-        "batch.num.messages": 100,
-        "retry.backoff.ms": 50,
-        "reconnect.backoff.ms": 50,
         "socket.timeout.ms": 5000,
         "request.timeout.ms": 5000,
         "message.timeout.ms": 25000,
     }
+    if paced:
+        burst, every = int(sys.argv[4]), int(sys.argv[5]) / 1000.0
+        conf.update(json.loads(sys.argv[6]))
+    else:
+        conf.update({
+            "linger.ms": 5,
+            # Small batches: the stream is many Produce requests long, so
+            # the dropped acknowledgement is mid-stream.
+            "batch.num.messages": 100,
+            "retry.backoff.ms": 50,
+            "reconnect.backoff.ms": 50,
+        })
     # A real cluster with SASL (e2e: DEDUPPROXY_TEST_SASL_*), through the proxy.
     if os.environ.get("E2E_SASL_MECHANISM"):
         conf.update({
@@ -50,7 +62,13 @@ def main():
             "sasl.password": os.environ["E2E_SASL_PASSWORD"],
         })
     p = confluent_kafka.Producer(conf)
+    start = time.monotonic()
     for i in range(n):
+        if paced and i > 0 and i % burst == 0:
+            # The next burst is due: serve delivery reports meanwhile.
+            due = start + (i // burst) * every
+            while time.monotonic() < due:
+                p.poll(max(0.0, due - time.monotonic()))
         v = "r-%06d" % i
         for _ in range(1000):  # bounded: wait for room in the local queue
             try:

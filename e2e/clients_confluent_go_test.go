@@ -1,0 +1,176 @@
+//go:build cgo
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/dedupproxy/dedupproxy/internal/testcluster"
+)
+
+// confluentGoModule is the module whose version the results name.
+const confluentGoModule = "github.com/confluentinc/confluent-kafka-go/v2"
+
+// confluentGoClient: confluent-kafka-go, in the test process, on the
+// librdkafka its module bundles (linked statically through cgo: no system
+// library), idempotence off, acks=all. Without cgo it is not built and
+// the client reports itself missing (clients_confluent_go_nocgo_test.go).
+// paced: its records come from a live source (paceSource) and it lingers
+// pacedLinger ms with pacedRetries retries, the settings librdkafka
+// re-batches under.
+func confluentGoClient(paced bool) legacyClient {
+	c := legacyClient{
+		name: "confluent-kafka-go", clientID: "e2e-confluent-go", retries: true, dropAt: 10,
+		available: func() error {
+			if _, v := kafka.LibraryVersion(); v == "" {
+				return errors.New("confluent-kafka-go reports no librdkafka version")
+			}
+			return nil
+		},
+	}
+	if paced {
+		c.name, c.paced, c.dropAt = c.name+" paced", true, pacedDropEvery
+	}
+	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+		return confluentGoProduce(ctx, t, bootstrap, topic, n, paced, auth)
+	}
+	return c
+}
+
+func confluentGoProduce(ctx context.Context, t *testing.T, bootstrap, topic string, n int, paced bool, auth testcluster.SASL) (produceResult, error) {
+	cfg := kafka.ConfigMap{
+		"bootstrap.servers":  bootstrap,
+		"client.id":          "e2e-confluent-go",
+		"enable.idempotence": false,
+		"acks":               "all",
+		"socket.timeout.ms":  5000,
+		"request.timeout.ms": 5000,
+		"message.timeout.ms": 25000,
+		// Its log goes to the test's log, not to stderr.
+		"go.logs.channel.enable": true,
+	}
+	if paced {
+		for k, v := range pacedConfig() {
+			cfg[k] = v
+		}
+	} else {
+		// As confluent-kafka-python: small batches, so the stream is many
+		// Produce requests long and the dropped acknowledgement is
+		// mid-stream.
+		cfg["linger.ms"] = 5
+		cfg["batch.num.messages"] = 100
+		cfg["retry.backoff.ms"] = 50
+		cfg["reconnect.backoff.ms"] = 50
+	}
+	if auth.Mechanism != "" {
+		cfg["security.protocol"] = "SASL_PLAINTEXT"
+		cfg["sasl.mechanisms"] = auth.Mechanism
+		cfg["sasl.username"] = auth.User
+		cfg["sasl.password"] = auth.Password
+	}
+	_, lib := kafka.LibraryVersion()
+	version := fmt.Sprintf("confluent-kafka-go %s (librdkafka %s)", moduleVersion(confluentGoModule), lib)
+	p, err := kafka.NewProducer(&cfg)
+	if err != nil {
+		return produceResult{}, err
+	}
+	// Its log and its events (errors) until Close closes their channels:
+	// the first lines of each, for the test's log.
+	var logs struct {
+		sync.Mutex
+		lines []string
+	}
+	note := func(s string) {
+		logs.Lock()
+		if len(logs.lines) < 20 {
+			logs.lines = append(logs.lines, s)
+		}
+		logs.Unlock()
+	}
+	var drained sync.WaitGroup
+	drained.Add(2)
+	go func() {
+		defer drained.Done()
+		for ev := range p.Logs() {
+			if ev.Level <= 4 { // warning and worse
+				note(ev.String())
+			}
+		}
+	}()
+	go func() {
+		defer drained.Done()
+		for ev := range p.Events() {
+			if e, ok := ev.(kafka.Error); ok {
+				note(e.String())
+			}
+		}
+	}()
+	defer func() {
+		p.Close()
+		drained.Wait()
+		if len(logs.lines) > 0 {
+			t.Logf("confluent-kafka-go log:\n%s", strings.Join(logs.lines, "\n"))
+		}
+	}()
+
+	// Room for every report: after a kill nobody reads them.
+	deliveries := make(chan kafka.Event, n)
+	var acks ackSet
+	collected := make(chan error, 1)
+	go func() {
+		var err error
+		for got := 0; got < n; got++ {
+			select {
+			case ev := <-deliveries:
+				m, ok := ev.(*kafka.Message)
+				if !ok {
+					err = errors.Join(err, fmt.Errorf("delivery report %v", ev))
+					continue
+				}
+				i, perr := indexOf(m.Value)
+				err = errors.Join(err, perr)
+				acks.done(i, m.TopicPartition.Error)
+			case <-ctx.Done():
+				collected <- fmt.Errorf("%d of %d deliveries reported: %w", got, n, ctx.Err())
+				return
+			}
+		}
+		collected <- err
+	}()
+
+	produce := func(i int) error {
+		return p.Produce(&kafka.Message{
+			TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
+			Value:          []byte(value(i)),
+		}, deliveries)
+	}
+	if paced {
+		err = paceSource(ctx, n, produce)
+	} else {
+		for i := 0; i < n && err == nil; i++ {
+			err = produce(i)
+		}
+	}
+	if err == nil {
+		// Flush waits 100 ms at a time; the context bounds the whole.
+		for i := 0; i < 600 && ctx.Err() == nil && p.Flush(100) > 0; i++ {
+		}
+		err = <-collected
+	}
+	if ctx.Err() != nil {
+		// Killed (the abort mode): a dead process neither sends what it
+		// queued nor reads the answers to what it sent.
+		if perr := p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking); perr != nil {
+			err = errors.Join(err, perr)
+		}
+		return acks.result(version), errors.Join(err, ctx.Err())
+	}
+	return acks.result(version), err
+}
