@@ -416,7 +416,15 @@ type TopicDedupConfig struct {
 	// repeated keys in idempotent batches (which cannot lose records
 	// without breaking their producer's sequences).
 	IdempotencyKey *IdempotencyKeyConfig `yaml:"idempotency_key"`
+	// Metrics: count this topic's batches and retried records in
+	// dedupproxy_topic_batches_total and
+	// dedupproxy_topic_legacy_retry_records_total (labelled by topic; only
+	// listed topics get series, at most maxMetricsTopics).
+	Metrics bool `yaml:"metrics"`
 }
+
+// maxMetricsTopics bounds the topics with per-topic series.
+const maxMetricsTopics = 500
 
 // NodeConfig pins the listener of one broker node.
 type NodeConfig struct {
@@ -708,6 +716,9 @@ func (c *Config) Validate() error {
 			return bad("dedup.topics[%q].legacy_match %q: want records, exact or off", name, tc.LegacyMatch)
 		}
 	}
+	if n := metricsTopics(c.Dedup.Topics); n > maxMetricsTopics {
+		return bad("dedup.topics: %d topics with metrics: true, at most %d (each adds %d series)", n, maxMetricsTopics, numBatchOutcomes+2)
+	}
 	if c.Dedup.Warm.Timeout < 0 || c.Dedup.Warm.MaxBytes < 1024 || c.Dedup.Warm.MaxConcurrent < 1 {
 		return bad("dedup.warm: timeout %s must not be negative, max_bytes %d at least 1024, max_concurrent %d at least 1", c.Dedup.Warm.Timeout, c.Dedup.Warm.MaxBytes, c.Dedup.Warm.MaxConcurrent)
 	}
@@ -863,4 +874,14 @@ func unspecifiedHost(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsUnspecified()
+}
+
+func metricsTopics(topics map[string]TopicDedupConfig) int {
+	n := 0
+	for _, tc := range topics {
+		if tc.Metrics {
+			n++
+		}
+	}
+	return n
 }

@@ -243,6 +243,12 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 	defer s.setDedupMu.Unlock()
 	old := s.core.Settings()
 	s.core.SetSettings(next)
+	var oldCounters map[string]*topicCounter
+	if p := s.topicCounters.Load(); p != nil {
+		oldCounters = *p
+	}
+	counters := s.Metrics.topicCounters(&test.Dedup, oldCounters)
+	s.topicCounters.Store(&counters)
 	var applied []string
 	if old.Mode != next.Mode {
 		applied = append(applied, "dedup.mode")
@@ -250,8 +256,17 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 	if old.Match != next.Match {
 		applied = append(applied, "dedup.legacy.match")
 	}
-	if !reflect.DeepEqual(old.Topics, next.Topics) {
+	if !reflect.DeepEqual(old.Topics, next.Topics) || len(counters) != len(oldCounters) || !sameKeys(counters, oldCounters) {
 		applied = append(applied, "dedup.topics")
 	}
 	return applied, nil
+}
+
+func sameKeys(a, b map[string]*topicCounter) bool {
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			return false
+		}
+	}
+	return len(a) == len(b)
 }

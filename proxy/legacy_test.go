@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -449,4 +450,104 @@ func clientsGone(t *testing.T, p *testProxy) {
 	waitFor(t, 10*time.Second, "the proxy to see its clients leave", func() bool {
 		return testutil.ToFloat64(p.Metrics.ClientConnections) == 0
 	})
+}
+
+// TestShadowModePerTopic: one topic in observe mode, one in enforce, both
+// listed with metrics: true, a third unlisted. A legacy retry to each: the
+// observe topic writes it and logs what enforce would have done ("would
+// ..."), the enforce topic answers it; the listed topics' counters say so
+// by topic, the unlisted one gets no series. A SIGHUP-style SetDedup that
+// unlists a topic deletes its series and moves the observe topic to
+// enforce: its next retry is answered.
+func TestShadowModePerTopic(t *testing.T) {
+	t.Parallel()
+	const shadow, enforced, unlisted = "shadow", "enforced", "unlisted"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, shadow, enforced, unlisted))
+	topics := map[string]TopicDedupConfig{shadow: {Mode: DedupObserve, Metrics: true}, enforced: {Metrics: true}}
+	p := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Topics = topics })
+	retry := func(topic, value string) (orig, again kmsg.ProduceResponseTopicPartition) {
+		t.Helper()
+		req := produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 2, value)})
+		first := dialRaw(t, p.addr())
+		first.learnTopics(topic)
+		orig = onlyPartition(t, first.roundTrip(req))
+		first.conn.Close() // its acknowledgement lost
+		second := dialRaw(t, p.addr())
+		second.learnTopics(topic)
+		again = onlyPartition(t, second.roundTrip(req))
+		second.conn.Close()
+		return orig, again
+	}
+	topicMetric := func(name, topic, label, value string) float64 {
+		mfs, err := p.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				var gotTopic, gotLabel string
+				for _, lp := range m.GetLabel() {
+					switch lp.GetName() {
+					case "topic":
+						gotTopic = lp.GetValue()
+					case label:
+						gotLabel = lp.GetValue()
+					}
+				}
+				if gotTopic == topic && gotLabel == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		return -1 // no such series
+	}
+	if o, a := retry(shadow, "shadow charge"); o.ErrorCode != 0 || a.ErrorCode != 0 || a.BaseOffset != 2 {
+		t.Fatalf("observe topic: original %+v, retry %+v: want the retry written at offset 2", o, a)
+	}
+	if o, a := retry(enforced, "enforced charge"); o.ErrorCode != 0 || a.ErrorCode != 0 || a.BaseOffset != 0 {
+		t.Fatalf("enforce topic: original %+v, retry %+v: want the retry answered with offset 0", o, a)
+	}
+	retry(unlisted, "unlisted charge")
+	logs := p.logs.String()
+	if !strings.Contains(logs, `msg="would answer as a retry (observe mode: written)"`) ||
+		!strings.Contains(logs, "topic=shadow partition=0 client_id=raw principal=User:ANONYMOUS rule=retry records=2 dropped=2 original_offset=0") {
+		t.Errorf("no 'would' line with topic, client id, principal, rule, records and original for the observe topic:\n%s", logs)
+	}
+	if !strings.Contains(logs, "client=127.0.0.1:") {
+		t.Errorf("the lines do not name the client address:\n%s", logs)
+	}
+	for _, tc := range []struct {
+		name, topic, label, value string
+		want                      float64
+	}{
+		{"dedupproxy_topic_batches_total", shadow, "outcome", "legacy_duplicate", 1},
+		{"dedupproxy_topic_batches_total", shadow, "outcome", "legacy_accepted", 1},
+		{"dedupproxy_topic_legacy_retry_records_total", shadow, "action", "observed", 2},
+		{"dedupproxy_topic_legacy_retry_records_total", shadow, "action", "dropped", 0},
+		{"dedupproxy_topic_batches_total", enforced, "outcome", "legacy_duplicate", 1},
+		{"dedupproxy_topic_legacy_retry_records_total", enforced, "action", "dropped", 2},
+		{"dedupproxy_topic_batches_total", unlisted, "outcome", "legacy_duplicate", -1},
+	} {
+		if got := topicMetric(tc.name, tc.topic, tc.label, tc.value); got != tc.want {
+			t.Errorf("%s{topic=%q,%s=%q} = %v, want %v (-1: no series)", tc.name, tc.topic, tc.label, tc.value, got, tc.want)
+		}
+	}
+	next := p.Config.Dedup
+	next.Topics = map[string]TopicDedupConfig{shadow: {Mode: DedupEnforce, Metrics: true}}
+	applied, err := p.SetDedup(next)
+	if err != nil || !slices.Contains(applied, "dedup.topics") {
+		t.Fatalf("SetDedup: %v, applied %v", err, applied)
+	}
+	if got := topicMetric("dedupproxy_topic_batches_total", enforced, "outcome", "legacy_duplicate"); got != -1 {
+		t.Errorf("the unlisted topic's series stayed: %v", got)
+	}
+	if _, a := retry(shadow, "shadow charge 2"); a.ErrorCode != 0 || a.BaseOffset != 4 {
+		t.Fatalf("the topic moved to enforce: retry %+v, want answered with the original's offset 4", a)
+	}
+	if got := topicMetric("dedupproxy_topic_legacy_retry_records_total", shadow, "action", "dropped"); got != 2 {
+		t.Errorf("after enforce, dropped records on the topic: %v, want 2", got)
+	}
 }

@@ -42,6 +42,9 @@ type Metrics struct {
 	keysDropped  prometheus.Counter
 	keysObserved prometheus.Counter
 	retryRecords [2]prometheus.Counter // legacy records not written again (dropped), or that would not be (observed)
+	// Per topic, for the topics dedup.topics lists with metrics: true.
+	topicBatches      *prometheus.CounterVec
+	topicRetryRecords *prometheus.CounterVec
 	passthrough  [decide.NumPass]prometheus.Counter
 	waitTimeouts prometheus.Counter
 	waiting      prometheus.Gauge
@@ -156,8 +159,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.keysObserved = keyDups.WithLabelValues("observed")
 	retryRecords := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "legacy_retry_records_total",
 		Help: "Legacy records a client instance sent again whose first copy was written (docs/legacy.md): dropped (enforce: not written again) or observed (observe: written, as enforce would not have)."}, []string{"action"})
-	m.retryRecords[0] = retryRecords.WithLabelValues("dropped")
-	m.retryRecords[1] = retryRecords.WithLabelValues("observed")
+	m.retryRecords[retryDropped] = retryRecords.WithLabelValues(retryActions[retryDropped])
+	m.retryRecords[retryObserved] = retryRecords.WithLabelValues(retryActions[retryObserved])
+	m.topicBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "topic_batches_total",
+		Help: "dedupproxy_batches_total for each topic dedup.topics lists with metrics: true (the operator's list bounds the label set)."}, []string{"topic", "outcome"})
+	m.topicRetryRecords = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "topic_legacy_retry_records_total",
+		Help: "dedupproxy_legacy_retry_records_total for each topic dedup.topics lists with metrics: true."}, []string{"topic", "action"})
 	passthrough := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_passthrough_total",
 		Help: "Produce batches relayed without a decision, by reason: legacy (producer id -1 with legacy dedup off for its topic, or acks=0), invalid (the broker answers), old_format (message format v0/v1; counted per request for Produce v0-v2), unknown_topic (not yet seen in a Metadata response), unauthenticated (the broker has not authenticated the connection), dedup_off (dedup off, per request, or for the batch's topic), keys_compressed (idempotency keys not checked in a compressed batch)."}, []string{"reason"})
 	for r, name := range passthroughReasons {
@@ -191,7 +198,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		buildInfo.Set(1)
 		reg.MustRegister(m.ClientConnectionsTotal, m.ClientConnections, m.ClientReadBytes, m.ClientWrittenBytes,
 			m.BrokerReadBytes, m.BrokerWrittenBytes, m.Panics, m.requests, m.requestDuration,
-			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, retryRecords, dups, m.waitTimeouts, m.waiting, reqMemWaits, m.reqMemStalled, m.reqMemHeld, m.produceSpliced, m.produceReadBack, warmups, warmBytes, warmSeconds,
+			m.clientErrors, m.brokerErrors, buildInfo, batches, passthrough, keyDups, retryRecords, m.topicBatches, m.topicRetryRecords, dups, m.waitTimeouts, m.waiting, reqMemWaits, m.reqMemStalled, m.reqMemHeld, m.produceSpliced, m.produceReadBack, warmups, warmBytes, warmSeconds,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 
@@ -277,6 +284,55 @@ var passthroughReasons = [decide.NumPass]string{
 	decide.PassUnauthenticated: "unauthenticated",
 	decide.PassDedupOff:        "dedup_off",
 	decide.PassKeysCompressed:  "keys_compressed",
+}
+
+// Actions of dedupproxy_legacy_retry_records_total{action}.
+const (
+	retryDropped = iota
+	retryObserved
+)
+
+var retryActions = [2]string{"dropped", "observed"}
+
+// topicCounter is one listed topic's counters.
+type topicCounter struct {
+	batches      [numBatchOutcomes]prometheus.Counter
+	retryRecords [2]prometheus.Counter
+}
+
+// topicCounters returns the counters of the topics cfg lists with
+// metrics: true, and deletes the series of topics listed before (in old)
+// and no longer: the label set stays what the operator lists. nil when
+// none is listed.
+func (m *Metrics) topicCounters(cfg *DedupConfig, old map[string]*topicCounter) map[string]*topicCounter {
+	var out map[string]*topicCounter
+	for name, tc := range cfg.Topics {
+		if !tc.Metrics {
+			continue
+		}
+		if out == nil {
+			out = map[string]*topicCounter{}
+		}
+		if c, ok := old[name]; ok {
+			out[name] = c
+			continue
+		}
+		c := &topicCounter{}
+		for o, outcome := range batchOutcomes {
+			c.batches[o] = m.topicBatches.WithLabelValues(name, outcome)
+		}
+		for a, action := range retryActions {
+			c.retryRecords[a] = m.topicRetryRecords.WithLabelValues(name, action)
+		}
+		out[name] = c
+	}
+	for name := range old {
+		if _, ok := out[name]; !ok {
+			m.topicBatches.DeletePartialMatch(prometheus.Labels{"topic": name})
+			m.topicRetryRecords.DeletePartialMatch(prometheus.Labels{"topic": name})
+		}
+	}
+	return out
 }
 
 // Who answered a duplicate, for dedupproxy_produce_duplicates_total.

@@ -64,6 +64,7 @@ type Server struct {
 	byID           sync.Map      // session id -> *session, to wake a waiting request
 	openUpstream   atomic.Bool   // a broker answered a request without authentication (see session.authenticated)
 	answerLog      logLimiter    // lines about batches the proxy answered itself
+	topicCounters  atomic.Pointer[map[string]*topicCounter] // listed topics' counters (metrics: true)
 
 	principals      principals    // numbers for the principals of authenticated connections (auth.go)
 	warmSlots       chan struct{} // one per warm-up running (dedup.warm.max_concurrent)
@@ -147,6 +148,9 @@ func (s *Server) Start(ctx context.Context) error {
 	core, table, keys, err := newCore(&s.Config)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	if tc := s.Metrics.topicCounters(&s.Config.Dedup, nil); tc != nil {
+		s.topicCounters.Store(&tc)
 	}
 	s.warmSlots = make(chan struct{}, s.Config.Dedup.Warm.MaxConcurrent)
 	if s.Config.ProduceSplice {

@@ -11,6 +11,7 @@ import (
 // waited for an outcome before it was decided.
 func (c *session) countVerdicts(pl *producePlan, waited bool) {
 	m := c.s.Metrics
+	topics := c.s.topicCounters.Load()
 	for i := range pl.Parts {
 		pp := &pl.Parts[i]
 		v := &pp.Verdict
@@ -18,26 +19,26 @@ func (c *session) countVerdicts(pl *producePlan, waited bool) {
 			m.passthrough[v.Pass].Inc()
 			continue
 		}
-		// Each batch counts once, under its final decision; a retry that
-		// waited for its original and was then answered (or timed out)
-		// counts as an in-flight wait.
-		answeredAfterWait := waited && pp.Act == decide.Answer
-		if v.Legacy {
-			switch {
-			case answeredAfterWait:
-				m.batches[outLegacyInFlight].Inc()
-			case v.Would == decide.Answer:
-				m.batches[outLegacyDuplicate].Inc()
-			case v.Would == decide.Rebuild:
-				m.batches[outLegacyRebatched].Inc()
-			default:
-				m.batches[outLegacyAccepted].Inc()
+		out := batchOutcome(pp, waited)
+		m.batches[out].Inc()
+		var tc *topicCounter
+		if topics != nil && len(*topics) > 0 {
+			if name, ok := c.s.table.TopicName(c.dreq.Parts[i].Topic); ok {
+				tc = (*topics)[name]
 			}
+		}
+		if tc != nil {
+			tc.batches[out].Inc()
+		}
+		if v.Legacy {
 			if n := float64(v.Dropped); n > 0 && v.Rule != decide.RuleKey {
+				action := retryDropped
 				if pp.Act == decide.Forward {
-					m.retryRecords[1].Add(n)
-				} else {
-					m.retryRecords[0].Add(n)
+					action = retryObserved
+				}
+				m.retryRecords[action].Add(n)
+				if tc != nil {
+					tc.retryRecords[action].Add(n)
 				}
 			}
 			if v.Rule == decide.RuleKey && v.Dropped > 0 {
@@ -47,41 +48,61 @@ func (c *session) countVerdicts(pl *producePlan, waited bool) {
 					m.keysDropped.Add(float64(v.Dropped))
 				}
 			}
+			if pp.Act != decide.Forward && pp.Local.ErrorCode == 0 {
+				m.dupAnswered[dupByProxy].Inc()
+			}
 		} else {
 			switch v.Rule {
 			case decide.RuleDuplicate:
-				if answeredAfterWait {
-					m.batches[outInFlight].Inc()
-				} else {
-					m.batches[outDuplicate].Inc()
-				}
 				if pp.Act == decide.Answer {
 					m.dupAnswered[dupByProxy].Inc()
 				} else {
 					m.dupAnswered[dupByBroker].Inc()
 				}
-			case decide.RuleInFlight:
-				m.batches[outInFlight].Inc()
-			case decide.RuleOutOfOrder:
-				m.batches[outOutOfOrder].Inc()
-			case decide.RuleFenced:
-				m.batches[outFenced].Inc()
-			case decide.RuleSequenceReuse:
-				m.batches[outSequenceReuse].Inc()
 			case decide.RuleKey:
-				m.batches[outAccepted].Inc()
 				m.keysObserved.Add(float64(v.Dropped))
-			default:
-				m.batches[outAccepted].Inc()
 			}
-		}
-		if v.Legacy && pp.Act != decide.Forward && pp.Local.ErrorCode == 0 {
-			m.dupAnswered[dupByProxy].Inc()
 		}
 		if v.Would != decide.Forward || pp.Act != decide.Forward {
 			c.logVerdict(pl, i)
 		}
 	}
+}
+
+// batchOutcome is a decided part's outcome in batches_total: each batch
+// counts once, under its final decision (in observe mode, what enforce
+// would have done); a retry answered after it waited for its original (or
+// whose wait ran out) counts as an in-flight wait.
+func batchOutcome(pp *decide.PartPlan, waited bool) int {
+	v := &pp.Verdict
+	answeredAfterWait := waited && pp.Act == decide.Answer
+	if v.Legacy {
+		switch {
+		case answeredAfterWait:
+			return outLegacyInFlight
+		case v.Would == decide.Answer:
+			return outLegacyDuplicate
+		case v.Would == decide.Rebuild:
+			return outLegacyRebatched
+		}
+		return outLegacyAccepted
+	}
+	switch v.Rule {
+	case decide.RuleDuplicate:
+		if answeredAfterWait {
+			return outInFlight
+		}
+		return outDuplicate
+	case decide.RuleInFlight:
+		return outInFlight
+	case decide.RuleOutOfOrder:
+		return outOutOfOrder
+	case decide.RuleFenced:
+		return outFenced
+	case decide.RuleSequenceReuse:
+		return outSequenceReuse
+	}
+	return outAccepted
 }
 
 // logVerdict writes one line for a part the proxy answered or cut itself,
