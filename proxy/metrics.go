@@ -45,9 +45,9 @@ type Metrics struct {
 	// Per topic, for the topics dedup.topics lists with metrics: true.
 	topicBatches      *prometheus.CounterVec
 	topicRetryRecords *prometheus.CounterVec
-	passthrough  [decide.NumPass]prometheus.Counter
-	waitTimeouts prometheus.Counter
-	waiting      prometheus.Gauge
+	passthrough       [decide.NumPass]prometheus.Counter
+	waitTimeouts      prometheus.Counter
+	waiting           prometheus.Gauge
 	// The large-request budget (buffers.go).
 	reqMemWaits   [numReqMemWaits]prometheus.Counter
 	reqMemStalled prometheus.Counter

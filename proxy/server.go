@@ -58,12 +58,12 @@ type Server struct {
 	core           *decide.Core
 	table          *seqstate.Table
 	keys           *seqstate.KeyTable
-	setDedupMu     sync.Mutex    // serializes SetDedup
-	unknownTopics  atomic.Uint64 // batches relayed for topics not yet interned
-	pendingBatches atomic.Int64  // batches sent upstream, not yet settled
-	byID           sync.Map      // session id -> *session, to wake a waiting request
-	openUpstream   atomic.Bool   // a broker answered a request without authentication (see session.authenticated)
-	answerLog      logLimiter    // lines about batches the proxy answered itself
+	setDedupMu     sync.Mutex                               // serializes SetDedup
+	unknownTopics  atomic.Uint64                            // batches relayed for topics not yet interned
+	pendingBatches atomic.Int64                             // batches sent upstream, not yet settled
+	byID           sync.Map                                 // session id -> *session, to wake a waiting request
+	openUpstream   atomic.Bool                              // a broker answered a request without authentication (see session.authenticated)
+	answerLog      logLimiter                               // lines about batches the proxy answered itself
 	topicCounters  atomic.Pointer[map[string]*topicCounter] // listed topics' counters (metrics: true)
 
 	principals      principals    // numbers for the principals of authenticated connections (auth.go)
