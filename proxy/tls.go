@@ -17,7 +17,7 @@ import (
 	"time"
 )
 
-// TLS on both legs (README "TLS and SASL"):
+// TLS on both legs (docs/reference.md, "TLS and SASL"):
 //
 //   - to clients, every listener wraps its accepted connections in
 //     crypto/tls (tlsListener); the handshake runs in Server.handle before
