@@ -335,3 +335,57 @@ func TestOneShotJobs(t *testing.T) {
 		t.Errorf("runs with a client id each: %d of %d written", named, runs)
 	}
 }
+
+// TestSharedIdentity measures two producer processes the proxy cannot tell
+// apart: the same client id (a library's default, such as librdkafka's
+// "rdkafka") from the same host under the same principal are one client
+// instance to it (docs/legacy.md, "What is left"). Taking turns on their
+// open connections they lose nothing; a copy sent while the other's
+// identical record is still in flight to the same partition is taken for
+// that record's retry.
+func TestSharedIdentity(t *testing.T) {
+	const topic = "shared-id"
+	c := newCluster(t, topic)
+	fake := c.kfake(t, "holding a Produce request")
+	var fired atomic.Int64
+	release := make(chan struct{})
+	holdProduce(fake, 101, &fired, func() { <-release })
+	p := startProxy(t, c)
+	in := instance{id: "rdkafka", host: "127.0.0.1"}
+	a, b := fpClient(t, c, p.addr(), in), fpClient(t, c, p.addr(), in)
+	defer a.Close()
+	defer b.Close()
+	for range 50 {
+		send(t, a, rec(c.topic(topic), 0, "cfg", "reload"))
+		send(t, b, rec(c.topic(topic), 0, "cfg", "reload"))
+	}
+	_, turns := storedValues(t, c, c.topic(topic))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		send(t, a, rec(c.topic(topic), 0, "", "alive"))
+	}()
+	if !eventually(10*time.Second, func() bool { return fired.Load() == 1 }) {
+		close(release)
+		t.Fatal("the broker never held the first copy")
+	}
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		send(t, b, rec(c.topic(topic), 0, "", "alive"))
+	}()
+	if !eventually(10*time.Second, func() bool { return p.metric("dedupproxy_produce_waiting_retries", "") == 1 }) {
+		t.Error("the copy never waited for the first")
+	}
+	close(release)
+	<-done
+	<-copied
+	_, all := storedValues(t, c, c.topic(topic))
+	t.Logf("one client id and host, two processes: taking turns %d of 100 written; a copy of a record in flight: %d of 2 written", turns, all-turns)
+	if turns != 100 {
+		t.Errorf("taking turns on open connections: %d of 100 written", turns)
+	}
+	if all-turns != 1 {
+		t.Errorf("a copy of a record in flight: %d of 2 written, docs/legacy.md says 1", all-turns)
+	}
+}
