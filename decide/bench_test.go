@@ -71,8 +71,10 @@ func steadyOn(tb testing.TB, c *Core, id ConnID, n, records int) *steady {
 	return s
 }
 
-// one decides request i, applies its answer and delivers it.
+// one decides request i, applies its answer and delivers it, 100 ms
+// after the previous one (so that answered batches pass their hold).
 func (s *steady) one(tb testing.TB, i int) {
+	s.now = s.now.Add(100 * time.Millisecond)
 	s.c.Decide(&s.reqs[i], &s.pl, s.now)
 	if s.pl.Status != Ready || s.pl.AnyLocal {
 		tb.Fatalf("request %d: status %d, local %v", i, s.pl.Status, s.pl.AnyLocal)

@@ -24,10 +24,21 @@ import (
 // acknowledgement the client may not hold (disowned), indexed by record.
 
 // keepRequests is how many answered requests of a connection keep their
-// batches: when the connection breaks, answers written before it may not
-// have been read (one traced run lost 22 written answers with its
-// connection), and answers older than these are taken as read.
+// batches at least: when the connection breaks, answers written before it
+// may not have been read (one traced run lost 22 written answers with its
+// connection). An answered batch is also kept until its request's timeout
+// (plus a margin) has passed since its answer was written: a client that
+// had not read it by then would have given up on the connection. Only past
+// both is an answer taken as read. (librdkafka, after a lost answer, sends
+// every failed batch again at once; the proxy answers them at once, and
+// more than 64 answers written in one burst were lost with the next break:
+// decide/testdata/librdkafka.txt.)
 const keepRequests = 64
+
+// maxHeldRequests bounds the answered requests a connection keeps for their
+// hold: a connection sending thousands of requests a second keeps its last
+// 1,024, not a timeout's worth.
+const maxHeldRequests = 1024
 
 type phase uint8
 
@@ -66,6 +77,7 @@ type batch struct {
 	inDisowned bool  // referenced by inst.disowned
 	resolvable bool  // appended with offUnknown records the log may settle
 	until      int64 // ns: append time plus the window (0 while in flight)
+	hold       int64 // ns: kept with its connection until then once answered (see keepRequests)
 	appendTime int64 // the broker's log append time, -1 for CreateTime
 	recs       []rec
 }

@@ -313,6 +313,8 @@ func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	in := conn.inst
+	ns := now.UnixNano()
+	hold := ns + int64(min(max(pl.timeout, 0), maxWaitTimeout)+waitMargin)
 	for i := range pl.st {
 		st := &pl.st[i]
 		if !st.legacy {
@@ -325,6 +327,7 @@ func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
 			}
 			if !b.delivered {
 				b.delivered = true
+				b.hold = hold
 				in.dropUndelivered(b)
 			}
 			switch {
@@ -337,9 +340,9 @@ func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
 		}
 	}
 	if conn.open {
-		conn.trim(keepRequests, &c.legacy)
+		conn.trim(keepRequests, &c.legacy, ns, false)
 	}
-	in.sweep(now.UnixNano())
+	in.sweep(ns)
 }
 
 // commitKeys remembers the idempotency keys of part i's records the broker

@@ -424,21 +424,23 @@ func (c *Core) answerOf(p *Part, ms []match) protocol.LocalPartitionResult {
 }
 
 // room reports whether n more records may be kept, first letting conn's
-// oldest answered batches go when the store is full.
+// oldest answered batches go when the store is full (their hold ignored:
+// a miss, never a wrong answer).
 func (ls *legacyStore) room(n int64, conn *Conn) bool {
 	if ls.held.Load()+n <= ls.maxRecords {
 		return true
 	}
-	conn.trim(1, ls)
+	conn.trim(1, ls, 0, true)
 	return ls.held.Load()+n <= ls.maxRecords
 }
 
 // trim lets go the batches of conn's answered requests beyond the last
-// keep; call with the shard locked.
-func (conn *Conn) trim(keep uint64, ls *legacyStore) {
+// keep whose hold has passed at now or that are beyond the last
+// maxHeldRequests (all of them with force); call with the shard locked.
+func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 	n := 0
 	for _, b := range conn.fifo {
-		if !b.delivered || b.req+keep >= conn.reqs {
+		if !b.delivered || b.req+keep >= conn.reqs || !force && b.hold > now && b.req+maxHeldRequests >= conn.reqs {
 			break
 		}
 		b.inFifo = false

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,10 +48,15 @@ func (c *session) decideSettle(t testing.TB, body, response []byte) *producePlan
 		if err := c.settleResponse(pl, response); err != nil {
 			t.Fatal(err)
 		}
-		c.s.core.Delivered(&pl.Plan, true, time.Now())
+		// Each answer is delivered 100 ms after the previous one, as at
+		// ten requests a second: answered batches pass their hold (the
+		// request's timeout plus a margin) and are let go in steady state.
+		c.s.core.Delivered(&pl.Plan, true, time.Now().Add(time.Duration(deliverTick.Add(1))*100*time.Millisecond))
 	}
 	return pl
 }
+
+var deliverTick atomic.Int64
 
 // steadyProduceFrames returns n Produce v9 requests (4 partitions each) of
 // one idempotent producer continuing its sequences, as a producer in steady
