@@ -26,7 +26,7 @@ func microMain(ctx context.Context, args []string, stdout io.Writer, log *slog.L
 	count := fs.Int("count", 5, "repetitions of each benchmark (go test -count)")
 	benchtime := fs.String("benchtime", "1s", "go test -benchtime")
 	bench := fs.String("bench", ".", "go test -bench regexp")
-	pkgs := fs.String("pkgs", "./protocol,./seqstate,./proxy", "packages, comma-separated")
+	pkgs := fs.String("pkgs", "./protocol,./seqstate,./decide,./proxy", "packages, comma-separated")
 	out := fs.String("out", "", "also write the summary (markdown) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
