@@ -301,9 +301,9 @@ func (r tally) String() string {
 		lost = "≥" + lost
 	}
 	s := fmt.Sprintf("%s (%s) %s: sent %d, acknowledged %d (failed %d, of which stored anyway %d), stored %d, duplicated %d, lost %s; "+
-		"shim: %d Produce requests, %d batches (%d legacy), %d records, fault at %v (fired %d, %d dropped by the shim), %d records forwarded by the first; %v",
+		"shim: %d Produce requests, %d batches (%d legacy, %d carrying records sent before, %d of them re-split), %d records, fault at %v (fired %d, %d dropped by the shim), %d records forwarded by the first; %v",
 		r.client, r.version, r.mode, r.sent, r.acked, r.failed, r.unackedStored, r.stored, r.duplicated, lost,
-		r.shim.Produces, r.shim.Batches, r.shim.LegacyBatches, r.shim.Records, r.plan, r.faults, r.shim.Dropped, r.shim.RecordsAtDrop,
+		r.shim.Produces, r.shim.Batches, r.shim.LegacyBatches, r.shim.Resent, r.shim.Merged, r.shim.Records, r.plan, r.faults, r.shim.Dropped, r.shim.RecordsAtDrop,
 		r.elapsed.Round(time.Millisecond))
 	if r.mode != modeControl {
 		s += fmt.Sprintf("; proxy relayed %v legacy batches", r.legacyPassthrough)
@@ -810,15 +810,16 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	fmt.Fprintf(&b, "*not acknowledged, stored*: values the client reported failed (or never reported) that are in the log anyway.\n")
 	fmt.Fprintf(&b, "*Produce requests*: as counted by the shim, retries included; *fault at*: the Produce requests the fault hit\n")
 	fmt.Fprintf(&b, "(counted by the shim, the broker or the proxy's broker connection), and how often it fired; *records forwarded by then*:\n")
-	fmt.Fprintf(&b, "records in the Produce requests up to the first one whose response the shim dropped.\n\n")
-	fmt.Fprintf(&b, "| client | run | sent | acknowledged | not acknowledged, stored | stored | duplicated | lost | Produce requests | fault at (fired) | records forwarded by then | time |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "records in the Produce requests up to the first one whose response the shim dropped; *batches resent (re-split)*:\n")
+	fmt.Fprintf(&b, "batches carrying records the client had sent before, and of them those whose records had gone out in two batches or more.\n\n")
+	fmt.Fprintf(&b, "| client | run | sent | acknowledged | not acknowledged, stored | stored | duplicated | lost | Produce requests | fault at (fired) | records forwarded by then | batches resent (re-split) | time |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range clients {
 		for _, mode := range modes {
 			r := results.runs[c.name][mode]
-			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %d | %v (%d) | %d | %.1f s |\n",
+			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %d | %v (%d) | %d | %d (%d) | %.1f s |\n",
 				c.name, mode, r.sent, r.acked, r.unackedStored, r.stored, r.duplicated, lostCell(r),
-				r.shim.Produces, r.plan, r.faults, r.shim.RecordsAtDrop, r.elapsed.Seconds())
+				r.shim.Produces, r.plan, r.faults, r.shim.RecordsAtDrop, r.shim.Resent, r.shim.Merged, r.elapsed.Seconds())
 		}
 	}
 	return b.String()

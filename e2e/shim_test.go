@@ -61,6 +61,10 @@ type ackShim struct {
 	listeners map[string]net.Listener // upstream address -> shim listener
 	conns     map[net.Conn]struct{}
 	stats     shimStats
+	// firstSent is the batch (partition of a Produce request, counted
+	// from 1) each value first went out in.
+	firstSent map[int]int64
+	sentSeq   int64
 	wg        sync.WaitGroup
 	bootstrap string
 }
@@ -77,6 +81,11 @@ type shimStats struct {
 	// 0 < RecordsAtDrop < sent, the acknowledgement was lost mid-stream.
 	RecordsAtDrop int64
 	Listeners     int
+	// Resent counts the partitions' batches that carry records sent before
+	// (retries); Merged those of them whose earlier records came from two
+	// batches or more: records of several failed requests batched again at
+	// other boundaries (librdkafka).
+	Resent, Merged int64
 	// NotLeader counts partitions answered NOT_LEADER_OR_FOLLOWER; Stall is
 	// the longest time between two Produce responses that acknowledged
 	// something, from the first to the last: how long the client's
@@ -389,13 +398,20 @@ func (s *ackShim) inspectRequest(frame []byte) (awaiting, bool, error) {
 		return aw, false, nil
 	}
 	var records, batches, legacy int64
+	var sent [][]int // per partition, the values' indices
 	for _, tp := range preq.Topics {
 		for _, p := range tp.Partitions {
 			n, b, l := countBatches(p.Records)
 			records, batches, legacy = records+n, batches+b, legacy+l
+			if idx, _, err := batchIndices(p.Records); err == nil {
+				sent = append(sent, idx)
+			}
 		}
 	}
 	s.mu.Lock()
+	for _, idx := range sent {
+		s.noteResent(idx)
+	}
 	s.stats.Produces++
 	s.stats.Records += records
 	s.stats.Batches += batches
@@ -408,6 +424,34 @@ func (s *ackShim) inspectRequest(frame []byte) (awaiting, bool, error) {
 	}
 	s.mu.Unlock()
 	return aw, true, nil
+}
+
+// noteResent counts idx, the values of one partition's batch, into the
+// Resent and Merged figures; call it with s.mu held.
+func (s *ackShim) noteResent(idx []int) {
+	if s.firstSent == nil {
+		s.firstSent = make(map[int]int64)
+	}
+	s.sentSeq++
+	var from int64 // the first earlier batch a record of this one came from
+	resent, merged := false, false
+	for _, v := range idx {
+		first, ok := s.firstSent[v]
+		if !ok {
+			s.firstSent[v] = s.sentSeq
+			continue
+		}
+		if resent && first != from {
+			merged = true
+		}
+		resent, from = true, first
+	}
+	if resent {
+		s.stats.Resent++
+	}
+	if merged {
+		s.stats.Merged++
+	}
 }
 
 // countBatches walks concatenated v2 record batches: their record count,

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -85,38 +86,9 @@ func traceProduce(client, up net.Conn, frame []byte, aw awaiting, request bool) 
 // count and the indices of their values (value), runs of consecutive
 // ones as a-b.
 func batchValues(raw []byte) string {
-	var idx []int
-	other := 0
-	for len(raw) >= 12 {
-		end := 12 + int(int32(binary.BigEndian.Uint32(raw[8:12])))
-		if end < 12 || end > len(raw) {
-			return "(truncated batch)"
-		}
-		var batch kmsg.RecordBatch
-		if err := batch.ReadFrom(raw[:end]); err != nil {
-			return fmt.Sprintf("(undecodable: %v)", err)
-		}
-		raw = raw[end:]
-		if batch.Attributes&0x07 != 0 {
-			return "(compressed)"
-		}
-		recs := batch.Records
-		for i := int32(0); i < batch.NumRecords && len(recs) > 0; i++ {
-			var rec kmsg.Record
-			if err := rec.ReadFrom(recs); err != nil {
-				return fmt.Sprintf("(undecodable record: %v)", err)
-			}
-			n := int(rec.Length) + varintLen(int64(rec.Length))
-			if n > len(recs) {
-				break
-			}
-			recs = recs[n:]
-			if j, err := indexOf(rec.Value); err == nil {
-				idx = append(idx, j)
-			} else {
-				other++
-			}
-		}
+	idx, other, err := batchIndices(raw)
+	if err != nil {
+		return "(" + err.Error() + ")"
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d records [", len(idx)+other)
@@ -137,6 +109,44 @@ func batchValues(raw []byte) string {
 	}
 	b.WriteByte(']')
 	return b.String()
+}
+
+// batchIndices returns the indices of the values (value) of the records
+// of concatenated uncompressed v2 batches, in order, and how many records
+// carry another value.
+func batchIndices(raw []byte) (idx []int, other int, err error) {
+	for len(raw) >= 12 {
+		end := 12 + int(int32(binary.BigEndian.Uint32(raw[8:12])))
+		if end < 12 || end > len(raw) {
+			return idx, other, errors.New("truncated batch")
+		}
+		var batch kmsg.RecordBatch
+		if err := batch.ReadFrom(raw[:end]); err != nil {
+			return idx, other, fmt.Errorf("undecodable: %w", err)
+		}
+		raw = raw[end:]
+		if batch.Attributes&0x07 != 0 {
+			return idx, other, errors.New("compressed")
+		}
+		recs := batch.Records
+		for i := int32(0); i < batch.NumRecords && len(recs) > 0; i++ {
+			var rec kmsg.Record
+			if err := rec.ReadFrom(recs); err != nil {
+				return idx, other, fmt.Errorf("undecodable record: %w", err)
+			}
+			n := int(rec.Length) + varintLen(int64(rec.Length))
+			if n > len(recs) {
+				break
+			}
+			recs = recs[n:]
+			if j, err := indexOf(rec.Value); err == nil {
+				idx = append(idx, j)
+			} else {
+				other++
+			}
+		}
+	}
+	return idx, other, nil
 }
 
 // varintLen is the length of v as a zigzag varint.
