@@ -20,7 +20,7 @@ import (
 //
 // The state is one object per client instance: its connections, each with
 // the batches it sent that a retry may still need (those in flight and
-// those of its last keepRequests answered requests), and the batches whose
+// those of its answered requests it keeps, see keepRequests), and the batches whose
 // acknowledgement the client may not hold (disowned), indexed by record.
 
 // keepRequests is how many answered requests of a connection keep their
