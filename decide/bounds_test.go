@@ -10,6 +10,18 @@ import (
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
+// testCore returns a core with a one-minute window over a table that knows
+// scriptTopic (4 partitions), and the topic's key.
+func testCore(t *testing.T) (*Core, seqstate.TopicID) {
+	tab, err := seqstate.New(seqstate.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab.InternTopics([]seqstate.TopicRef{{Name: scriptTopic, Partitions: 4}})
+	topic, _ := tab.LookupTopic([]byte(scriptTopic))
+	return New(Config{Table: tab, Window: time.Minute}, &Settings{}), topic
+}
+
 // TestUnknownOutcomesBounded: a partition lists at most maxUnknown legacy
 // batches whose outcome its log must tell (the broker connection broke
 // before their answers). A batch past the bound is settled at once as not
@@ -17,13 +29,7 @@ import (
 // proxy) instead of waiting on a read that would never settle it. Those
 // within the bound are settled by the read.
 func TestUnknownOutcomesBounded(t *testing.T) {
-	tab, err := seqstate.New(seqstate.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tab.InternTopics([]seqstate.TopicRef{{Name: scriptTopic, Partitions: 4}})
-	topic, _ := tab.LookupTopic([]byte(scriptTopic))
-	c := New(Config{Table: tab, Window: time.Minute}, &Settings{})
+	c, topic := testCore(t)
 	now := ddBase
 	cl := Client{ID: "a", Host: netip.MustParseAddr("127.0.0.1")}
 	part := func(i int) Part {

@@ -23,13 +23,7 @@ import (
 func TestWaitersNeverMissAnOutcome(t *testing.T) {
 	for _, legacy := range []bool{false, true} {
 		t.Run(fmt.Sprintf("legacy=%v", legacy), func(t *testing.T) {
-			tab, err := seqstate.New(seqstate.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			tab.InternTopics([]seqstate.TopicRef{{Name: scriptTopic, Partitions: 4}})
-			topic, _ := tab.LookupTopic([]byte(scriptTopic))
-			c := New(Config{Table: tab, Window: time.Minute}, &Settings{})
+			c, topic := testCore(t)
 			host := netip.MustParseAddr("127.0.0.1")
 			for round := range 400 {
 				raceOnce(t, c, topic, host, legacy, round)
