@@ -484,7 +484,7 @@ func (c *session) finishProduce(p *pending) {
 // warmPartition reads the tail of one partition and hands it to the core.
 func (s *Server) warmPartition(topic string, k decide.TailKey) {
 	cfg := &s.Config.Dedup.Warm
-	ctx, cancel := context.WithTimeout(s.dialCtx, cfg.Timeout)
+	ctx, cancel := context.WithTimeout(s.warmCtx, cfg.Timeout)
 	defer cancel()
 	start := time.Now()
 	records, n, err := s.readTail(ctx, topic, k.Partition)

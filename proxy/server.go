@@ -87,6 +87,12 @@ type Server struct {
 	stopOnce   sync.Once
 	dialCtx    context.Context
 	cancelDial context.CancelFunc
+	// warmCtx bounds the partition tails read for requests already read:
+	// a drain lets them finish (each within dedup.warm.timeout), so a
+	// retry the proxy holds is decided with its tail; it is cancelled only
+	// when the drain's deadline passes.
+	warmCtx    context.Context
+	cancelWarm context.CancelFunc
 
 	// copyOnly turns off splicing large Fetch responses (relay.go), so
 	// tests and benchmarks can compare the two paths.
@@ -178,6 +184,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.perIP = make(map[netip.Addr]int)
 	s.stop = make(chan struct{})
 	s.dialCtx, s.cancelDial = context.WithCancel(context.Background())
+	s.warmCtx, s.cancelWarm = context.WithCancel(context.Background())
 	s.core, s.table, s.keys = core, table, keys
 	s.nodes.init(s)
 	s.mu.Unlock()
@@ -563,12 +570,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-done:
 		s.pipes.close() // every session has ended
+		s.stopWarm()
 		return nil
 	case <-ctx.Done():
 	}
 	select {
 	case <-done: // both ready: the drain finished in time
 		s.pipes.close()
+		s.stopWarm()
 		return nil
 	default:
 	}
@@ -576,6 +585,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if log == nil { // Shutdown before Start
 		log = slog.Default()
 	}
+	s.stopWarm()
 	s.mu.Lock()
 	open := len(s.clients)
 	for sess := range s.sessions {
@@ -647,5 +657,13 @@ func (s *Server) expireLoop() {
 		case now := <-t.C:
 			s.table.Expire(now)
 		}
+	}
+}
+
+// stopWarm cancels the tail reads still running (none once the drain
+// ended).
+func (s *Server) stopWarm() {
+	if s.cancelWarm != nil {
+		s.cancelWarm()
 	}
 }
