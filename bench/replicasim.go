@@ -21,7 +21,7 @@ import (
 // replicasMain is `go run ./bench replicas`: the replicas design note's
 // simulation (docs/replicas.md, "At 100 brokers"). It scales the figures
 // this bench measured on one proxy — memory per tracked (producer,
-// partition), per legacy batch, CPU per MB produced, the cost of warming a
+// partition), per legacy record, CPU per MB produced, the cost of warming a
 // partition from its tail — to a cluster of many brokers, partitions and
 // producers served by R replicas, and prints, per replica count, what each
 // replica holds and burns and what a replica restart costs in warm-up
@@ -37,7 +37,8 @@ func replicasMain(_ context.Context, args []string, stdout io.Writer, _ *slog.Lo
 	fs.Float64Var(&m.PartitionsPerProducer, "partitions-per-producer", 1, "partitions each producer writes to: one tracked (producer, partition) entry each")
 	fs.Float64Var(&m.MBps, "mbps", 1000, "records produced through the proxies, MB/s (1 GB/s)")
 	fs.Float64Var(&m.LegacyShare, "legacy-share", 0.5, "share of the bytes written by legacy producers (producer id -1)")
-	fs.Float64Var(&m.BatchKB, "batch-kb", 16, "average batch size, KB: legacy batches remembered per second = legacy MB/s ÷ this")
+	fs.Float64Var(&m.RecordKB, "record-kb", 1, "average legacy record size, KB: legacy records per second = legacy MB/s ÷ this")
+	fs.DurationVar(&m.Hold, "hold", 31*time.Second, "how long a connection keeps its answered legacy records: the request timeout (librdkafka's and Java's 30 s) plus 1 s (docs/legacy.md, The rule)")
 	fs.DurationVar(&m.Window, "window", 2*time.Minute, "dedup.legacy.window; a warm-up reads back twice this (docs/warm.md)")
 	fs.IntVar(&m.WarmMaxBytes, "warm-max-bytes", 4<<20, "dedup.warm.max_bytes: the most a warm-up reads of one partition")
 	fs.Float64Var(&m.FetchMBps, "broker-fetch-mbps", 200, "assumption: MB/s one broker serves to a replica's tail reads (page cache)")
@@ -82,8 +83,8 @@ func replicasMain(_ context.Context, args []string, stdout io.Writer, _ *slog.Lo
 type replicaModel struct {
 	Brokers, Partitions, Producers int
 	PartitionsPerProducer, MBps    float64
-	LegacyShare, BatchKB           float64
-	Window                         time.Duration
+	LegacyShare, RecordKB          float64
+	Hold, Window                   time.Duration
 	WarmMaxBytes                   int
 	FetchMBps, CoresPerReplica     float64
 	ConnsPerProducer               float64
@@ -91,12 +92,12 @@ type replicaModel struct {
 
 // measured are the figures read from the bench's committed results.
 type measured struct {
-	EntryBytes    float64 // RSS per tracked (producer, partition): results.json memory
-	IdentityBytes float64 // per legacy batch remembered: micro.md LegacyMemory
-	CPUmsPerMB    float64 // the proxy's CPU per MB produced, 1 KiB records: results.json
-	WarmMsPerMB   float64 // reading and applying a 4 MiB tail, per MB: micro.md WarmPartition
-	WarmFixedMs   float64 // the same, the part that does not grow with the tail (1 MiB vs 4 MiB)
-	Source        string
+	EntryBytes  float64 // RSS per tracked (producer, partition): results.json memory
+	RecordBytes float64 // per legacy record remembered, indexed: micro.md LegacyMemory
+	CPUmsPerMB  float64 // the proxy's CPU per MB produced, 1 KiB records: results.json
+	WarmMsPerMB float64 // reading and applying a 4 MiB tail, per MB: micro.md WarmPartition
+	WarmFixedMs float64 // the same, the part that does not grow with the tail (1 MiB vs 4 MiB)
+	Source      string
 }
 
 var microRow = regexp.MustCompile(`^\| (\S+) \| ([0-9.e+]+) [^|]*\|[^|]*\|[^|]*\|(.*)\|$`)
@@ -150,8 +151,8 @@ func readMeasured(dir string) (measured, error) {
 				warm[m[1]] = [2]float64{ns, v}
 			}
 		case m[1] == "LegacyMemory":
-			if v, ok := unitValue(other, "B/identity"); ok {
-				in.IdentityBytes = v
+			if v, ok := unitValue(other, "B/record"); ok {
+				in.RecordBytes = v
 			}
 		}
 	}
@@ -162,7 +163,7 @@ func readMeasured(dir string) (measured, error) {
 		in.WarmMsPerMB = perByte * 1e6 / 1e6
 		in.WarmFixedMs = math.Max(0, small[0]-perByte*small[1]) / 1e6
 	}
-	if in.EntryBytes == 0 || in.IdentityBytes == 0 || in.CPUmsPerMB == 0 || in.WarmMsPerMB == 0 {
+	if in.EntryBytes == 0 || in.RecordBytes == 0 || in.CPUmsPerMB == 0 || in.WarmMsPerMB == 0 {
 		return in, errors.New("bench results lack a figure the simulation needs (results.json memory and 1 KiB batched row, micro.md LegacyMemory and WarmPartition): run go run ./bench and go run ./bench micro -out bench/results/micro.md")
 	}
 	in.Source = fmt.Sprintf("bench/results of %s", res.Started)
@@ -188,18 +189,18 @@ func unitValue(cell, unit string) (float64, bool) {
 
 // replicaFigures is what one replica count gives.
 type replicaFigures struct {
-	R                      int
-	NodesMax               int     // the most brokers one replica owns
-	EntriesMB, LegacyMB    float64 // tables of the busiest replica
-	ConnMB                 float64 // connection buffers of the busiest replica
-	Cores                  float64 // CPU at the modelled rate, busiest replica
-	MovedPartitions        int     // partitions of one replica's nodes
-	WarmGB                 float64 // read at one restart: by the takeovers, then again by the replica
-	FetchSeconds, CPUSecs  float64
-	WarmSeconds            float64 // one warm-up wave, the slower of fetching and applying
-	FirstBatchWaitMs       float64 // a partition's first batch after the move, when its broker is idle
-	TailMB                 float64 // read of one partition
-	LegacyIdentitiesNeeded float64 // per replica, to keep the window
+	R                     int
+	NodesMax              int     // the most brokers one replica owns
+	EntriesMB, LegacyMB   float64 // tables of the busiest replica
+	ConnMB                float64 // connection buffers of the busiest replica
+	Cores                 float64 // CPU at the modelled rate, busiest replica
+	MovedPartitions       int     // partitions of one replica's nodes
+	WarmGB                float64 // read at one restart: by the takeovers, then again by the replica
+	FetchSeconds, CPUSecs float64
+	WarmSeconds           float64 // one warm-up wave, the slower of fetching and applying
+	FirstBatchWaitMs      float64 // a partition's first batch after the move, when its broker is idle
+	TailMB                float64 // read of one partition
+	LegacyRecordsHeld     float64 // per replica: records whose answer may not have been read
 }
 
 func simulate(m replicaModel, in measured, r int) replicaFigures {
@@ -210,9 +211,12 @@ func simulate(m replicaModel, in measured, r int) replicaFigures {
 	share := float64(f.NodesMax) / float64(m.Brokers)
 	entries := float64(m.Producers) * m.PartitionsPerProducer * share
 	f.EntriesMB = entries * in.EntryBytes / 1e6
-	legacyBatchesPerSec := m.MBps * m.LegacyShare * 1000 / m.BatchKB
-	f.LegacyIdentitiesNeeded = legacyBatchesPerSec * m.Window.Seconds() * share
-	f.LegacyMB = f.LegacyIdentitiesNeeded * in.IdentityBytes / 1e6
+	// A connection keeps the records of its answered requests for their
+	// hold (docs/legacy.md): at most the legacy records of that long,
+	// counted at the indexed size (an upper bound: a live one takes 16 B).
+	legacyRecordsPerSec := m.MBps * m.LegacyShare * 1000 / m.RecordKB
+	f.LegacyRecordsHeld = legacyRecordsPerSec * m.Hold.Seconds() * share
+	f.LegacyMB = f.LegacyRecordsHeld * in.RecordBytes / 1e6
 	// Two 32 KiB read buffers per connection (proxy/session.go).
 	f.ConnMB = float64(m.Producers) * m.ConnsPerProducer * share * 64 * 1024 / 1e6
 	f.Cores = m.MBps * share * in.CPUmsPerMB / 1000
@@ -240,17 +244,17 @@ func simulate(m replicaModel, in measured, r int) replicaFigures {
 func writeReplicaReport(w io.Writer, m replicaModel, in measured, counts []int) {
 	fmt.Fprintf(w, "# Replicas at scale: the simulation\n\n")
 	fmt.Fprintf(w, "Generated by `go run ./bench replicas` (bench/replicasim.go); docs/replicas.md explains it.\n\n")
-	fmt.Fprintf(w, "Cluster: %d brokers, %d partitions, %d producers writing %.0f partition(s) each, %.0f MB/s through the proxies, %.0f %% of it from legacy producers in %.0f KB batches; dedup.legacy.window %s, dedup.warm.max_bytes %d.\n\n",
-		m.Brokers, m.Partitions, m.Producers, m.PartitionsPerProducer, m.MBps, m.LegacyShare*100, m.BatchKB, m.Window, m.WarmMaxBytes)
-	fmt.Fprintf(w, "Measured (%s): %.0f B of RSS per tracked (producer, partition); %.0f B per legacy batch remembered; %.3f ms of proxy CPU per MB produced (1 KiB records, dedup enforced); a partition's warm-up costs %.2f ms plus %.2f ms per MB of tail read (BenchmarkWarmPartition, kfake in the same process, so an upper bound for the proxy's part).\n\n",
-		in.Source, in.EntryBytes, in.IdentityBytes, in.CPUmsPerMB, in.WarmFixedMs, in.WarmMsPerMB)
+	fmt.Fprintf(w, "Cluster: %d brokers, %d partitions, %d producers writing %.0f partition(s) each, %.0f MB/s through the proxies, %.0f %% of it from legacy producers in %.0f KB records, each kept %s after its answer; dedup.legacy.window %s, dedup.warm.max_bytes %d.\n\n",
+		m.Brokers, m.Partitions, m.Producers, m.PartitionsPerProducer, m.MBps, m.LegacyShare*100, m.RecordKB, m.Hold, m.Window, m.WarmMaxBytes)
+	fmt.Fprintf(w, "Measured (%s): %.0f B of RSS per tracked (producer, partition); %.0f B per legacy record remembered; %.3f ms of proxy CPU per MB produced (1 KiB records, dedup enforced); a partition's warm-up costs %.2f ms plus %.2f ms per MB of tail read (BenchmarkWarmPartition, kfake in the same process, so an upper bound for the proxy's part).\n\n",
+		in.Source, in.EntryBytes, in.RecordBytes, in.CPUmsPerMB, in.WarmFixedMs, in.WarmMsPerMB)
 	fmt.Fprintf(w, "Assumed: a broker serves %.0f MB/s of tail reads to the replicas; a replica applies them on %.0f cores; %.0f connection(s) per producer, each holding two 32 KiB read buffers.\n\n",
 		m.FetchMBps, m.CoresPerReplica, m.ConnsPerProducer)
 	fmt.Fprintf(w, "Per replica, the busiest (it owns ⌈brokers ÷ R⌉ nodes):\n\n")
-	fmt.Fprintf(w, "| replicas | nodes | producer table | legacy batches in the window | connection buffers | CPU at %.0f MB/s |\n|---|---|---|---|---|---|\n", m.MBps)
+	fmt.Fprintf(w, "| replicas | nodes | producer table | legacy records held | connection buffers | CPU at %.0f MB/s |\n|---|---|---|---|---|---|\n", m.MBps)
 	for _, r := range counts {
 		f := simulate(m, in, r)
-		fmt.Fprintf(w, "| %d | %d | %s | %s (%.2g batches) | %s | %.2f cores |\n", r, f.NodesMax, mb(f.EntriesMB), mb(f.LegacyMB), f.LegacyIdentitiesNeeded, mb(f.ConnMB), f.Cores)
+		fmt.Fprintf(w, "| %d | %d | %s | %s (%.2g records) | %s | %.2f cores |\n", r, f.NodesMax, mb(f.EntriesMB), mb(f.LegacyMB), f.LegacyRecordsHeld, mb(f.ConnMB), f.Cores)
 	}
 	fmt.Fprintf(w, "\nOne replica restarted (a rolling upgrade does this R times): its nodes' partitions are warmed by the takeovers, then again by the replica when it takes them back. A wave takes the slower of the brokers serving the tails and the replicas applying them; a partition's first batch after a move waits for its own warm-up:\n\n")
 	fmt.Fprintf(w, "| replicas | partitions moved | tail read per partition | read per restart | one wave: fetching | one wave: applying (CPU) | one wave | first batch's wait, idle broker |\n|---|---|---|---|---|---|---|---|\n")

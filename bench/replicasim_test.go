@@ -17,11 +17,11 @@ func TestReplicaSimulation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.EntryBytes < 50 || in.EntryBytes > 2000 || in.IdentityBytes < 10 || in.WarmMsPerMB <= 0 || in.CPUmsPerMB <= 0 {
+	if in.EntryBytes < 50 || in.EntryBytes > 2000 || in.RecordBytes < 10 || in.WarmMsPerMB <= 0 || in.CPUmsPerMB <= 0 {
 		t.Fatalf("implausible measured figures: %+v", in)
 	}
 	m := replicaModel{Brokers: 100, Partitions: 100000, Producers: 1000000, PartitionsPerProducer: 1, MBps: 1000,
-		LegacyShare: 0.5, BatchKB: 16, Window: 120e9, WarmMaxBytes: 4 << 20, FetchMBps: 200, CoresPerReplica: 2, ConnsPerProducer: 1}
+		LegacyShare: 0.5, RecordKB: 1, Hold: 31e9, Window: 120e9, WarmMaxBytes: 4 << 20, FetchMBps: 200, CoresPerReplica: 2, ConnsPerProducer: 1}
 	f5, f10 := simulate(m, in, 5), simulate(m, in, 10)
 	if f5.NodesMax != 20 || f10.NodesMax != 10 || f5.MovedPartitions != 20000 {
 		t.Errorf("shares: %+v %+v", f5, f10)
