@@ -65,7 +65,7 @@ func (s *syncBuffer) String() string {
 type testProxy struct {
 	srv  *proxy.Server
 	reg  *prometheus.Registry
-	logs *syncBuffer // startProxyOnErr's log, for the caller to print
+	logs *syncBuffer // its log, for the caller to print or search
 }
 
 // startProxy runs the proxy on 127.0.0.1:0 in front of c. On cleanup it shuts
@@ -104,7 +104,7 @@ func startProxyWith(t testing.TB, c *testCluster, listen string, dial func(ctx c
 	if err := srv.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	p := &testProxy{srv: srv, reg: reg}
+	p := &testProxy{srv: srv, reg: reg, logs: logs}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -65,6 +65,10 @@ type ackShim struct {
 	// from 1) each value first went out in.
 	firstSent map[int]int64
 	sentSeq   int64
+	// carried counts the planned drops whose request died unanswered
+	// with a connection an earlier drop closed: each moves to the next
+	// Produce request, so a run loses as many answers as its plan says.
+	carried   int
 	wg        sync.WaitGroup
 	bootstrap string
 }
@@ -255,9 +259,18 @@ func (s *ackShim) serveConn(client net.Conn, target string) {
 	// waiting on a full FIFO) and wait for it.
 	client.Close()
 	up.Close()
-	for range fifo {
+	lost := 0
+	for aw := range fifo {
+		if aw.drop {
+			lost++
+		}
 	}
 	<-requestsDone
+	if lost > 0 {
+		s.mu.Lock()
+		s.carried += lost
+		s.mu.Unlock()
+	}
 }
 
 // relayRequests copies frames from the client to upstream, noting each
@@ -421,6 +434,9 @@ func (s *ackShim) inspectRequest(frame []byte) (awaiting, bool, error) {
 		if s.stats.Produces == s.drops.at {
 			s.stats.RecordsAtDrop = s.stats.Records
 		}
+	} else if s.carried > 0 {
+		s.carried--
+		aw.drop = true
 	}
 	s.mu.Unlock()
 	return aw, true, nil

@@ -161,9 +161,10 @@ func varintLen(v int64) int {
 }
 
 // logWhereStored logs, for E2E_DEBUG=1, where the log holds each value
-// written more than once (partition@offset of every copy), read straight
-// from the cluster: with the shim's trace, which request wrote each copy.
-func logWhereStored(t testing.TB, c *testCluster, topic string, twice map[string]bool) {
+// written more than once (partition@offset of every copy), reading the
+// topic's total records straight from the cluster: with the shim's trace,
+// which request wrote each copy.
+func logWhereStored(t testing.TB, c *testCluster, topic string, twice map[string]bool, total int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -177,21 +178,15 @@ func logWhereStored(t testing.TB, c *testCluster, topic string, twice map[string
 	defer cl.Close()
 	where := map[string][]string{}
 	seen := 0
-	// Each poll returns records or waits FetchMaxWait; the context bounds
-	// the whole.
-	for idle := 0; idle < 5 && ctx.Err() == nil; {
-		fs := cl.PollFetches(ctx)
-		n := 0
-		fs.EachRecord(func(r *kgo.Record) {
-			n++
+	// Each poll returns records, or nothing once the context ends, which
+	// bounds the whole.
+	for i := 0; i < 10000 && seen < total && ctx.Err() == nil; i++ {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			seen++
 			if twice[string(r.Value)] {
 				where[string(r.Value)] = append(where[string(r.Value)], fmt.Sprintf("p%d@%d", r.Partition, r.Offset))
 			}
 		})
-		if n == 0 {
-			idle++
-		}
-		seen += n
 	}
 	vals := make([]string, 0, len(where))
 	for v := range where {
