@@ -65,10 +65,11 @@ type ackShim struct {
 	// from 1) each value first went out in.
 	firstSent map[int]int64
 	sentSeq   int64
-	// carried counts the planned drops whose request died unanswered
-	// with a connection an earlier drop closed: each moves to the next
-	// Produce request, so a run loses as many answers as its plan says.
-	carried   int
+	// carried lists when the planned drops whose request died unanswered
+	// with a connection an earlier drop closed are due again (Produce
+	// request counts, the plan's every apart), so a run loses as many
+	// answers as its plan says, spread as it says.
+	carried   []int64
 	wg        sync.WaitGroup
 	bootstrap string
 }
@@ -268,7 +269,14 @@ func (s *ackShim) serveConn(client net.Conn, target string) {
 	<-requestsDone
 	if lost > 0 {
 		s.mu.Lock()
-		s.carried += lost
+		due := s.stats.Produces
+		if n := len(s.carried); n > 0 {
+			due = max(due, s.carried[n-1])
+		}
+		for range lost {
+			due += max(1, s.drops.every)
+			s.carried = append(s.carried, due)
+		}
 		s.mu.Unlock()
 	}
 }
@@ -434,8 +442,8 @@ func (s *ackShim) inspectRequest(frame []byte) (awaiting, bool, error) {
 		if s.stats.Produces == s.drops.at {
 			s.stats.RecordsAtDrop = s.stats.Records
 		}
-	} else if s.carried > 0 {
-		s.carried--
+	} else if len(s.carried) > 0 && s.stats.Produces >= s.carried[0] {
+		s.carried = s.carried[1:]
 		aw.drop = true
 	}
 	s.mu.Unlock()
