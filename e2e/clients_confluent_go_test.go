@@ -146,10 +146,21 @@ func confluentGoProduce(ctx context.Context, t *testing.T, bootstrap, topic stri
 	}()
 
 	produce := func(i int) error {
-		return p.Produce(&kafka.Message{
+		msg := &kafka.Message{
 			TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 			Value:          []byte(value(i)),
-		}, deliveries)
+		}
+		// A full local queue (100,000 messages by default: the replica
+		// runs write more) makes room as deliveries complete; Flush waits
+		// for them at most 50 ms at a time.
+		for try := 0; ; try++ {
+			err := p.Produce(msg, deliveries)
+			var kerr kafka.Error
+			if !errors.As(err, &kerr) || kerr.Code() != kafka.ErrQueueFull || try >= 1000 || ctx.Err() != nil {
+				return err
+			}
+			p.Flush(50)
+		}
 	}
 	if paced {
 		err = paceSource(ctx, n, produce)
