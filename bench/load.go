@@ -158,9 +158,19 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 	for i := range value {
 		value[i] = byte('a' + i%26)
 	}
-	for range producers {
+	phase := time.Now().UnixNano() // names this phase's producers
+	for p := range producers {
 		opts := []kgo.Opt{
 			kgo.SeedBrokers(seeds...),
+			// Each producer is a service of its own, in each phase: its
+			// own client id, so its own client instance to the proxy
+			// (docs/legacy.md, "Scope"). A phase's producers are long-lived
+			// services whose connections stay open; the same instance
+			// reconnecting every phase would have the proxy look each
+			// record up among those of its closed connections (the
+			// reconnect row of docs/legacy.md, "Bounded and cheap",
+			// BenchmarkDecideLegacyAfterReconnect).
+			kgo.ClientID(fmt.Sprintf("bench-%d-producer-%d", phase, p)),
 			kgo.ProducerLinger(spec.Linger),
 			kgo.ProducerBatchMaxBytes(spec.BatchBytes),
 			kgo.ProducerBatchCompression(kgo.NoCompression()),
@@ -244,11 +254,14 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 				rec := &kgo.Record{Topic: spec.Topics[i%len(spec.Topics)], Value: value}
 				if !spec.Idempotent {
 					// Legacy records are deduplicated by content
-					// (docs/legacy.md): identical batches from several
-					// producers would be taken for retries. A header
-					// makes each record unique without moving it to
-					// another partition.
-					rec.Headers = []kgo.RecordHeader{{Key: "n", Value: binary.BigEndian.AppendUint64(nil, uint64(i)<<16|uint64(p))}}
+					// (docs/legacy.md): a producer of a later phase
+					// (the same client instance, its connections
+					// closed in between) sending the same records
+					// would be taken for a retry. A header makes each
+					// record unique, in this phase and across phases,
+					// without moving it to another partition.
+					rec.Headers = []kgo.RecordHeader{{Key: "n", Value: binary.BigEndian.AppendUint64(
+						binary.BigEndian.AppendUint64(nil, uint64(start.UnixNano())), uint64(i)<<16|uint64(p))}}
 				}
 				issued.Add(1)
 				if spec.RoundTrip {

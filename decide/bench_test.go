@@ -191,3 +191,36 @@ func BenchmarkInstanceMemory(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// BenchmarkDecideLegacyAfterReconnect is BenchmarkDecideLegacy for a client
+// instance that reconnected: the batches of its closed connection (64
+// requests of 4 batches of 100 records) are disowned for the window, so
+// each new record is looked up among them (and found in none).
+func BenchmarkDecideLegacyAfterReconnect(b *testing.B) {
+	const n = 4096
+	old := newSteady(b, keepRequests, 100)
+	for i := range old.reqs {
+		old.one(b, i)
+	}
+	old.c.Disconnect(old.conn, old.now)
+	s := steadyOn(b, old.c, 2, n, 10)
+	s.now = old.now
+	b.ReportAllocs()
+	b.SetBytes(int64(4 * len(s.reqs[0].Parts[0].Records)))
+	i := 0
+	for b.Loop() {
+		if i == n {
+			b.StopTimer()
+			s = steadyOn(b, old.c, ConnID(3+i), n, 10)
+			s.now = old.now
+			i = 0
+			b.StartTimer()
+		}
+		s.one(b, i)
+		i++
+	}
+	b.ReportMetric(4, "batches/op")
+	if held, _ := old.c.LegacyRecords(); held < keepRequests*4*100 {
+		b.Fatalf("%d records remembered, want the closed connection's %d at least", held, keepRequests*4*100)
+	}
+}

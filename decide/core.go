@@ -106,8 +106,7 @@ func (c *Core) Disconnect(conn *Conn, now time.Time) {
 		return
 	}
 	conn.open = false
-	in.conns--
-	in.lastSeen = now.UnixNano()
+	in.closed(now.UnixNano())
 	for _, b := range conn.fifo {
 		b.inFifo = false
 		if b.conn == conn {
@@ -117,7 +116,7 @@ func (c *Core) Disconnect(conn *Conn, now time.Time) {
 	}
 	clear(conn.fifo)
 	conn.fifo = conn.fifo[:0]
-	in.sweep(now.UnixNano())
+	in.sweep(now.UnixNano(), c.legacy.window)
 }
 
 // topicSettings returns the mode, match and key header of topic.
@@ -193,7 +192,7 @@ func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
 		in = req.Conn.inst
 		in.shard.mu.Lock()
 		in.lastSeen = now.UnixNano()
-		in.sweep(now.UnixNano())
+		in.sweep(now.UnixNano(), c.legacy.window)
 		c.matchLegacy(req, pl, now)
 	}
 	if len(pl.waitOn) > 0 || len(pl.Tails) > 0 {

@@ -125,19 +125,41 @@ type instance struct {
 	// disowned are the batches whose acknowledgement the client may not
 	// hold, each until its window ends (in flight ones until their
 	// outcome); index finds their records.
-	disowned []*batch
+	disowned     []*batch
+	disownedRecs int // records in disowned batches
+	// index finds disowned records: added to as batches are disowned,
+	// rebuilt (dirty) when full of entries of batches since let go; those
+	// are skipped by lookups meanwhile.
 	index    recIndex
-	dirty    bool // index is stale
+	dirty    bool
+	sweepAt  int64 // ns: no disowned batch's window ends before
 	lastSeen int64
+	// live indexes the records of undelivered batches, built when a young
+	// connection looks one up (see youngRequests) and the batches changed
+	// since; entries of batches answered since are skipped.
+	live      recIndex
+	liveDirty bool
+	liveRecs  int // records in undelivered batches
 }
 
-// recIndex finds disowned records by hash: an open-addressing table of
-// positions in refs (linear probing, at most half full). Records are added
-// in the order they were sent, and a probe meets records with equal hashes
-// in that order, so identical records of a retry match their originals in
-// order. About 32 bytes per record.
+// youngRequests bounds the requests of a connection whose records are
+// looked up among the batches not yet answered to the instance's other
+// connections: a client that gives up on a connection resends at once on
+// its next one, before newer records (librdkafka requeues the failed ones
+// first), so only a connection's first requests can be such a resend. Past
+// them, a connection costs no lookup.
+const youngRequests = 256
+
+// recIndex finds records by hash: an open-addressing table (linear
+// probing, at most half full) whose slots hold the upper half of a
+// record's hash beside its position in refs, so that a probe compares
+// hashes without reaching the records: a lookup that finds nothing, the
+// common case, touches one or two cache lines. Records are added in the
+// order they were sent, and a probe meets records with equal hashes in
+// that order, so identical records of a retry match their originals in
+// order.
 type recIndex struct {
-	slots []int32 // index+1 in refs, 0 for empty; the length a power of two
+	slots []uint64 // hash>>32<<32 | index+1 in refs; 0 for empty; the length a power of two
 	refs  []recRef
 }
 
@@ -156,7 +178,7 @@ func (x *recIndex) reset(n int) {
 		x.slots = x.slots[:size]
 		clear(x.slots)
 	} else {
-		x.slots = make([]int32, size)
+		x.slots = make([]uint64, size)
 	}
 	clear(x.refs)
 	x.refs = x.refs[:0]
@@ -167,7 +189,7 @@ func (x *recIndex) add(h uint64, r recRef) {
 	mask := uint64(len(x.slots) - 1)
 	for j := h & mask; ; j = (j + 1) & mask {
 		if x.slots[j] == 0 {
-			x.slots[j] = int32(len(x.refs))
+			x.slots[j] = h>>32<<32 | uint64(len(x.refs))
 			return
 		}
 	}
@@ -233,6 +255,30 @@ func (ls *legacyStore) connect(id ConnID, cl Client, now int64) *Conn {
 	return &Conn{id: id, principal: cl.Principal, inst: in, open: true}
 }
 
+// closed records that one of the instance's connections closed.
+func (in *instance) closed(now int64) {
+	in.conns--
+	in.lastSeen = now
+	if in.conns < 2 {
+		in.live, in.liveDirty = recIndex{}, true // one connection: nothing to look up
+	}
+}
+
+// rebuildLive indexes the records of the undelivered batches anew.
+func (in *instance) rebuildLive() {
+	in.live.reset(in.liveRecs)
+	for _, l := range in.undelivered {
+		for _, b := range l {
+			for i, r := range b.recs {
+				if r.hash != 0 {
+					in.live.add(r.hash, recRef{b: b, gen: b.gen, i: int32(i)})
+				}
+			}
+		}
+	}
+	in.liveDirty = false
+}
+
 // maxInstancesPerShard bounds the client instances remembered (64 Ki in
 // all); past it the longest idle one without connections is forgotten.
 const maxInstancesPerShard = 4096
@@ -252,7 +298,7 @@ func (sh *legacyShard) evictIdle(now int64) {
 		b.inDisowned = false
 		sh.release(b)
 	}
-	victim.disowned = nil
+	victim.disowned, victim.disownedRecs = nil, 0
 	delete(sh.insts, victim.key)
 }
 
@@ -296,7 +342,29 @@ func (in *instance) disown(b *batch) {
 	if !b.inDisowned {
 		b.inDisowned = true
 		in.disowned = append(in.disowned, b)
+		in.disownedRecs += len(b.recs)
+		in.indexDisowned(b)
+		if b.phase == appended {
+			in.sweepAt = min(in.sweepAt, b.until)
+		}
+	}
+}
+
+// indexDisowned adds b's records to the index, or marks it to be rebuilt
+// when it is full, or mostly entries of batches let go since.
+func (in *instance) indexDisowned(b *batch) {
+	if in.dirty {
+		return
+	}
+	n := len(in.index.refs) + len(b.recs)
+	if 2*n > len(in.index.slots) || n > 2*in.disownedRecs+1024 {
 		in.dirty = true
+		return
+	}
+	for i, r := range b.recs {
+		if r.hash != 0 {
+			in.index.add(r.hash, recRef{b: b, gen: b.gen, i: int32(i)})
+		}
 	}
 }
 
@@ -307,7 +375,7 @@ func (in *instance) undisown(b *batch) {
 		return
 	}
 	b.inDisowned = false
-	in.dirty = true
+	in.disownedRecs -= len(b.recs)
 	for i, x := range in.disowned {
 		if x == b {
 			copy(in.disowned[i:], in.disowned[i+1:])
@@ -336,35 +404,43 @@ func (in *instance) dropUndelivered(b *batch) {
 	for i, x := range l {
 		if x == b {
 			l = append(l[:i], l[i+1:]...)
+			in.liveRecs -= len(b.recs)
+			in.liveDirty = true
 			break
 		}
 	}
 	in.undelivered[k] = l // kept when empty: the partition's next batch reuses it
 }
 
-// sweep releases the disowned batches whose window has ended.
-func (in *instance) sweep(now int64) {
+// sweep releases the disowned batches whose window has ended, once one
+// may have (lookups skip them meanwhile: sweeping only frees memory). A
+// batch settled after it was disowned is swept at most a window late.
+func (in *instance) sweep(now int64, window int64) {
+	if now < in.sweepAt {
+		return
+	}
+	next := now + window
 	kept := in.disowned[:0]
 	for _, b := range in.disowned {
 		if b.phase == appended && b.until <= now {
 			b.inDisowned = false
-			in.dirty = true
+			in.disownedRecs -= len(b.recs)
 			in.shard.release(b)
 			continue
+		}
+		if b.phase == appended {
+			next = min(next, b.until)
 		}
 		kept = append(kept, b)
 	}
 	clear(in.disowned[len(kept):])
 	in.disowned = kept
+	in.sweepAt = next
 }
 
 // reindex rebuilds the index of disowned records.
 func (in *instance) reindex() {
-	n := 0
-	for _, b := range in.disowned {
-		n += len(b.recs)
-	}
-	in.index.reset(n)
+	in.index.reset(in.disownedRecs)
 	for _, b := range in.disowned {
 		for i, r := range b.recs {
 			if r.hash != 0 {
@@ -383,18 +459,22 @@ type candidate struct {
 
 // lookup returns the first disowned record of topic with hash h that is
 // not used up, or false.
-func (in *instance) lookup(topic seqstate.TopicID, h uint64) (candidate, bool) {
+func (in *instance) lookup(topic seqstate.TopicID, h uint64, now int64) (candidate, bool) {
 	if len(in.disowned) == 0 {
 		return candidate{}, false
 	}
-	if in.dirty {
+	if in.dirty || len(in.index.slots) == 0 {
 		in.reindex()
 	}
 	x := &in.index
-	mask := uint64(len(x.slots) - 1)
+	mask, tag := uint64(len(x.slots)-1), h>>32
 	for j := h & mask; x.slots[j] != 0; j = (j + 1) & mask {
-		r := &x.refs[x.slots[j]-1]
-		if r.b.gen != r.gen || !r.b.inDisowned || r.b.topic != topic || r.b.recs[r.i].hash != h {
+		if x.slots[j]>>32 != tag {
+			continue
+		}
+		r := &x.refs[uint32(x.slots[j])-1]
+		b := r.b
+		if b.gen != r.gen || !b.inDisowned || b.topic != topic || b.recs[r.i].hash != h || b.phase == appended && b.until <= now {
 			continue
 		}
 		return candidate{r.b, r.i}, true
@@ -406,15 +486,28 @@ func (in *instance) lookup(topic seqstate.TopicID, h uint64) (candidate, bool) {
 // yet answered to another connection than conn: the client gave up on it
 // and this is its retry.
 func (in *instance) sameParts(conn *Conn, topic seqstate.TopicID, part int32, h uint64, now int64) (candidate, bool) {
-	for _, b := range in.undelivered[partKey{topic, part}] {
-		if b.conn == conn || b.conn == nil || (b.phase == appended && b.until <= now) {
+	if in.conns < 2 || conn.reqs >= youngRequests {
+		return candidate{}, false
+	}
+	if in.liveRecs == 0 {
+		return candidate{}, false
+	}
+	if in.liveDirty || len(in.live.slots) == 0 {
+		in.rebuildLive()
+	}
+	x := &in.live
+	mask, tag := uint64(len(x.slots)-1), h>>32
+	for j := h & mask; x.slots[j] != 0; j = (j + 1) & mask {
+		if x.slots[j]>>32 != tag {
 			continue
 		}
-		for i, r := range b.recs {
-			if r.hash == h {
-				return candidate{b, int32(i)}, true
-			}
+		r := &x.refs[uint32(x.slots[j])-1]
+		b := r.b
+		if b.gen != r.gen || b.delivered || b.conn == conn || b.conn == nil || b.topic != topic || b.part != part ||
+			(b.phase == appended && b.until <= now) || b.recs[r.i].hash != h {
+			continue
 		}
+		return candidate{b, r.i}, true
 	}
 	return candidate{}, false
 }
@@ -422,6 +515,9 @@ func (in *instance) sameParts(conn *Conn, topic seqstate.TopicID, part int32, h 
 // anyOtherUndelivered reports whether a batch to (topic, part) from another
 // connection than conn is not yet answered.
 func (in *instance) anyOtherUndelivered(conn *Conn, topic seqstate.TopicID, part int32) bool {
+	if in.conns < 2 || conn.reqs >= youngRequests {
+		return false // no other connection, or not a young one (see youngRequests)
+	}
 	for _, b := range in.undelivered[partKey{topic, part}] {
 		if b.conn != conn && b.conn != nil {
 			return true

@@ -342,7 +342,7 @@ func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
 	if conn.open {
 		conn.trim(keepRequests, &c.legacy, ns, false)
 	}
-	in.sweep(ns)
+	in.sweep(ns, c.legacy.window)
 }
 
 // commitKeys remembers the idempotency keys of part i's records the broker

@@ -89,7 +89,7 @@ func (c *Core) findCandidate(conn *Conn, in *instance, p *Part, prev candidate, 
 	if b := prev.b; b != nil && b.conn == nil && int(prev.i)+1 < len(b.recs) && b.recs[prev.i+1].hash == h {
 		return candidate{b, prev.i + 1}, true
 	}
-	if cand, ok := in.lookup(p.Topic, h); ok {
+	if cand, ok := in.lookup(p.Topic, h, now); ok {
 		return cand, true
 	}
 	return in.sameParts(conn, p.Topic, p.Partition, h, now)
@@ -407,7 +407,10 @@ func (c *Core) keep(b *batch) {
 	b.inFifo = true
 	b.conn.fifo = append(b.conn.fifo, b)
 	k := partKey{b.topic, b.part}
-	b.inst.undelivered[k] = append(b.inst.undelivered[k], b)
+	in := b.inst
+	in.undelivered[k] = append(in.undelivered[k], b)
+	in.liveRecs += len(b.recs)
+	in.liveDirty = true
 }
 
 // answerOf is the proxy's answer to a legacy part it answers whole: error

@@ -35,6 +35,7 @@ func TestLegacyRetryOnNewConnection(t *testing.T) {
 		t.Fatalf("original: %+v", r)
 	}
 	first.conn.Close() // as if its acknowledgement had been lost
+	clientsGone(t, p)
 	retry := dialRaw(t, p.addr())
 	if r := onlyPartition(t, retry.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("retry: %+v, want the original's offset 0", r)
@@ -472,6 +473,7 @@ func TestShadowModePerTopic(t *testing.T) {
 		first.learnTopics(topic)
 		orig = onlyPartition(t, first.roundTrip(req))
 		first.conn.Close() // its acknowledgement lost
+		clientsGone(t, p)
 		second := dialRaw(t, p.addr())
 		second.learnTopics(topic)
 		again = onlyPartition(t, second.roundTrip(req))

@@ -112,6 +112,7 @@ func TestSecurityCopiedBatchNeedsWrite(t *testing.T) {
 		t.Fatalf("alice's original: %+v", r)
 	}
 	alice.conn.Close()
+	clientsGone(t, p) // her batch is one a retry of hers could repeat now
 
 	mallory := login(t, p, malloryUser, malloryPwd)
 	if r := onlyPartition(t, mallory.roundTrip(req)); r.ErrorCode != kerr.TopicAuthorizationFailed.Code {
