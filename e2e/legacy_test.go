@@ -703,13 +703,7 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 			t.Errorf("through the proxy (%s), %d records were written twice", mode, r.duplicated)
 		}
 	case modeRestart, modeDrain:
-		restart.Lock()
-		stopped := append([]*testProxy{px}, restart.proxies...)
-		restart.Unlock()
 		switch {
-		case r.duplicated > 0 && stopCancelledTailRead(stopped):
-			t.Skipf("known gap: a retry waited for its partition's tail in a proxy stopped before the read ended (killed, or drained past its deadline); "+
-				"the stop cancelled the read, and the retry was decided without it and forwarded before the connections were cut; %d written twice", r.duplicated)
 		case r.duplicated > 0 && c.restampsResends:
 			t.Skipf("not caught (docs/legacy.md, \"After a restart\"): %s stamps a resend anew, and a restarted proxy matches records read back from the log only with their timestamp; %d written twice", c.name, r.duplicated)
 		case r.duplicated > 0:
@@ -728,22 +722,6 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 			t.Errorf("the proxy answered %v duplicates itself, want at least the retried batch", n)
 		}
 	}
-}
-
-// stopCancelledTailRead reports whether one of the proxies logged that it
-// decided a partition without its tail because its own stop cancelled the
-// read. A drain waits for the reads (TestDrainCancelsTailRead); a kill, or
-// a drain past its deadline, cancels them, and a retry decided without its
-// tail may be forwarded before the connections are cut.
-func stopCancelledTailRead(proxies []*testProxy) bool {
-	for _, p := range proxies {
-		for _, line := range strings.Split(p.logs.String(), "\n") {
-			if strings.Contains(line, "cannot read partition tail") && strings.Contains(line, "operation was canceled") {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // summaryTable is the one-row-per-client table of a run, also written
@@ -817,9 +795,6 @@ func resultsMarkdown(clients []legacyClient, now time.Time) string {
 	fmt.Fprintf(&b, "same connection, behind the original. librdkafka (kcat, confluent-kafka-python, confluent-kafka-go) puts the records\n")
 	fmt.Fprintf(&b, "of every request it gave up on back in its queue and batches them again at other boundaries; the proxy matches them\n")
 	fmt.Fprintf(&b, "record by record (docs/legacy.md).\n")
-	fmt.Fprintf(&b, "Known gap in the restart column (skipped when it is the cause): a retry that waits for its partition's tail in a proxy\n")
-	fmt.Fprintf(&b, "killed (or drained past its deadline) before the read ends is decided without the tail once the stop cancels the read,\n")
-	fmt.Fprintf(&b, "and may be forwarded before the connections are cut; the paced rows, killing the proxy up to ten times a run, hit it.\n")
 	fmt.Fprintf(&b, "The *paced* rows are the librdkafka clients fed as by a live source, %d records every %v, lingering %d ms with\n", pacedBurst, pacedEvery, pacedLinger)
 	fmt.Fprintf(&b, "retries=%d, their requests carrying records of several bursts; every fault but the slow and killed ones hits the\n", pacedRetries)
 	fmt.Fprintf(&b, "#%d Produce request and every %dth after it, at most %d in a run (each restart, leader move or cut once per\n", pacedDropEvery, pacedDropEvery, pacedMaxDrops)

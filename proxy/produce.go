@@ -244,13 +244,15 @@ func (c *session) readTails(tails []decide.TailKey) {
 			continue
 		}
 		name, _ := c.s.table.TopicName(k.Topic)
-		if !c.s.spawn(func() {
+		read := func() {
 			defer func() { c.releaseWarmSlot(); done <- struct{}{} }()
 			c.s.warmPartition(name, k)
-		}) {
-			c.releaseWarmSlot()
-			c.s.wakeConns(c.s.core.TailFailed(k, time.Now(), nil))
-			continue
+		}
+		if !c.s.spawn(read) {
+			// Draining: no new goroutine, so read it here (the drain
+			// waits for this session): a request already read is
+			// decided with its tail.
+			read()
 		}
 		started++
 	}
@@ -488,6 +490,12 @@ func (s *Server) warmPartition(topic string, k decide.TailKey) {
 	defer cancel()
 	start := time.Now()
 	records, n, err := s.readTail(ctx, topic, k.Partition)
+	if err != nil && s.warmCtx.Err() != nil {
+		// Stopped past the drain's deadline: the connections are being
+		// cut, and the requests waiting for this tail are not decided
+		// without it (they would be forwarded: a resend written again).
+		return
+	}
 	if err != nil {
 		s.Metrics.warmups[warmFailed].Inc()
 		if ok, suppressed := s.warmLog.allow(time.Now()); ok {
