@@ -164,8 +164,15 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 				putPlan(pl)
 				return nil, errClientGone
 			}
-			if !time.Now().Before(pl.Until) {
+			switch {
+			case !time.Now().Before(pl.Until):
 				c.s.Metrics.waitTimeouts.Inc()
+				req.GiveUp = true
+			case c.s.closing.Load():
+				// Stopping: a waiting request gives up at once
+				// (REQUEST_TIMED_OUT; its client retries, at the next
+				// proxy if this one is going away) instead of holding
+				// the drain.
 				req.GiveUp = true
 			}
 			continue
