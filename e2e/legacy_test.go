@@ -709,7 +709,16 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		case r.duplicated > 0:
 			t.Errorf("through the proxy (%s), %d records were written twice", mode, r.duplicated)
 		}
-	case modeProxy, modeTimedOut, modeCut, modeLeader, modeAbort:
+	case modeLeader:
+		switch {
+		case r.duplicated > 0 && c.repartitionsRetries:
+			t.Skipf("not caught (docs/legacy.md, \"What is left\"): after NOT_LEADER_OR_FOLLOWER from one broker of a send, %s resends records "+
+				"another broker acknowledged on a connection still open, assigned to partitions anew; its client holds that acknowledgement, "+
+				"so to the proxy they are new records (it does the same without the proxy); %d written twice", c.name, r.duplicated)
+		case r.duplicated > 0:
+			t.Errorf("through the proxy (%s), %d records were written twice", mode, r.duplicated)
+		}
+	case modeProxy, modeTimedOut, modeCut, modeAbort:
 		if r.duplicated > 0 {
 			t.Errorf("through the proxy (%s), %d records were written twice", mode, r.duplicated)
 		}
