@@ -64,13 +64,11 @@ type partState struct {
 	maxTS   int64
 	pending bool // idempotent: registered in the table
 	commit  bool // idempotent: commit if appended
-	ver     uint64
 	// legacy: m holds the records it repeats, b those sent upstream
 	m, b            batchRef
 	idsAt, idsEnd   int // this part's record IDs in Plan.ids
 	keysAt, keysEnd int // its idempotency keys in Plan.keys
 	dropped         int32
-	forwarded       int32
 }
 
 // match is what one record of a legacy batch repeats.

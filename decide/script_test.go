@@ -167,7 +167,6 @@ type scriptReq struct {
 	req   Request
 	plan  Plan
 	names [][]string // per part, its records' names
-	body  []byte     // the request's records, kept alive
 }
 
 type runner struct {

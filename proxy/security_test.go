@@ -533,7 +533,9 @@ func TestAuthStateByMechanism(t *testing.T) {
 	a = authState{}
 	handshake(&a, "GSSAPI")
 	request(&a, "token")
-	if answer(&a, 0, "") || answer(&a, 0, "") {
-		t.Error("GSSAPI: counted as authenticated")
+	for i := range 2 {
+		if answer(&a, 0, "") {
+			t.Errorf("GSSAPI: counted as authenticated after answer %d", i+1)
+		}
 	}
 }
