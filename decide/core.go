@@ -107,15 +107,7 @@ func (c *Core) Disconnect(conn *Conn, now time.Time) {
 	}
 	conn.open = false
 	in.closed(now.UnixNano())
-	for _, b := range conn.fifo {
-		b.inFifo = false
-		if b.conn == conn {
-			in.disown(b)
-		}
-		sh.release(b)
-	}
-	clear(conn.fifo)
-	conn.fifo = conn.fifo[:0]
+	conn.letGo()
 	in.sweep(now.UnixNano(), c.legacy.window)
 }
 

@@ -19,8 +19,9 @@ type partition struct {
 	// log holds the legacy records read back from the tail, in log order,
 	// for a restart (docs/legacy.md, "After a restart"); logIdx indexes
 	// them by hash.
-	log    []logRec
-	logIdx map[uint64]int32 // hash of (record, timestamp) -> first index+1 in log, chained by next
+	log      []logRec
+	logIdx   map[uint64]int32 // hash of (record, timestamp) -> first index+1 in log, chained by next
+	logUntil int64            // ns: the last until in log; past it, log is let go
 	// unknown lists batches whose outcome is unknown (the broker connection
 	// broke) or appended without an offset: the next read of the tail
 	// settles them.
@@ -43,9 +44,6 @@ type logRec struct {
 	next  int32 // next index+1 with the same hash in logIdx's chain, 0 for none
 	taken bool  // matched by a resend already: each answers one
 }
-
-// maxLogRecs bounds the records kept per partition from its tail.
-const maxLogRecs = 4096
 
 type partitions struct {
 	shards [partShards]partShard

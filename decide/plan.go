@@ -95,7 +95,10 @@ type undo struct {
 	gen  uint32
 	i    int32
 	hash uint64
-	log  *partition // a log record instead, index i
+	// A log record instead, index i: the history it was in (even if
+	// replaced since), and the lock that guards it.
+	log      []logRec
+	logShard *partShard
 }
 
 // timedOut answers a part whose outcome the proxy cannot know in time:

@@ -40,7 +40,7 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 			pl.drops = append(pl.drops, false)
 		}
 		ms := pl.matches[st.idsAt:st.idsEnd]
-		logged := conn.principal == 0 && c.hasLog(p.Topic, p.Partition)
+		logged := conn.principal == 0 && c.hasLog(p.Topic, p.Partition, ns)
 		if len(in.disowned) == 0 && !logged && !in.anyOtherUndelivered(conn, p.Topic, p.Partition) {
 			continue // nothing this batch could repeat: the common case
 		}
@@ -169,7 +169,9 @@ func (c *Core) needTail(pl *Plan, b *batch) {
 func (c *Core) rollback(pl *Plan) {
 	for _, u := range pl.undo {
 		if u.log != nil {
-			u.log.log[u.i].taken = false
+			u.logShard.mu.Lock()
+			u.log[u.i].taken = false
+			u.logShard.mu.Unlock()
 			continue
 		}
 		if u.b.gen == u.gen {
@@ -255,7 +257,7 @@ func (c *Core) matchLog(pl *Plan, p *Part, id protocol.RecordID, enforce bool, n
 		}
 		if enforce {
 			r.taken = true
-			pl.undo = append(pl.undo, undo{log: part, i: idx})
+			pl.undo = append(pl.undo, undo{log: part.log, logShard: sh, i: idx})
 		}
 		return match{kind: matchDrop, off: r.off, rule: RuleLog, at: -1, age: ns - (r.until - c.legacy.window)}
 	}
@@ -263,10 +265,13 @@ func (c *Core) matchLog(pl *Plan, p *Part, id protocol.RecordID, enforce bool, n
 }
 
 // hasLog reports whether records read back from partition's log may still
-// be matched.
-func (c *Core) hasLog(topic seqstate.TopicID, partition int32) bool {
+// be matched at ns; once none may, they are let go.
+func (c *Core) hasLog(topic seqstate.TopicID, partition int32, ns int64) bool {
 	p, sh := c.parts.get(partKeyOf(topic, partition))
 	defer sh.mu.Unlock()
+	if len(p.log) > 0 && p.logUntil <= ns {
+		p.log, p.logIdx = nil, nil
+	}
 	return len(p.log) > 0
 }
 
@@ -388,6 +393,11 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 	}
 	if registered {
 		conn.reqs++
+		if !conn.open {
+			// Read before its connection broke, decided after: no answer
+			// of it will reach the client.
+			conn.letGo()
+		}
 	}
 }
 
@@ -455,4 +465,19 @@ func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 		clear(conn.fifo[len(conn.fifo)-n:])
 		conn.fifo = conn.fifo[:len(conn.fifo)-n]
 	}
+}
+
+// letGo disowns the batches conn holds and empties its fifo: its client
+// holds none of their acknowledgements. Call with the shard locked.
+func (conn *Conn) letGo() {
+	in := conn.inst
+	for _, b := range conn.fifo {
+		b.inFifo = false
+		if b.conn == conn {
+			in.disown(b)
+		}
+		in.shard.release(b)
+	}
+	clear(conn.fifo)
+	conn.fifo = conn.fifo[:0]
 }

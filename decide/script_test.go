@@ -35,7 +35,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 //	<blank line>
 //
 // Commands (records are named by their value; the same name is the same
-// key, value and headers):
+// key, value and headers; r[1..3] is r1,r2,r3):
 //
 //	case name=N [window=2m] [scope=instance|client_id] [warm=true]
 //	     [mode=enforce|observe|off] [match=records|exact|off] [keys=HEADER]
@@ -48,6 +48,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 //	deliver req=R [ok=false] [at=D]     the answer was written (or not)
 //	close conn=C [at=D]
 //	tail p=P [batches=O:r1,r2;O:...] [ts=T] [compressed] [failed] [at=D]
+//	held                                the legacy records remembered
 //
 // at=D sets the clock to a fixed base time plus D and stays set; record
 // timestamps (ts, ms) count from the same base. Topic "t" has 4
@@ -299,7 +300,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 				fail("part %q: want P:r1,r2", spec)
 			}
 			part, _ := strconv.Atoi(ps)
-			names := strings.Split(recs, ",")
+			names := recordNames(t, recs)
 			raw := scriptBatch(names, tsList(t, get("ts", "1000"), len(names)), num("pid", "-1"), int16(num("epoch", "0")), int32(num("seq", "0")), args["compressed"] == "true")
 			sr.names = append(sr.names, names)
 			var h protocol.BatchHeader
@@ -358,6 +359,9 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		sr := reqOf()
 		r.core.Delivered(&sr.plan, get("ok", "true") == "true", r.now)
 		return ""
+	case "held":
+		held, _ := r.core.LegacyRecords()
+		return fmt.Sprintf("held %d records", held)
 	case "tail":
 		k := TailKey{Topic: r.topic, Partition: int32(num("p", ""))}
 		if args["failed"] == "true" {
@@ -368,7 +372,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 			for _, bs := range strings.Split(spec, ";") {
 				os, recs, _ := strings.Cut(bs, ":")
 				off, _ := strconv.ParseInt(os, 10, 64)
-				names := strings.Split(recs, ",")
+				names := recordNames(t, recs)
 				raw := scriptBatch(names, tsList(t, get("ts", "1000"), len(names)), -1, 0, 0, args["compressed"] == "true")
 				binary.BigEndian.PutUint64(raw, uint64(off))
 				records = append(records, raw...)
@@ -378,6 +382,29 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 	}
 	fail("unknown command %q", verb)
 	return ""
+}
+
+// recordNames reads a list of record names; NAME[A..B] stands for NAMEA,
+// ..., NAMEB (a long batch in one word).
+func recordNames(t *testing.T, spec string) []string {
+	var out []string
+	for _, n := range strings.Split(spec, ",") {
+		base, rng, ok := strings.Cut(strings.TrimSuffix(n, "]"), "[")
+		if !ok {
+			out = append(out, n)
+			continue
+		}
+		from, to, _ := strings.Cut(rng, "..")
+		a, err1 := strconv.Atoi(from)
+		b, err2 := strconv.Atoi(to)
+		if err1 != nil || err2 != nil || a > b {
+			t.Fatalf("records %q: want NAME[A..B]", n)
+		}
+		for i := a; i <= b; i++ {
+			out = append(out, base+strconv.Itoa(i))
+		}
+	}
+	return out
 }
 
 // tsList reads record timestamps, in ms after the scripts' base time.

@@ -97,13 +97,22 @@ func (c *Core) TailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 			}
 		}
 	}
-	if len(logRecs) > maxLogRecs {
-		logRecs = logRecs[len(logRecs)-maxLogRecs:]
+	// Every record the read brought back within the window is kept (the
+	// read is bounded by dedup.warm.max_bytes): a client whose connection
+	// broke resends everything it had in flight, which against a slow
+	// broker is thousands of records, and one cut from the history is
+	// written again. max_records bounds one partition's history.
+	if n := int(c.legacy.maxRecords); len(logRecs) > n {
+		logRecs = logRecs[len(logRecs)-n:]
 	}
 	p, sh := c.parts.get(pk)
 	if first {
 		p.log = logRecs
 		p.logIdx = nil
+		p.logUntil = 0
+		for _, r := range logRecs {
+			p.logUntil = max(p.logUntil, r.until)
+		}
 		if len(logRecs) > 0 {
 			// Built backwards, so that each chain lists its records in log
 			// order: identical records of a resend match theirs in order.
