@@ -196,6 +196,7 @@ func (c *session) coreConn() *decide.Conn {
 		}
 		cl := decide.Client{Principal: who.id, ID: c.clientID, Host: remoteIP(c.client)}
 		c.dconn, c.dconnPrincipal = c.s.core.Connect(decide.ConnID(c.id), cl, time.Now()), who.id
+		c.sharedConn.Store(c.dconn)
 	}
 	return c.dconn
 }

@@ -73,6 +73,9 @@ type session struct {
 	// decided Produce: readLoop's, and Disconnect'ed when readLoop ends.
 	dconn          *decide.Conn
 	dconnPrincipal principalID
+	// sharedConn is dconn for responseLoop, which tells the core the
+	// moment the client can no longer be written to.
+	sharedConn atomic.Pointer[decide.Conn]
 	// wake receives when the core wakes this connection's waiting request.
 	wake chan struct{}
 
@@ -360,8 +363,9 @@ func (c *session) readFailed(err error) {
 }
 
 func (c *session) responseLoop() {
-	failed := false // the upstream connection broke: no more responses come
-	dead := false   // the client is gone or failed: nothing more is written
+	failed := false       // the upstream connection broke: no more responses come
+	dead := false         // the client is gone or failed: nothing more is written
+	disconnected := false // the core was told the connection broke
 	defer func() {
 		// Settle what a panic interrupted and whatever is still queued:
 		// release their batches and abandon their waits, so nothing stays
@@ -428,6 +432,17 @@ func (c *session) responseLoop() {
 		}
 		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
+		}
+		if dead && !disconnected {
+			// The client's connection broke (or is being closed): the
+			// answers written to it before may not have been read, and
+			// its client resends elsewhere at once. readLoop may be held
+			// a while yet (behind a full queue the slow broker drains, or
+			// a wait), so the core hears it now, not when readLoop ends.
+			disconnected = true
+			if conn := c.sharedConn.Load(); conn != nil {
+				c.s.core.Disconnect(conn, time.Now())
+			}
 		}
 		if pl := p.plan; pl != nil {
 			c.s.core.Delivered(&pl.Plan, !dead && !p.failed && !c.clientLeft.Load(), time.Now())

@@ -1,0 +1,75 @@
+package proxy
+
+import (
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// TestLegacyClientGoneBehindFullQueue: a client pipelines more requests than
+// the proxy queues for one connection (max_inflight) to a slow broker,
+// reads the first answer and resets the connection. The proxy's reader is
+// then held behind the full queue for as long as the broker takes with the
+// requests queued before (librdkafka keeps hundreds in flight; in the
+// replicas' rolling run the reader went on for 48 ms after the client was
+// gone). The retry of the first batch, sent on a new connection as soon as
+// the proxy failed to write the second answer, is answered with the
+// original's offset: the core hears that the connection broke when the
+// write fails, not when the reader ends.
+func TestLegacyClientGoneBehindFullQueue(t *testing.T) {
+	t.Parallel()
+	const topic, pipelined = "gone-behind-queue", 8
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	var produces atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		// The broker's own slowness is the fault under test.
+		switch produces.Add(1) {
+		case 2: // answered once the client has reset its connection
+			c.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+		case 3: // holds the proxy's queue full meanwhile
+			c.SleepControl(func() { time.Sleep(3 * time.Second) })
+		}
+		return nil, nil, false
+	})
+	p := startProxy(t, c, func(cfg *Config) { cfg.MaxInflight = 2 })
+	first := dialRaw(t, p.addr())
+	first.learnTopics(topic)
+	reqs := make([]*kmsg.ProduceRequest, pipelined)
+	corrs := make([]int32, pipelined)
+	for i := range reqs {
+		reqs[i] = produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 1, "record "+strconv.Itoa(i))})
+		corrs[i] = first.send(reqs[i])
+	}
+	if r := onlyPartition(t, first.recv(reqs[0], corrs[0])); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("first answer: %+v", r)
+	}
+	// Reset: the answers after the first are never read.
+	if err := first.conn.(*net.TCPConn).SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	first.conn.Close()
+	waitFor(t, 2*time.Second, "the proxy to fail writing the second answer", func() bool {
+		return testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientWrite)) >= 1
+	})
+	// The broker holds the third request for 3 s: the reader of the first
+	// connection is still behind the full queue.
+	retry := dialRaw(t, p.addr())
+	if r := onlyPartition(t, retry.roundTrip(reqs[0])); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("retry of the first batch: %+v, want the original's offset 0", r)
+	}
+	if n := produces.Load(); n >= pipelined {
+		t.Fatalf("the broker had all %d requests before the retry: the first connection's reader was not held", n)
+	}
+	retry.conn.Close()
+	clientsGone(t, p)
+	if end := logEnd(t, c.ListenAddrs()[0], topic); end != pipelined {
+		t.Fatalf("the log holds %d records, want the %d sent once each", end, pipelined)
+	}
+}
