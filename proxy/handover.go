@@ -173,6 +173,16 @@ func (rs *replicaSet) foreignProduce(n *replicaNode) (relay, wait bool) {
 			return false, true // being released there: its outcome first
 		}
 	}
+	for i := range rs.peers {
+		p := &rs.peers[i]
+		if from, ok := p.status.From[n.id]; i != rs.l.self && p.reachable && p.serving[n.id] && ok && from == rs.l.self {
+			// Taken from this replica (a previous incarnation, restarted
+			// since): a client still holds the address this replica had
+			// for it, and relayed here its batches would be decided by two
+			// replicas at once. Redirected, as a node released here is.
+			return false, false
+		}
+	}
 	return true, false
 }
 
@@ -311,7 +321,13 @@ func (rs *replicaSet) releaseLocked(n *replicaNode, target int) {
 			}
 		}
 		rs.mu.Unlock()
-		rs.wakePeer(target)
+		// Every peer, not only the target: each advertises the node in its
+		// Metadata answers, and a client redirected here refreshes its
+		// metadata wherever it likes. Until a peer polls (up to 250 ms at
+		// rest) it still names this replica, and a client whose retries
+		// are few and quick (sarama: 5, 50 ms apart) spends them all on
+		// redirects here.
+		rs.wakePeers()
 	})
 	if !started { // shutting down: nothing is forwarded any more
 		rs.setStateLocked(n, nodeReleased, target)
@@ -323,6 +339,7 @@ func (rs *replicaSet) releaseLocked(n *replicaNode, target int) {
 // (their state here may be older than what the peer appended), then it is
 // served. Called with rs.mu held.
 func (rs *replicaSet) coverLocked(n *replicaNode, from int) {
+	n.from = from
 	rs.setStateLocked(n, nodeCovering, -1)
 	rs.log.Info("taking over a node released by a peer", "node", n.id, "from", from)
 	if !rs.s.spawn(func() { rs.finishCover(n) }) {
@@ -360,6 +377,7 @@ func (rs *replicaSet) finishCover(n *replicaNode) {
 		rs.m.handovers[handoverCovered].Inc()
 	}
 	rs.mu.Unlock()
+	rs.wakePeers() // they advertise the node here from their next poll
 	rs.log.Info("took over a node", "node", n.id, "partitions_to_warm", marked)
 }
 

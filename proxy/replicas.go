@@ -77,6 +77,7 @@ type replicaNode struct {
 	state  atomic.Int32
 	target atomic.Int32 // the replica a releasing or released node goes to; -1 none
 	since  time.Time    // when reclaiming or covering began (replicaSet.mu)
+	from   int          // the peer it was taken from (covered or reclaimed), -1 none (replicaSet.mu)
 }
 
 // decides reports whether this replica decides the node's Produce
@@ -97,6 +98,10 @@ type replicaStatus struct {
 	// Released maps each node this replica handed over to the replica it
 	// handed it to.
 	Released map[int32]int `json:"released,omitempty"`
+	// From maps each node it serves that it took from a peer (covered or
+	// reclaimed) to that peer. The peer, restarted, redirects the node's
+	// Produce requests here instead of relaying them.
+	From map[int32]int `json:"from,omitempty"`
 	// Yields maps each peer this replica saw up to the incarnation it saw:
 	// it will not take that peer's nodes unless that incarnation hands
 	// them over.
@@ -207,7 +212,7 @@ func (rs *replicaSet) nodeLocked(id int32) *replicaNode {
 	if ok {
 		return n
 	}
-	n = &replicaNode{id: id, owner: rs.l.owner(id), since: rs.s.now()}
+	n = &replicaNode{id: id, owner: rs.l.owner(id), since: rs.s.now(), from: -1}
 	n.target.Store(-1)
 	switch {
 	case n.owner != rs.l.self:
@@ -254,7 +259,7 @@ func (rs *replicaSet) status() replicaStatus {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	st := replicaStatus{Index: rs.l.self, Incarnation: rs.incarnation, Phase: rs.phase.String(), Serving: []int32{},
-		Released: map[int32]int{}, Yields: map[int]string{}}
+		Released: map[int32]int{}, From: map[int32]int{}, Yields: map[int]string{}}
 	for id, n := range rs.nodes {
 		if id < 0 {
 			continue
@@ -262,6 +267,9 @@ func (rs *replicaSet) status() replicaStatus {
 		switch s := n.state.Load(); {
 		case decides(s):
 			st.Serving = append(st.Serving, id)
+			if n.from >= 0 {
+				st.From[id] = n.from
+			}
 		case s == nodeReleased:
 			st.Released[id] = int(n.target.Load())
 		}
@@ -358,9 +366,7 @@ func (rs *replicaSet) pollLoop() {
 		if first {
 			// Tell the peers this incarnation is up: those covering its
 			// nodes give them back without waiting for their next poll.
-			for i := range rs.l.count {
-				rs.wakePeer(i)
-			}
+			rs.wakePeers()
 		}
 		rs.mu.Lock()
 		every := replicaPollEvery
@@ -478,6 +484,13 @@ func (rs *replicaSet) peerURL(i int, path string) string {
 	return scheme + "://" + rs.l.admins[i] + path
 }
 
+// wakePeers wakes every peer (wakePeer).
+func (rs *replicaSet) wakePeers() {
+	for i := range rs.l.count {
+		rs.wakePeer(i)
+	}
+}
+
 // wakePeer asks peer i to poll now (POST /replica/wake): a hint that
 // something changed here. It changes nothing there by itself.
 func (rs *replicaSet) wakePeer(i int) {
@@ -557,7 +570,7 @@ func (rs *replicaSet) evaluateLocked() {
 			}
 			for i := range rs.peers {
 				p := &rs.peers[i]
-				if i == self || !p.reachable || p.phase != phaseHandingOver || p.status.Released[id] != self || p.serving[id] {
+				if to, ok := p.status.Released[id]; i == self || !p.reachable || p.phase != phaseHandingOver || !ok || to != self || p.serving[id] {
 					continue
 				}
 				// Released to this replica by peer i: taken, unless its
@@ -572,6 +585,12 @@ func (rs *replicaSet) evaluateLocked() {
 			if rs.peersLetGoLocked(id) || rs.s.now().Sub(n.since) > rs.s.Config.DrainTimeout+replicaPeerTimeout {
 				if !rs.peersLetGoLocked(id) {
 					rs.log.Warn("a peer did not let go of this replica's node within drain_timeout; serving it anyway", "node", id)
+				}
+				n.from = -1
+				for i := range rs.peers {
+					if to, ok := rs.peers[i].status.Released[id]; i != self && rs.peers[i].reachable && ok && to == self {
+						n.from = i // the peer that covered it gave it back
+					}
 				}
 				rs.setStateLocked(n, nodeServing, -1)
 				rs.m.handovers[handoverReclaimed].Inc()

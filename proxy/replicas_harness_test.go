@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,6 +43,7 @@ type fleetReplica struct {
 	*testProxy
 	index int
 	http  *http.Server
+	wakes atomic.Int64 // POST /replica/wake received: a peer asked it to poll now
 }
 
 // newFleet starts count replicas in front of c, whose brokers are numbered
@@ -155,9 +157,15 @@ func (f *fleet) start(i int) *fleetReplica {
 	}
 	held = map[string]net.Listener{}
 	mu.Unlock()
-	hs := &http.Server{Handler: s.ReplicaHandler(), ReadHeaderTimeout: time.Second}
-	go hs.Serve(admin)
-	r := &fleetReplica{testProxy: &testProxy{Server: s, reg: reg, logs: logs}, index: i, http: hs}
+	r := &fleetReplica{testProxy: &testProxy{Server: s, reg: reg, logs: logs}, index: i}
+	status := s.ReplicaHandler()
+	r.http = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method == http.MethodPost && req.URL.Path == "/replica/wake" {
+			r.wakes.Add(1)
+		}
+		status.ServeHTTP(w, req)
+	}), ReadHeaderTimeout: time.Second}
+	go r.http.Serve(admin)
 	f.mu.Lock()
 	f.replicas[i] = r
 	f.all = append(f.all, r)

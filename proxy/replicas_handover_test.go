@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// TestReplicaReleaseWakesEveryPeer: the replica that releases a node and
+// the one that takes it over wake every peer (POST /replica/wake), not only
+// each other. Every replica advertises the node in its Metadata answers,
+// and a client redirected by the release refreshes its metadata at any of
+// them: a peer left to its next poll (up to 250 ms) still names the
+// releasing replica, and sarama (5 retries, 50 ms apart) spent its retries
+// on redirects there and failed records with EOF in a rolling run.
+func TestReplicaReleaseWakesEveryPeer(t *testing.T) {
+	const topic, owner = "wake", 0
+	c := newCluster(t, kfake.SeedTopics(1, topic))
+	f := newFleet(t, c, 3, 3, nil)
+	var before [3]int64
+	for i := range before {
+		before[i] = f.replica(i).wakes.Load()
+	}
+	r := f.replica(owner)
+	stopped := make(chan error, 1)
+	go func() { stopped <- f.stop(owner) }()
+	n := r.replicas.node(owner) // node 0: replica 0's
+	waitFor(t, 10*time.Second, "the node released", func() bool { return n.state.Load() == nodeReleased })
+	target := int(n.target.Load())
+	if target == owner || target < 0 {
+		t.Fatalf("released to %d", target)
+	}
+	other := 3 - owner - target
+	u := f.replica(other)
+	// Woken when the handover began (it is a ready peer), when the node was
+	// released, and when the target took it over.
+	waitFor(t, 5*time.Second, "the third replica woken by the release and by the takeover", func() bool {
+		return u.wakes.Load()-before[other] >= 3
+	})
+	waitFor(t, 5*time.Second, "the third replica to advertise the node at the takeover", func() bool {
+		return u.replicas.advertised(owner) == target
+	})
+	if err := <-stopped; err != nil {
+		t.Errorf("stop: %v", err)
+	}
+}
+
+// TestReplicaRestartedCoverRedirects: a replica that covered a node and
+// gave it back to its owner, then restarted, gets Produce requests for
+// that node from clients whose metadata still names it (librdkafka keeps a
+// connection to every broker address it knows and reconnects to the same
+// one). It does not relay them, as it would for a node no peer took from
+// it: the owner, which says in its status that it took the node back from
+// this replica, decides that node now, and a relay would have two replicas
+// deciding it at once (a rolling run of confluent-kafka-python wrote 10,882
+// records twice that way). They are redirected to the owner, nothing
+// reaching the broker.
+func TestReplicaRestartedCoverRedirects(t *testing.T) {
+	const topic, owner = "restarted-cover", 1
+	c := newCluster(t, kfake.SeedTopics(1, topic))
+	if err := c.MoveTopicPartition(topic, 0, owner); err != nil {
+		t.Fatal(err)
+	}
+	f := newFleet(t, c, 3, 3, nil)
+	n := f.replica(owner).replicas.node(owner)
+	stopped := make(chan error, 1)
+	go func() { stopped <- f.stop(owner) }()
+	waitFor(t, 10*time.Second, "the owner's node released", func() bool { return n.state.Load() == nodeReleased })
+	cover := int(n.target.Load())
+	if err := <-stopped; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	f.start(owner)
+	f.waitReady(owner) // it took the node back from cover
+	if from, ok := f.replica(owner).replicas.status().From[owner]; !ok || from != cover {
+		t.Fatalf("the owner's status says it took node %d from %v (%v), want replica %d", owner, from, ok, cover)
+	}
+	if err := f.stop(cover); err != nil {
+		t.Fatalf("stop replica %d: %v", cover, err)
+	}
+	f.start(cover)
+	f.waitReady(cover)
+	before := partitionEnd(t, c.ListenAddrs()[owner], topic, 0)
+	raw := dialRaw(t, f.nodeAddr(cover, owner)) // the address the cover had for the node
+	raw.learnTopics(topic)
+	req := produceParts(topic, -1, part{0, recordBatchAt(t, -1, -1, -1, 1, "late", time.Now().UnixMilli())})
+	req.SetVersion(10)
+	resp := raw.roundTrip(req).(*kmsg.ProduceResponse)
+	if p := resp.Topics[0].Partitions[0]; p.ErrorCode != kerr.NotLeaderForPartition.Code {
+		t.Fatalf("Produce at the restarted cover answered error %d, want NOT_LEADER_OR_FOLLOWER", p.ErrorCode)
+	}
+	if len(resp.Brokers) != 1 || addrString(resp.Brokers[0].Host, resp.Brokers[0].Port) != f.nodeAddr(owner, owner) {
+		t.Errorf("NodeEndpoints %+v, want node %d at %s", resp.Brokers, owner, f.nodeAddr(owner, owner))
+	}
+	if after := partitionEnd(t, c.ListenAddrs()[owner], topic, 0); after != before {
+		t.Errorf("log end %d -> %d: the batch was relayed", before, after)
+	}
+	if r := f.replica(cover); testutil.ToFloat64(r.replicaMetrics.foreignProduce) != 0 {
+		t.Errorf("the restarted cover relayed %v Produce requests", testutil.ToFloat64(r.replicaMetrics.foreignProduce))
+	}
+}
