@@ -553,3 +553,48 @@ func TestShadowModePerTopic(t *testing.T) {
 		t.Errorf("after enforce, dropped records on the topic: %v, want 2", got)
 	}
 }
+
+// TestWaitingRequestOfClosedConnectionNotForwarded: a legacy batch waits
+// for its partition's first tail read (held by the broker), and its client
+// closes the connection meanwhile (it timed the request out and resends
+// elsewhere). Once the read comes, the batch would go upstream as new
+// data; its client is gone, so it is not written (its resend is the copy
+// that counts).
+func TestWaitingRequestOfClosedConnectionNotForwarded(t *testing.T) {
+	t.Parallel()
+	const topic = "closed-behind"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	pc := countProduce(c)
+	p := startProxy(t, c, nil)
+	raw := dialRaw(t, p.addr())
+	raw.learnTopics(topic)
+	var armed, fired atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	defer func() {
+		if !fired.Load() || release != nil {
+			close(release)
+		}
+	}()
+	c.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if armed.Load() && fired.CompareAndSwap(false, true) {
+			close(held)
+			c.SleepControl(func() { <-release }) // the broker's slowness under test
+		}
+		return nil, nil, false
+	})
+	armed.Store(true)
+	raw.send(produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 2, "charge 9")}))
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the proxy asked no Metadata for the partition's tail within 10 s")
+	}
+	raw.conn.Close()
+	close(release)
+	release = nil
+	clientsGone(t, p)
+	if n := pc.requests.Load(); n != 0 {
+		t.Fatalf("%d produce requests reached the broker from a connection its client had closed, want 0", n)
+	}
+}

@@ -130,7 +130,8 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	req.Conn = conn
 	pl := getPlan()
 	pl.corrID, pl.version, pl.acks = h.CorrelationID, h.APIVersion, sc.Acks
-	waited := false
+	waited := false // waited for an outcome
+	held := false   // waited for an outcome or a tail
 	for round := 0; ; round++ {
 		now := time.Now()
 		if round == maxDecideRounds {
@@ -139,6 +140,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		core.Decide(req, &pl.Plan, now)
 		switch pl.Status {
 		case decide.ReadTails:
+			held = true
 			c.readTails(pl.Tails)
 			continue
 		case decide.Again:
@@ -156,7 +158,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 			if c.log.Enabled(context.Background(), slog.LevelDebug) {
 				c.log.Debug("produce request waits for an outcome it needs", "correlation_id", h.CorrelationID, "at_most", time.Until(pl.Until).Round(time.Millisecond))
 			}
-			waited = true
+			waited, held = true, true
 			c.s.Metrics.waiting.Inc()
 			woken := c.awaitWake(pl.Until)
 			c.s.Metrics.waiting.Dec()
@@ -179,8 +181,22 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		}
 		break
 	}
+	if held && pl.AnyUp && pl.acks != 0 && c.clientClosedBehind() {
+		// Its client gave up on this connection while it waited (and
+		// resends elsewhere): what would go upstream now is a copy no
+		// one will read the answer of. Not written; the connection ends.
+		putPlan(pl)
+		return nil, errClientGone
+	}
 	c.countVerdicts(pl, waited)
 	return pl, nil
+}
+
+// clientClosedBehind reports whether the client has closed this connection behind
+// the request being decided: nothing more of it is buffered, and the kernel
+// holds its end of stream.
+func (c *session) clientClosedBehind() bool {
+	return c.in != nil && c.in.Buffered() == 0 && peerClosed(c.client)
 }
 
 // coreConn returns the core's state of this connection once the broker has

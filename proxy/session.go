@@ -41,6 +41,7 @@ type session struct {
 	client   net.Conn
 	upstream net.Conn
 	log      *slog.Logger
+	in       *bufio.Reader // readLoop's reader of client
 
 	queue chan *pending
 
@@ -214,6 +215,7 @@ func (c *session) readLoop() {
 	// Buffered reads take a small request's size prefix and body, and often
 	// the next request too, in one syscall; large bodies bypass the buffer.
 	client := bufio.NewReaderSize(c.client, readBufferSize)
+	c.in = client
 	for {
 		rb.release() // the previous request has been forwarded
 		if cfg.IdleTimeout > 0 {
