@@ -718,10 +718,18 @@ func runReplicaLostAck(t *testing.T, c legacyClient, mode string, via int) {
 		// kafkajs loses and duplicates records on any partial failure of
 		// a send; the control below shows it does so without the proxy.
 		t.Logf("known client bug: %s re-partitions a send it retries after NOT_LEADER_OR_FOLLOWER from one broker: %d written twice, %d lost", c.name, duplicated, lost)
-		if ctlDup, ctlLost := notLeaderControl(t, c); ctlLost == 0 && ctlDup == 0 {
-			t.Errorf("control: %s directly against kfake, one NOT_LEADER_OR_FOLLOWER: nothing lost or written twice; the known-bug exemption no longer holds", c.name)
-		} else {
-			t.Logf("control: %s directly against kfake with one NOT_LEADER_OR_FOLLOWER on one broker: %d written twice, %d lost", c.name, ctlDup, ctlLost)
+		if duplicated == 0 && lost == 0 {
+			break
+		}
+		// The bug does not show in every run: up to three controls.
+		shown := false
+		for try := 1; try <= 3 && !shown; try++ {
+			ctlDup, ctlLost := notLeaderControl(t, c)
+			t.Logf("control %d: %s directly against kfake with one NOT_LEADER_OR_FOLLOWER on one broker: %d written twice, %d lost", try, c.name, ctlDup, ctlLost)
+			shown = ctlDup > 0 || ctlLost > 0
+		}
+		if !shown {
+			t.Errorf("control: %s directly against kfake, one NOT_LEADER_OR_FOLLOWER, three runs: nothing lost or written twice; the known-bug exemption no longer holds", c.name)
 		}
 	case c.repartitionsRetries:
 		// Its retry carries records to partitions another replica serves,
