@@ -33,10 +33,11 @@ func peerClosed(conn net.Conn) bool {
 	}
 	closed := false
 	var b [1]byte
-	raw.Read(func(fd uintptr) bool {
+	// Control, not Read: it takes no read lock, so it never waits behind
+	// a read in progress.
+	raw.Control(func(fd uintptr) {
 		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		closed = n == 0 && err == nil || errors.Is(err, syscall.ECONNRESET)
-		return true // never wait
 	})
 	return closed
 }
