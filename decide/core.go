@@ -106,9 +106,43 @@ func (c *Core) Disconnect(conn *Conn, now time.Time) {
 		return
 	}
 	conn.open = false
-	in.closed(now.UnixNano())
+	in.closed(conn, now.UnixNano())
 	conn.letGo()
 	in.sweep(now.UnixNano(), c.legacy.window)
+}
+
+// Siblings appends to dst the other open connections of conn's client
+// instance. A client that gives up on a connection resends on a new one at
+// once, perhaps before the proxy has read the old one's end: the caller
+// may check them (Disconnect those whose client is gone) before a new
+// connection's first decision.
+func (c *Core) Siblings(conn *Conn, dst []ConnID) []ConnID {
+	in := conn.inst
+	in.shard.mu.Lock()
+	defer in.shard.mu.Unlock()
+	for _, o := range in.open {
+		if o != conn {
+			dst = append(dst, o.id)
+		}
+	}
+	return dst
+}
+
+// DisconnectSibling is Disconnect for the open connection id of conn's
+// client instance, if it is one.
+func (c *Core) DisconnectSibling(conn *Conn, id ConnID, now time.Time) {
+	in := conn.inst
+	in.shard.mu.Lock()
+	var sib *Conn
+	for _, o := range in.open {
+		if o.id == id && o != conn {
+			sib = o
+		}
+	}
+	in.shard.mu.Unlock()
+	if sib != nil {
+		c.Disconnect(sib, now)
+	}
 }
 
 // topicSettings returns the mode, match and key header of topic.

@@ -134,6 +134,7 @@ type instance struct {
 	dirty    bool
 	sweepAt  int64 // ns: no disowned batch's window ends before
 	lastSeen int64
+	open     []*Conn // its open connections
 	// live indexes the records of undelivered batches, built when a young
 	// connection looks one up (see youngRequests) and the batches changed
 	// since; entries of batches answered since are skipped.
@@ -252,11 +253,19 @@ func (ls *legacyStore) connect(id ConnID, cl Client, now int64) *Conn {
 	}
 	in.conns++
 	in.lastSeen = now
-	return &Conn{id: id, principal: cl.Principal, inst: in, open: true}
+	conn := &Conn{id: id, principal: cl.Principal, inst: in, open: true}
+	in.open = append(in.open, conn)
+	return conn
 }
 
-// closed records that one of the instance's connections closed.
-func (in *instance) closed(now int64) {
+// closed records that conn, one of the instance's connections, closed.
+func (in *instance) closed(conn *Conn, now int64) {
+	for i, o := range in.open {
+		if o == conn {
+			in.open = append(in.open[:i], in.open[i+1:]...)
+			break
+		}
+	}
 	in.conns--
 	in.lastSeen = now
 	if in.conns < 2 {

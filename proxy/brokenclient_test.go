@@ -73,3 +73,47 @@ func TestLegacyClientGoneBehindFullQueue(t *testing.T) {
 		t.Fatalf("the log holds %d records, want the %d sent once each", end, pipelined)
 	}
 }
+
+// TestGoneSiblingSeenAtNextConnection: a client's connection whose reader
+// is held (a request waits in a full queue behind one the broker holds)
+// when the client gives up on it: the proxy has not read its end when the
+// client resends on a new connection. The new connection's first Produce
+// has the proxy look at the instance's other connections; the old one's
+// end of stream is found, and the resend of its answered batch is taken
+// for the retry it is.
+func TestGoneSiblingSeenAtNextConnection(t *testing.T) {
+	t.Parallel()
+	const topic = "gone-sibling"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	var produces atomic.Int64
+	release := make(chan struct{})
+	defer close(release)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if produces.Add(1) == 2 {
+			c.SleepControl(func() { <-release }) // the broker's slowness under test
+		}
+		return nil, nil, false
+	})
+	p := startProxy(t, c, func(cfg *Config) { cfg.MaxInflight = 1 })
+	first := dialRaw(t, p.addr())
+	first.learnTopics(topic)
+	req := func(v string) *kmsg.ProduceRequest {
+		return produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 1, v)})
+	}
+	charge := req("charge 1")
+	if r := onlyPartition(t, first.roundTrip(charge)); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("the charge: %+v", r)
+	}
+	first.send(req("held by the broker"))
+	waitFor(t, 10*time.Second, "the broker to hold the second request", func() bool { return produces.Load() == 2 })
+	first.send(req("behind it")) // the proxy's reader of this connection waits to queue it
+	first.conn.Close()
+	retry := dialRaw(t, p.addr())
+	if r := onlyPartition(t, retry.roundTrip(charge)); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("the charge resent on a new connection: %+v, want the original's offset 0", r)
+	}
+	if n := produces.Load(); n != 2 {
+		t.Fatalf("%d produce requests reached the broker, want 2 (the resend answered by the proxy)", n)
+	}
+}

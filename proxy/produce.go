@@ -213,8 +213,26 @@ func (c *session) coreConn() *decide.Conn {
 		cl := decide.Client{Principal: who.id, ID: c.clientID, Host: remoteIP(c.client)}
 		c.dconn, c.dconnPrincipal = c.s.core.Connect(decide.ConnID(c.id), cl, time.Now()), who.id
 		c.sharedConn.Store(c.dconn)
+		c.s.disconnectGoneSiblings(c.dconn)
 	}
 	return c.dconn
+}
+
+// disconnectGoneSiblings tells the core of every other connection of
+// conn's client instance whose client has closed it, though its session
+// has not read that yet (it may be waiting, or behind a full queue): a
+// client that gives up on a connection resends on its next one at once,
+// and the answers written on the old one must count as unread by then.
+func (s *Server) disconnectGoneSiblings(conn *decide.Conn) {
+	for _, id := range s.core.Siblings(conn, nil) {
+		v, ok := s.byID.Load(uint64(id))
+		if !ok {
+			continue
+		}
+		if peerClosed(v.(*session).client) {
+			s.core.DisconnectSibling(conn, id, time.Now())
+		}
+	}
 }
 
 // awaitWake waits until the core wakes this connection (an outcome its
