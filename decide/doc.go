@@ -11,7 +11,8 @@
 // Status says to carry it out (Ready), wait for a wake (Wait), read
 // partition tails from the log (ReadTails), read record bytes held in pipes
 // (ReadRecords) or decide again at once (Again); Outcome, Lost and
-// Delivered for what became of a forwarded request and of its answer;
+// Delivered for what became of a forwarded request and of its answer,
+// Unsent for a decided one never forwarded;
 // TailRead and TailFailed for the log. Every event that may unblock a
 // waiting request returns the connections to wake.
 //

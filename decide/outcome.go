@@ -269,6 +269,32 @@ func (c *Core) Lost(pl *Plan, now time.Time, wake []ConnID) []ConnID {
 	return c.wakeUpstream(pl, wake)
 }
 
+// Unsent settles pl when its request was never forwarded (its client
+// left while it waited): nothing of it is in the log. Its idempotent
+// batches are released and its legacy ones settled as not written, so
+// that nothing waits on them.
+func (c *Core) Unsent(pl *Plan, now time.Time, wake []ConnID) []ConnID {
+	if pl.settled || pl.Status != Ready {
+		return wake
+	}
+	pl.seqOuts = pl.seqOuts[:0]
+	for i := range pl.Parts {
+		st := &pl.st[i]
+		switch {
+		case pl.Parts[i].Act == Answer || st.pass >= 0:
+		case !st.legacy:
+			if st.pending {
+				pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: st.key, Batch: st.batch})
+			}
+		default:
+			c.outcomeLegacy(pl, i, nil, false, now)
+		}
+	}
+	c.settleIdempotent(pl, now)
+	pl.settled = true
+	return c.wakeUpstream(pl, wake)
+}
+
 func (c *Core) lostPart(pl *Plan, i int, now time.Time) {
 	st := &pl.st[i]
 	if st.pass >= 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -570,11 +571,9 @@ func TestWaitingRequestOfClosedConnectionNotForwarded(t *testing.T) {
 	raw.learnTopics(topic)
 	var armed, fired atomic.Bool
 	held, release := make(chan struct{}), make(chan struct{})
-	defer func() {
-		if !fired.Load() || release != nil {
-			close(release)
-		}
-	}()
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	defer free()
 	c.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		if armed.Load() && fired.CompareAndSwap(false, true) {
@@ -591,10 +590,20 @@ func TestWaitingRequestOfClosedConnectionNotForwarded(t *testing.T) {
 		t.Fatal("the proxy asked no Metadata for the partition's tail within 10 s")
 	}
 	raw.conn.Close()
-	close(release)
-	release = nil
+	free()
 	clientsGone(t, p)
 	if n := pc.requests.Load(); n != 0 {
 		t.Fatalf("%d produce requests reached the broker from a connection its client had closed, want 0", n)
+	}
+	// The resend on the client's next connection is the copy that counts:
+	// nothing of the abandoned request may hold it (it used to wait for
+	// an outcome that never came and was answered REQUEST_TIMED_OUT).
+	next := dialRaw(t, p.addr())
+	next.learnTopics(topic)
+	if r := onlyPartition(t, next.roundTrip(produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 2, "charge 9")}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("the resend on the next connection: error %d, base offset %d; want 0, 0 (written)", r.ErrorCode, r.BaseOffset)
+	}
+	if n := pc.requests.Load(); n != 1 {
+		t.Fatalf("%d produce requests reached the broker, want 1 (the resend)", n)
 	}
 }

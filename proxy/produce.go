@@ -184,7 +184,11 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	if held && pl.AnyUp && pl.acks != 0 && c.clientClosedBehind() {
 		// Its client gave up on this connection while it waited (and
 		// resends elsewhere): what would go upstream now is a copy no
-		// one will read the answer of. Not written; the connection ends.
+		// one will read the answer of. Not written; the connection ends,
+		// and nothing may wait on its batches.
+		wake := core.Unsent(&pl.Plan, time.Now(), c.wakeBuf[:0])
+		c.s.wakeConns(wake)
+		c.wakeBuf = wake[:0]
 		putPlan(pl)
 		return nil, errClientGone
 	}

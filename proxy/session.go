@@ -432,6 +432,16 @@ func (c *session) responseLoop() {
 			dead = true
 			c.closeAll()
 		}
+		told := false
+		if pl := p.plan; pl != nil && !dead && !p.relayed && !p.failed && !c.clientLeft.Load() {
+			// The core hears of the answer before it is written: its
+			// client may read it and send the same record on another
+			// connection before this goroutine runs again, and that is
+			// new data. Should the write fail, Disconnect below makes the
+			// answer one the client may not hold.
+			told = true
+			c.s.core.Delivered(&pl.Plan, true, time.Now())
+		}
 		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
 		}
@@ -446,7 +456,7 @@ func (c *session) responseLoop() {
 				c.s.core.Disconnect(conn, time.Now())
 			}
 		}
-		if pl := p.plan; pl != nil {
+		if pl := p.plan; pl != nil && !told {
 			c.s.core.Delivered(&pl.Plan, !dead && !p.failed && !c.clientLeft.Load(), time.Now())
 		}
 		c.current = nil
