@@ -316,8 +316,11 @@ func (c *Core) lostPart(pl *Plan, i int, now time.Time) {
 	}
 }
 
-// Delivered records whether pl's answer reached its client's socket (ok)
-// or not. Batches whose answer did not, or whose connection has closed,
+// Delivered records whether pl's answer goes to its client's socket (ok)
+// or not. The session calls it just before the write: a client may read
+// the answer and act on it before the writer runs again, and a write that
+// fails then disconnects, which undoes ok. Batches whose answer does not
+// go out, or whose connection has closed,
 // are ones their client may not hold the acknowledgement of; the records a
 // retry repeated, answered here, are this connection's from now on.
 func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
