@@ -355,6 +355,9 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 	case "lost":
 		sr := reqOf()
 		return printWake(r.core.Lost(&sr.plan, r.now, nil))
+	case "unsent":
+		sr := reqOf()
+		return printWake(r.core.Unsent(&sr.plan, r.now, nil))
 	case "deliver":
 		sr := reqOf()
 		r.core.Delivered(&sr.plan, get("ok", "true") == "true", r.now)
