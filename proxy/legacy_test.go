@@ -607,3 +607,48 @@ func TestWaitingRequestOfClosedConnectionNotForwarded(t *testing.T) {
 		t.Fatalf("%d produce requests reached the broker, want 1 (the resend)", n)
 	}
 }
+
+// TestCopyAfterReadAnswerIsNew holds the writer of a connection just after
+// it wrote an answer, while the same client instance, having read that
+// answer, sends the same record on its other connection: its client holds
+// the acknowledgement, so the copy is new data (docs/legacy.md, "The rule")
+// and is written. The core hears of an answer before it is written; told
+// after, the copy was taken for a retry. Not parallel: the hook is global.
+func TestCopyAfterReadAnswerIsNew(t *testing.T) {
+	const topic = "read-then-copy"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	p := startProxy(t, c, nil)
+	a, b := dialRaw(t, p.addr()), dialRaw(t, p.addr())
+	a.learnTopics(topic)
+	b.learnTopics(topic)
+	written, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	var fired atomic.Bool
+	hook := func(at string) {
+		if at == "written" && fired.CompareAndSwap(false, true) {
+			close(written)
+			<-release
+		}
+	}
+	testHookFn.Store(&hook)
+	defer testHookFn.Store(nil)
+	req := produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 1, "cfg reload")})
+	corr := a.send(req)
+	select {
+	case <-written:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first answer was never written")
+	}
+	if r := onlyPartition(t, a.recv(req, corr)); r.ErrorCode != 0 || r.BaseOffset != 0 {
+		t.Fatalf("the first send: error %d, base offset %d; want 0, 0", r.ErrorCode, r.BaseOffset)
+	}
+	if r := onlyPartition(t, b.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 1 {
+		t.Fatalf("the copy sent after reading the first answer: error %d, base offset %d; want 0, 1 (written: new data)", r.ErrorCode, r.BaseOffset)
+	}
+	free()
+	if n := logEnd(t, c.ListenAddrs()[0], topic); n != 2 {
+		t.Fatalf("the log holds %d records, want 2", n)
+	}
+}

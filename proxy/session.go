@@ -444,6 +444,9 @@ func (c *session) responseLoop() {
 		}
 		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
+			if p.plan != nil {
+				testHook("written")
+			}
 		}
 		if dead && !disconnected {
 			// The client's connection broke (or is being closed): the
