@@ -165,6 +165,7 @@ const scriptTopic = "t"
 var ddBase = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 
 type scriptReq struct {
+	core  *Core // the core that decided it
 	req   Request
 	plan  Plan
 	names [][]string // per part, its records' names
@@ -172,6 +173,9 @@ type scriptReq struct {
 
 type runner struct {
 	core  *Core
+	old   *Core // before the last handoff
+	cfg   Config
+	owner map[*Conn]*Core // the core each connection is of
 	topic seqstate.TopicID
 	now   time.Time
 	conns map[int]*Conn
@@ -248,7 +252,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 				t.Fatal(err)
 			}
 		}
-		*rp = &runner{core: New(cfg, s), topic: topic, now: ddBase, conns: map[int]*Conn{}, reqs: map[int]*scriptReq{}}
+		*rp = &runner{core: New(cfg, s), cfg: cfg, owner: map[*Conn]*Core{}, topic: topic, now: ddBase, conns: map[int]*Conn{}, reqs: map[int]*scriptReq{}}
 		return ""
 	}
 	r := *rp
@@ -273,20 +277,26 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 	case "connect":
 		host := netip.MustParseAddr(get("host", "127.0.0.1"))
 		cl := Client{Principal: uint32(num("principal", "0")), ID: get("client", "a"), Host: host}
-		r.conns[int(num("conn", ""))] = r.core.Connect(ConnID(num("conn", "")), cl, r.now)
+		core := r.core
+		if args["core"] == "old" {
+			core = r.old
+		}
+		conn := core.Connect(ConnID(num("conn", "")), cl, r.now)
+		r.conns[int(num("conn", ""))], r.owner[conn] = conn, core
 		return ""
 	case "close":
 		conn := r.conns[int(num("conn", ""))]
-		r.core.Disconnect(conn, r.now)
+		r.owner[conn].Disconnect(conn, r.now)
 		return ""
 	case "send":
-		sr := &scriptReq{}
+		sr := &scriptReq{core: r.core}
 		r.reqs[int(num("req", ""))] = sr
 		var conn *Conn
 		if get("conn", "") != "none" {
 			if conn = r.conns[int(num("conn", ""))]; conn == nil {
 				fail("no connection %s", args["conn"])
 			}
+			sr.core = r.owner[conn]
 		}
 		sr.req = Request{Conn: conn, Version: 9, Acks: int16(num("acks", "-1"))}
 		d, err := time.ParseDuration(get("timeout", "5s"))
@@ -309,12 +319,12 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 			}
 			sr.req.Parts = append(sr.req.Parts, Part{TI: 0, PI: pi, Topic: r.topic, Partition: int32(part), Header: h, Records: raw})
 		}
-		r.core.Decide(&sr.req, &sr.plan, r.now)
+		sr.core.Decide(&sr.req, &sr.plan, r.now)
 		return r.printPlan(sr)
 	case "decide":
 		sr := reqOf()
 		sr.req.GiveUp = args["giveup"] == "true"
-		r.core.Decide(&sr.req, &sr.plan, r.now)
+		sr.core.Decide(&sr.req, &sr.plan, r.now)
 		return r.printPlan(sr)
 	case "answer":
 		sr := reqOf()
@@ -347,21 +357,30 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		resp.Topics = append(resp.Topics, rt)
 		body := resp.AppendTo(nil)
 		var sc protocol.ProduceResponseScanner
-		wake, err := r.core.Outcome(&sr.plan, &sc, body, r.now, nil)
+		wake, err := sr.core.Outcome(&sr.plan, &sc, body, r.now, nil)
 		if err != nil {
 			fail("outcome: %v", err)
 		}
 		return r.printAnswers(sr) + printWake(wake)
 	case "lost":
 		sr := reqOf()
-		return printWake(r.core.Lost(&sr.plan, r.now, nil))
+		return printWake(sr.core.Lost(&sr.plan, r.now, nil))
 	case "unsent":
 		sr := reqOf()
-		return printWake(r.core.Unsent(&sr.plan, r.now, nil))
+		return printWake(sr.core.Unsent(&sr.plan, r.now, nil))
 	case "deliver":
 		sr := reqOf()
-		r.core.Delivered(&sr.plan, get("ok", "true") == "true", r.now)
+		sr.core.Delivered(&sr.plan, get("ok", "true") == "true", r.now)
 		return ""
+	case "handoff":
+		// The node moves to another replica: a new core takes what this
+		// one hands off; connections made from now on are the new one's
+		// (core=old makes one of the old).
+		next := New(r.cfg, r.core.Settings())
+		hs := r.core.HandOff(func(seqstate.TopicID, int32) bool { return true }, r.now, nil)
+		n := next.TakeOver(hs, r.now)
+		r.old, r.core = r.core, next
+		return fmt.Sprintf("handed %d batches", n)
 	case "held":
 		held, _ := r.core.LegacyRecords()
 		return fmt.Sprintf("held %d records", held)

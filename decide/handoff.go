@@ -1,0 +1,115 @@
+package decide
+
+import (
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// Handed is a legacy batch whose acknowledgement its client may not hold,
+// moved from one replica's core to another's when a broker node changes
+// hands (docs/replicas.md, "Legacy state at a handover"). A replica that
+// took a node over knows the batches decided before only from the log,
+// where a retry stamped anew (kafka-go, kafkajs) matches nothing; handed
+// over, they answer for it as they would have where they were decided.
+type Handed struct {
+	// Principal and Topic are in the numbering of the core that handed
+	// the batch off; the caller maps them to names and back.
+	Principal  uint32
+	ClientID   string
+	Host       [16]byte // zero with ScopeClientID
+	Topic      seqstate.TopicID
+	Partition  int32
+	Whole      bool
+	Left       time.Duration // of its window
+	AppendTime int64         // the broker's log append time, -1 for CreateTime
+	Hashes     []uint64      // per record; 0 for one used up or not written
+	Offsets    []int64       // per record; -1 unknown
+}
+
+// HandOff removes from the core, and appends to dst, the batches of the
+// partitions want accepts whose acknowledgement their client may not hold.
+// Moved, not copied: once handed off, a record answers for a retry only
+// where it went, so that no record answers for two. Call it once the
+// node's requests in flight have been answered: batches still in flight,
+// or whose outcome the log must settle, stay (a miss at worst).
+func (c *Core) HandOff(want func(topic seqstate.TopicID, partition int32) bool, now time.Time, dst []Handed) []Handed {
+	ns := now.UnixNano()
+	for i := range c.legacy.shards {
+		sh := &c.legacy.shards[i]
+		sh.mu.Lock()
+		for _, in := range sh.insts {
+			for _, b := range in.disowned {
+				if b.phase != appended || b.resolvable || b.until <= ns || !want(b.topic, b.part) {
+					continue
+				}
+				h := Handed{
+					Principal: in.key.principal, ClientID: in.key.id, Host: in.key.host,
+					Topic: b.topic, Partition: b.part, Whole: b.whole,
+					Left: time.Duration(b.until - ns), AppendTime: b.appendTime,
+				}
+				live := false
+				for j := range b.recs {
+					r := &b.recs[j]
+					h.Hashes = append(h.Hashes, r.hash)
+					h.Offsets = append(h.Offsets, max(r.off, offUnknown))
+					live = live || r.hash != 0
+					r.hash = 0
+				}
+				if live {
+					dst = append(dst, h)
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return dst
+}
+
+// TakeOver adds batches another replica's core handed off, with principals
+// and topics already in this core's numbering: each is a batch of its
+// client instance whose acknowledgement the client may not hold, matchable
+// by a retry until its window ends. Past Config.MaxRecords a batch is not
+// taken (counted as evicted: a miss). It returns how many were taken.
+func (c *Core) TakeOver(hs []Handed, now time.Time) int {
+	ns := now.UnixNano()
+	taken := 0
+	for i := range hs {
+		h := &hs[i]
+		if h.Left <= 0 || len(h.Hashes) == 0 || len(h.Hashes) != len(h.Offsets) {
+			continue
+		}
+		k := instKey{principal: h.Principal, id: h.ClientID}
+		if c.legacy.scope == ScopeInstance {
+			k.host = h.Host
+		}
+		if c.legacy.held.Load()+int64(len(h.Hashes)) > c.legacy.maxRecords {
+			c.legacy.evicted.Add(1)
+			continue
+		}
+		sh := c.legacy.shardOf(k)
+		sh.mu.Lock()
+		in := sh.insts[k]
+		if in == nil {
+			if len(sh.insts) >= maxInstancesPerShard {
+				sh.evictIdle(ns)
+			}
+			in = &instance{key: k, shard: sh, undelivered: map[partKey][]*batch{}, lastSeen: ns}
+			sh.insts[k] = in
+		}
+		b := sh.newBatch()
+		b.recs = b.recs[:0]
+		for j, hash := range h.Hashes {
+			b.recs = append(b.recs, rec{hash: hash, off: max(h.Offsets[j], offUnknown)})
+		}
+		b.inst, b.conn = in, nil
+		b.topic, b.part, b.whole = h.Topic, h.Partition, h.Whole
+		b.phase, b.appendTime, b.until = appended, h.AppendTime, ns+int64(h.Left)
+		b.delivered = true
+		c.legacy.held.Add(int64(len(b.recs)))
+		in.disown(b)
+		sh.mu.Unlock()
+		taken++
+	}
+	return taken
+}
