@@ -235,8 +235,9 @@ func tlsPrincipal(st tls.ConnectionState) (string, bool) {
 // principals numbers the principals seen, so that state keys hold a
 // uint32. Bounded: principals come only from exchanges the broker accepted.
 type principals struct {
-	mu  sync.Mutex
-	ids map[string]principalID
+	mu    sync.Mutex
+	ids   map[string]principalID
+	names []string // by id - 1
 }
 
 // maxPrincipals bounds the principals numbered; a connection past it is
@@ -260,7 +261,21 @@ func (p *principals) id(name string) (principalID, bool) {
 	}
 	id := principalID(len(p.ids) + 1)
 	p.ids[name] = id
+	p.names = append(p.names, name)
 	return id, true
+}
+
+// name returns the principal numbered id.
+func (p *principals) name(id principalID) (string, bool) {
+	if id == 0 {
+		return anonymous, true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if int(id) > len(p.names) {
+		return "", false
+	}
+	return p.names[id-1], true
 }
 
 // noteAuthRequest follows the client's side of a SASL exchange (readLoop).

@@ -342,13 +342,14 @@ func (rs *replicaSet) coverLocked(n *replicaNode, from int) {
 	n.from = from
 	rs.setStateLocked(n, nodeCovering, -1)
 	rs.log.Info("taking over a node released by a peer", "node", n.id, "from", from)
-	if !rs.s.spawn(func() { rs.finishCover(n) }) {
+	if !rs.s.spawn(func() { rs.finishCover(n, from) }) {
 		rs.setStateLocked(n, nodeForeign, -1)
 	}
 }
 
-// finishCover marks node n's partitions to be warmed, then serves n.
-func (rs *replicaSet) finishCover(n *replicaNode) {
+// finishCover marks node n's partitions to be warmed and takes their
+// legacy state from peer from, then serves n.
+func (rs *replicaSet) finishCover(n *replicaNode, from int) {
 	deadline := time.Now().Add(rs.s.Config.DrainTimeout)
 	marked := 0
 	for attempt := 0; ; attempt++ {
@@ -357,6 +358,7 @@ func (rs *replicaSet) finishCover(n *replicaNode) {
 		cancel()
 		if err == nil {
 			marked = rs.s.rewarm(keys)
+			rs.takeLegacy(from, n.id, keys)
 			break
 		}
 		if time.Now().After(deadline) || rs.s.dialCtx.Err() != nil {
@@ -381,9 +383,32 @@ func (rs *replicaSet) finishCover(n *replicaNode) {
 	rs.log.Info("took over a node", "node", n.id, "partitions_to_warm", marked)
 }
 
+// finishReclaim takes node n's legacy state back from peer from, which
+// covered it while this replica was away, then serves n.
+func (rs *replicaSet) finishReclaim(n *replicaNode, from int) {
+	ctx, cancel := context.WithTimeout(rs.s.dialCtx, rs.s.Config.DialTimeout)
+	keys, err := rs.s.partitionsLedBy(ctx, n.id)
+	cancel()
+	if err != nil {
+		rs.log.Warn("cannot list the partitions of a node taken back; serving it without its legacy state (retries of its batches stamped anew may be written again)", "node", n.id, "err", err)
+	} else {
+		rs.takeLegacy(from, n.id, keys)
+	}
+	rs.mu.Lock()
+	n.taking = false
+	if n.state.Load() == nodeReclaiming {
+		rs.setStateLocked(n, nodeServing, -1)
+		rs.m.handovers[handoverReclaimed].Inc()
+		rs.evaluateLocked() // the replica may be serving every node it owns now
+	}
+	rs.mu.Unlock()
+	rs.wakePeers()
+}
+
 // partitionsLedBy asks a bootstrap broker which partitions node leads,
-// keyed as the table keys them (topics the table does not know hold no
-// state to forget).
+// keyed as the table keys them. The topics of the answer are interned (they
+// come from the cluster): a replica that just started knows none yet, and
+// takes the legacy state of their partitions back from a peer.
 func (s *Server) partitionsLedBy(ctx context.Context, node int32) ([]seqstate.Key, error) {
 	t := s.table
 	if t == nil {
@@ -406,6 +431,13 @@ func (s *Server) partitionsLedBy(ctx context.Context, node int32) ([]seqstate.Ke
 			errs = append(errs, err)
 			continue
 		}
+		refs := make([]seqstate.TopicRef, 0, len(resp.Topics))
+		for _, tp := range resp.Topics {
+			if tp.Topic != nil && tp.ErrorCode == 0 {
+				refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID, Partitions: int32(len(tp.Partitions))})
+			}
+		}
+		t.InternTopics(refs)
 		var keys []seqstate.Key
 		for _, tp := range resp.Topics {
 			if tp.Topic == nil || tp.ErrorCode != 0 {

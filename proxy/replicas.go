@@ -78,6 +78,7 @@ type replicaNode struct {
 	target atomic.Int32 // the replica a releasing or released node goes to; -1 none
 	since  time.Time    // when reclaiming or covering began (replicaSet.mu)
 	from   int          // the peer it was taken from (covered or reclaimed), -1 none (replicaSet.mu)
+	taking bool         // reclaimed, its legacy state being taken from the peer (replicaSet.mu)
 }
 
 // decides reports whether this replica decides the node's Produce
@@ -581,7 +582,7 @@ func (rs *replicaSet) evaluateLocked() {
 				rs.coverLocked(n, i)
 				break
 			}
-		case state == nodeReclaiming:
+		case state == nodeReclaiming && !n.taking:
 			if rs.peersLetGoLocked(id) || rs.s.now().Sub(n.since) > rs.s.Config.DrainTimeout+replicaPeerTimeout {
 				if !rs.peersLetGoLocked(id) {
 					rs.log.Warn("a peer did not let go of this replica's node within drain_timeout; serving it anyway", "node", id)
@@ -591,6 +592,14 @@ func (rs *replicaSet) evaluateLocked() {
 					if to, ok := rs.peers[i].status.Released[id]; i != self && rs.peers[i].reachable && ok && to == self {
 						n.from = i // the peer that covered it gave it back
 					}
+				}
+				if from := n.from; from >= 0 && rs.s.core != nil {
+					// Its legacy state first (handoff.go), then served.
+					n.taking = true
+					if rs.s.spawn(func() { rs.finishReclaim(n, from) }) {
+						break
+					}
+					n.taking = false
 				}
 				rs.setStateLocked(n, nodeServing, -1)
 				rs.m.handovers[handoverReclaimed].Inc()
@@ -680,8 +689,9 @@ func (rs *replicaSet) observeLeaders(topic string, leaders []protocol.PartitionL
 	}
 }
 
-// statusHandler serves GET /replica (this replica's status) and POST
-// /replica/wake (poll the peers now).
+// statusHandler serves GET /replica (this replica's status), POST
+// /replica/wake (poll the peers now) and POST /replica/legacy (hand the
+// legacy state of a node's partitions to the peer taking it: handoff.go).
 func (rs *replicaSet) statusHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /replica", func(w http.ResponseWriter, _ *http.Request) {
@@ -694,6 +704,7 @@ func (rs *replicaSet) statusHandler() http.Handler {
 		rs.poke()
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("POST /replica/legacy", rs.handOffLegacy)
 	return mux
 }
 

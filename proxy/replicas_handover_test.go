@@ -103,3 +103,73 @@ func TestReplicaRestartedCoverRedirects(t *testing.T) {
 		t.Errorf("the restarted cover relayed %v Produce requests", testutil.ToFloat64(r.replicaMetrics.foreignProduce))
 	}
 }
+
+// TestReplicaHandoverCarriesLegacyState: a legacy client's answer is lost
+// with its connection at the replica that serves the node, the node moves
+// (the replica stops as SIGTERM does), and the client resends the record
+// stamped anew (kafka-go, kafkajs) to the replica that took the node over.
+// Knowing the original only from the log, that replica matched nothing
+// and wrote it again; with the legacy state handed over it answers the
+// retry with the original's offset (docs/replicas.md, "Legacy state at a
+// handover"). The same again when the owner starts and takes its node back.
+func TestReplicaHandoverCarriesLegacyState(t *testing.T) {
+	const topic, owner = "handover-legacy", 1
+	c := newCluster(t, kfake.SeedTopics(1, topic))
+	if err := c.MoveTopicPartition(topic, 0, owner); err != nil {
+		t.Fatal(err)
+	}
+	leader := c.ListenAddrs()[owner]
+	f := newFleet(t, c, 3, 3, nil)
+	ts := time.Now().UnixMilli()
+	// loseAnswer sends one record through replica i and closes the
+	// connection once the broker holds it, unread: the client does not
+	// hold its acknowledgement.
+	loseAnswer := func(i int, value string, want int64) {
+		t.Helper()
+		raw := dialRaw(t, f.nodeAddr(i, owner))
+		raw.learnTopics(topic)
+		raw.send(produceParts(topic, -1, part{0, recordBatchAt(t, -1, -1, -1, 1, value, ts)}))
+		waitFor(t, 10*time.Second, "the broker to append "+value, func() bool { return partitionEnd(t, leader, topic, 0) == want })
+		addr := raw.conn.LocalAddr().String()
+		raw.conn.Close()
+		r := f.replica(i)
+		waitFor(t, 10*time.Second, "the replica to see its client leave", func() bool {
+			gone := true
+			r.byID.Range(func(_, v any) bool {
+				gone = v.(*session).client.RemoteAddr().String() != addr
+				return gone
+			})
+			return gone
+		})
+	}
+	// resend sends the record again, stamped anew, through replica i: it
+	// must be answered with the original's offset and not written.
+	resend := func(i int, value string, orig int64) {
+		t.Helper()
+		raw := dialRaw(t, f.nodeAddr(i, owner))
+		raw.learnTopics(topic)
+		req := produceParts(topic, -1, part{0, recordBatchAt(t, -1, -1, -1, 1, value, ts+500)})
+		if r := onlyPartition(t, raw.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != orig {
+			t.Fatalf("the restamped resend of %q at replica %d: error %d, base offset %d; want 0, %d (its original's)", value, i, r.ErrorCode, r.BaseOffset, orig)
+		}
+		if end := partitionEnd(t, leader, topic, 0); end != orig+1 {
+			t.Fatalf("the log ends at %d after the resend of %q, want %d: written again", end, value, orig+1)
+		}
+	}
+
+	loseAnswer(owner, "charge 7", 1)
+	n := f.replica(owner).replicas.node(owner)
+	stopped := make(chan error, 1)
+	go func() { stopped <- f.stop(owner) }()
+	waitFor(t, 10*time.Second, "the owner's node released", func() bool { return n.state.Load() == nodeReleased })
+	cover := int(n.target.Load())
+	if err := <-stopped; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	resend(cover, "charge 7", 0)
+
+	loseAnswer(cover, "charge 8", 2)
+	f.start(owner)
+	f.waitReady(owner) // it took the node back from cover
+	resend(owner, "charge 8", 1)
+}
