@@ -740,10 +740,10 @@ func runReplicaLostAck(t *testing.T, c legacyClient, mode string, via int) {
 		if duplicated > 0 {
 			t.Logf("known gap: %s re-partitions its retry across replicas; %d written twice", c.name, duplicated)
 		}
-	case c.restampsResends && mode != replicaLeader && duplicated > 0:
+	case c.restampsResends && mode == replicaKill && duplicated > 0:
 		// A retry that reaches a replica which knows the original only
-		// from the log (started after the kill, or taking the node over
-		// or back in the rolling restart) is matched with its timestamp
+		// from the log (the killed one's new incarnation: a kill hands no
+		// state over, docs/replicas.md) is matched with its timestamp
 		// (docs/legacy.md, "After a restart"), and this client stamps its
 		// resends anew. Copies with the same timestamp are not that miss.
 		if lost > 0 {
