@@ -12,9 +12,9 @@
 // partition tails from the log (ReadTails), read record bytes held in pipes
 // (ReadRecords) or decide again at once (Again); Outcome, Lost and
 // Delivered for what became of a forwarded request and of its answer,
-// Unsent for a decided one never forwarded;
-// TailRead and TailFailed for the log. Every event that may unblock a
-// waiting request returns the connections to wake.
+// Unsent for a decided one never forwarded; HandOff and TakeOver for a
+// node moving between replicas; TailRead and TailFailed for the log. Every
+// event that may unblock a waiting request returns the connections to wake.
 //
 // # Contract
 //
