@@ -68,9 +68,21 @@ func (rs *replicaSet) handOffLegacy(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if n := rs.node(req.Node); n != nil && decides(n.state.Load()) {
-		http.Error(w, fmt.Sprintf("node %d is decided here", req.Node), http.StatusConflict)
-		return
+	if n := rs.node(req.Node); n != nil {
+		// The node's state may still be coming in here (a cover or a
+		// take-back under way, released meanwhile by a shutdown): handed
+		// on before it arrived, it would stay behind.
+		for deadline := time.Now().Add(handOffTimeout); rs.takingNode(n) && time.Now().Before(deadline); {
+			select {
+			case <-time.After(drainPoll):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if decides(n.state.Load()) {
+			http.Error(w, fmt.Sprintf("node %d is decided here", req.Node), http.StatusConflict)
+			return
+		}
 	}
 	s := rs.s
 	resp := handOffResponse{Batches: []handedBatch{}}
@@ -108,6 +120,13 @@ func (rs *replicaSet) handOffLegacy(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(&b).Encode(resp)
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(b.Bytes())
+}
+
+// takingNode reports whether n's legacy state is being taken from a peer.
+func (rs *replicaSet) takingNode(n *replicaNode) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return n.taking
 }
 
 // takeLegacy takes from peer from the legacy state of node's partitions

@@ -342,7 +342,11 @@ func (rs *replicaSet) coverLocked(n *replicaNode, from int) {
 	n.from = from
 	rs.setStateLocked(n, nodeCovering, -1)
 	rs.log.Info("taking over a node released by a peer", "node", n.id, "from", from)
+	// Not released again until its legacy state is in: released meanwhile,
+	// the next server would take it from here before it arrived.
+	n.taking = true
 	if !rs.s.spawn(func() { rs.finishCover(n, from) }) {
+		n.taking = false
 		rs.setStateLocked(n, nodeForeign, -1)
 	}
 }
@@ -370,10 +374,14 @@ func (rs *replicaSet) finishCover(n *replicaNode, from int) {
 		case <-t.C:
 		case <-rs.s.stop:
 			t.Stop()
+			rs.mu.Lock()
+			n.taking = false
+			rs.mu.Unlock()
 			return
 		}
 	}
 	rs.mu.Lock()
+	n.taking = false
 	if n.state.Load() == nodeCovering {
 		rs.setStateLocked(n, nodeServing, -1)
 		rs.m.handovers[handoverCovered].Inc()

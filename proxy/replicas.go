@@ -78,7 +78,7 @@ type replicaNode struct {
 	target atomic.Int32 // the replica a releasing or released node goes to; -1 none
 	since  time.Time    // when reclaiming or covering began (replicaSet.mu)
 	from   int          // the peer it was taken from (covered or reclaimed), -1 none (replicaSet.mu)
-	taking bool         // reclaimed, its legacy state being taken from the peer (replicaSet.mu)
+	taking bool         // covered or reclaimed, its legacy state being taken from the peer (replicaSet.mu)
 }
 
 // decides reports whether this replica decides the node's Produce
@@ -561,7 +561,7 @@ func (rs *replicaSet) evaluateLocked() {
 		n := rs.nodes[id]
 		owner := &rs.peers[n.owner]
 		switch state := n.state.Load(); {
-		case n.owner != self && (state == nodeServing || state == nodeCovering) && owner.up():
+		case n.owner != self && (state == nodeServing || state == nodeCovering) && owner.up() && !n.taking:
 			// The owner is back: give the node back once what is in
 			// flight here is answered.
 			rs.releaseLocked(n, n.owner)
