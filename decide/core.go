@@ -106,10 +106,17 @@ func (c *Core) Disconnect(conn *Conn, now time.Time) {
 		return
 	}
 	conn.open = false
+	conn.gone.Store(true)
 	in.closed(conn, now.UnixNano())
 	conn.letGo()
 	in.sweep(now.UnixNano(), c.legacy.window)
 }
+
+// Gone reports whether Disconnect was called for conn. A request of a
+// connection that is gone by the time it was decided reaches no one with
+// its answer: its client resends what it needs on another connection,
+// perhaps already did, so the caller does not forward it (Unsent).
+func (c *Core) Gone(conn *Conn) bool { return conn != nil && conn.gone.Load() }
 
 // Siblings appends to dst the other open connections of conn's client
 // instance. A client that gives up on a connection resends on a new one at

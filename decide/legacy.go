@@ -95,8 +95,9 @@ type Conn struct {
 	principal uint32
 	inst      *instance
 	open      bool
-	reqs      uint64   // requests that registered batches
-	fifo      []*batch // registered batches, oldest first
+	gone      atomic.Bool // Disconnect was called: read without the shard lock (Gone)
+	reqs      uint64      // requests that registered batches
+	fifo      []*batch    // registered batches, oldest first
 }
 
 // ID returns the connection's number.

@@ -181,14 +181,16 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		}
 		break
 	}
-	if held && pl.AnyUp && pl.acks != 0 && c.clientClosedBehind() {
-		// Its client gave up on this connection while it waited (and
-		// resends elsewhere): what would go upstream now is a copy no
-		// one will read the answer of. Not written; the connection ends,
-		// and nothing may wait on its batches.
-		wake := core.Unsent(&pl.Plan, time.Now(), c.wakeBuf[:0])
-		c.s.wakeConns(wake)
-		c.wakeBuf = wake[:0]
+	if pl.AnyUp && pl.acks != 0 && (core.Gone(conn) || held && c.clientClosedBehind()) {
+		// Its client gave up on this connection (and resends elsewhere,
+		// perhaps already did): the core heard the connection break
+		// before this request was decided (read behind a full queue or a
+		// wait), or its client closed it while it waited. What would go
+		// upstream now is a copy no one will read the answer of: not
+		// written (docs/produce-path.md); the connection ends, and
+		// nothing may wait on its batches.
+		// Not c.wakeBuf: responseLoop uses it meanwhile.
+		c.s.wakeConns(core.Unsent(&pl.Plan, time.Now(), nil))
 		putPlan(pl)
 		return nil, errClientGone
 	}
