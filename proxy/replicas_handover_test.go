@@ -66,14 +66,7 @@ func TestReplicaRestartedCoverRedirects(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFleet(t, c, 3, 3, nil)
-	n := f.replica(owner).replicas.node(owner)
-	stopped := make(chan error, 1)
-	go func() { stopped <- f.stop(owner) }()
-	waitFor(t, 10*time.Second, "the owner's node released", func() bool { return n.state.Load() == nodeReleased })
-	cover := int(n.target.Load())
-	if err := <-stopped; err != nil {
-		t.Fatalf("stop: %v", err)
-	}
+	cover := f.stopOwner(owner)
 	f.start(owner)
 	f.waitReady(owner) // it took the node back from cover
 	if from, ok := f.replica(owner).replicas.status().From[owner]; !ok || from != cover {
@@ -158,18 +151,26 @@ func TestReplicaHandoverCarriesLegacyState(t *testing.T) {
 	}
 
 	loseAnswer(owner, "charge 7", 1)
-	n := f.replica(owner).replicas.node(owner)
-	stopped := make(chan error, 1)
-	go func() { stopped <- f.stop(owner) }()
-	waitFor(t, 10*time.Second, "the owner's node released", func() bool { return n.state.Load() == nodeReleased })
-	cover := int(n.target.Load())
-	if err := <-stopped; err != nil {
-		t.Fatalf("stop: %v", err)
-	}
+	cover := f.stopOwner(owner)
 	resend(cover, "charge 7", 0)
 
 	loseAnswer(cover, "charge 8", 2)
 	f.start(owner)
 	f.waitReady(owner) // it took the node back from cover
 	resend(owner, "charge 8", 1)
+}
+
+// stopOwner stops replica owner as SIGTERM does and returns the replica
+// its node owner went to.
+func (f *fleet) stopOwner(owner int) int {
+	f.t.Helper()
+	n := f.replica(owner).replicas.node(int32(owner))
+	stopped := make(chan error, 1)
+	go func() { stopped <- f.stop(owner) }()
+	waitFor(f.t, 10*time.Second, "the owner's node released", func() bool { return n.state.Load() == nodeReleased })
+	cover := int(n.target.Load())
+	if err := <-stopped; err != nil {
+		f.t.Fatalf("stop: %v", err)
+	}
+	return cover
 }
