@@ -160,7 +160,17 @@ func hasLabel(m *dto.Metric, label string) bool {
 // each value the log holds, and the total.
 func storedValues(t testing.TB, c *testCluster, topic string) (map[string]int, int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	copies := map[string]int{}
+	got := eachStored(t, c, topic, func(r *kgo.Record) { copies[string(r.Value)]++ })
+	return copies, got
+}
+
+// eachStored calls fn once for every record topic holds, read straight
+// from the cluster from each partition's start to its end offset as listed
+// first, and returns how many there were.
+func eachStored(t testing.TB, c *testCluster, topic string, fn func(*kgo.Record)) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
 	adm, err := kgo.NewClient(c.clientOpts(t)...)
@@ -193,7 +203,6 @@ func storedValues(t testing.TB, c *testCluster, topic string) (map[string]int, i
 	}
 	defer cl.Close()
 
-	copies := make(map[string]int, total)
 	next := map[int32]int64{} // next offset expected per partition
 	got := 0
 	done := func() bool {
@@ -206,7 +215,7 @@ func storedValues(t testing.TB, c *testCluster, topic string) (map[string]int, i
 	}
 	// Each poll returns at least one record or waits FetchMaxWait, so the
 	// bound is generous; the context is the real deadline.
-	for i := 0; i < 10000 && !done(); i++ {
+	for i := 0; i < 100000 && !done(); i++ {
 		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			t.Fatalf("consumed %d of %d records of %s before the deadline", got, total, topic)
@@ -214,7 +223,7 @@ func storedValues(t testing.TB, c *testCluster, topic string) (map[string]int, i
 		fs.EachError(func(_ string, p int32, err error) { t.Fatalf("fetch partition %d: %v", p, err) })
 		fs.EachRecord(func(r *kgo.Record) {
 			if r.Offset < want[r.Partition] && r.Offset >= next[r.Partition] {
-				copies[string(r.Value)]++
+				fn(r)
 				next[r.Partition] = r.Offset + 1
 				got++
 			}
@@ -223,7 +232,7 @@ func storedValues(t testing.TB, c *testCluster, topic string) (map[string]int, i
 	if !done() {
 		t.Fatalf("consumed %d of %d records of %s", got, total, topic)
 	}
-	return copies, got
+	return got
 }
 
 // inCI reports whether the test runs under CI (CI=true), where a missing

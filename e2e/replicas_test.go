@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -782,58 +781,12 @@ func runReplicaLostAck(t *testing.T, c legacyClient, mode string, via int) {
 // write a resend stamped anew) and those with two copies of one timestamp.
 func copiesByTimestamp(t *testing.T, c *testCluster, topic string, twice map[string]bool) (restamped, same int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	adm, err := kgo.NewClient(c.clientOpts(t)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ends, err := kadm.NewClient(adm).ListEndOffsets(ctx, topic)
-	adm.Close()
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		t.Fatalf("list end offsets: %v", err)
-	}
-	want, next := map[int32]int64{}, map[int32]int64{}
-	offsets := map[int32]kgo.Offset{}
-	ends.Each(func(o kadm.ListedOffset) {
-		want[o.Partition] = o.Offset
-		offsets[o.Partition] = kgo.NewOffset().AtStart()
-	})
-	cl, err := kgo.NewClient(append(c.clientOpts(t),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
-		kgo.FetchMaxWait(100*time.Millisecond))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	done := func() bool {
-		for p, end := range want {
-			if next[p] < end {
-				return false
-			}
-		}
-		return true
-	}
 	stamps := make(map[string][]int64, len(twice))
-	// Each poll returns at least one record; the context bounds the whole.
-	for i := 0; i < 100000 && !done(); i++ {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("reading %s back: %v", topic, ctx.Err())
+	eachStored(t, c, topic, func(r *kgo.Record) {
+		if twice[string(r.Value)] {
+			stamps[string(r.Value)] = append(stamps[string(r.Value)], r.Timestamp.UnixMilli())
 		}
-		fs.EachError(func(_ string, p int32, err error) { t.Fatalf("fetch partition %d: %v", p, err) })
-		fs.EachRecord(func(r *kgo.Record) {
-			if r.Offset < want[r.Partition] && r.Offset >= next[r.Partition] {
-				next[r.Partition] = r.Offset + 1
-				if twice[string(r.Value)] {
-					stamps[string(r.Value)] = append(stamps[string(r.Value)], r.Timestamp.UnixMilli())
-				}
-			}
-		})
-	}
+	})
 	for _, ts := range stamps {
 		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
 		dup := false
