@@ -11,7 +11,7 @@ import (
 	"strings"
 )
 
-// Target is one figure issue #13 asks for, with its limit and whether this
+// Target is one figure the performance targets ask for, with its limit and whether this
 // run met it. Every target is reported, met or not. Floor and AA give the
 // same figure for the floor relay and for direct against direct (the noise
 // floor), for context.
@@ -54,7 +54,7 @@ func metStr(ok bool) string {
 	return "NOT met"
 }
 
-// Issue #13's targets.
+// The performance targets (bench/README.md, "Targets").
 const (
 	targetThroughput    = 0.90 // produce and consume, proxy ÷ direct
 	targetProduceCPU    = 0.30 // ms per MB produced, dedup enforce
@@ -92,7 +92,7 @@ func fmtMs(s Spread) string {
 	return fmt.Sprintf("%.3f ms/MB (%.3f–%.3f)", s.Median, s.Min, s.Max)
 }
 
-// evaluateTargets compares the run with issue #13's targets. Throughput
+// evaluateTargets compares the run with the performance targets. Throughput
 // ratios and added latencies are medians of per-pair figures; CPU per MB is
 // the proxy's CPU over all its phases of the row ÷ their MB; peak RSS is
 // the largest VmHWM of any batched proxy phase.
@@ -223,7 +223,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 	p("), in order direct, A/A, floor, proxy on even repetitions and reversed on odd ones. A pair is a target's phase and the direct phase of the same repetition; " +
 		"ratios are the median of the pairs, (min–max) in brackets. **A/A** is direct against direct: the noise floor. Any ratio closer to 1 than A/A's spread is noise.\n\n")
 
-	p("## Targets (issue #13)\n\n| target | where | proxy | floor relay | A/A (noise) | limit | result |\n|---|---|---|---|---|---|---|\n")
+	p("## Targets\n\n| target | where | proxy | floor relay | A/A (noise) | limit | result |\n|---|---|---|---|---|---|---|\n")
 	for _, t := range r.Targets {
 		res := "**" + t.Result + "**"
 		if t.Inconclusive != "" {

@@ -737,7 +737,7 @@ func runReplicaLostAck(t *testing.T, c legacyClient, mode string, via int) {
 			t.Errorf("%d acknowledged records are not in the log: %s", lost, strings.Join(lostVals, " "))
 		}
 		if duplicated > 0 {
-			t.Logf("known gap: %s re-partitions its retry across replicas; %d written twice", c.name, duplicated)
+			t.Skipf("not caught (docs/replicas.md, \"Why nothing is written twice or lost\"): %s assigns its retry to partitions anew, and the copies sent to partitions another replica serves meet no original there; %d written twice", c.name, duplicated)
 		}
 	case c.restampsResends && mode == replicaKill && duplicated > 0:
 		// A retry that reaches a replica which knows the original only
