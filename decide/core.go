@@ -99,9 +99,8 @@ func (c *Core) Connect(id ConnID, cl Client, now time.Time) *Conn {
 // may not hold (batches in flight become so when their outcome arrives).
 func (c *Core) Disconnect(conn *Conn, now time.Time) {
 	in := conn.inst
-	sh := in.shard
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	if !conn.open {
 		return
 	}
@@ -125,8 +124,8 @@ func (c *Core) Gone(conn *Conn) bool { return conn != nil && conn.gone.Load() }
 // connection's first decision.
 func (c *Core) Siblings(conn *Conn, dst []ConnID) []ConnID {
 	in := conn.inst
-	in.shard.mu.Lock()
-	defer in.shard.mu.Unlock()
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	for _, o := range in.open {
 		if o != conn {
 			dst = append(dst, o.id)
@@ -139,14 +138,14 @@ func (c *Core) Siblings(conn *Conn, dst []ConnID) []ConnID {
 // client instance, if it is one.
 func (c *Core) DisconnectSibling(conn *Conn, id ConnID, now time.Time) {
 	in := conn.inst
-	in.shard.mu.Lock()
+	in.mu.Lock()
 	var sib *Conn
 	for _, o := range in.open {
 		if o.id == id && o != conn {
 			sib = o
 		}
 	}
-	in.shard.mu.Unlock()
+	in.mu.Unlock()
 	if sib != nil {
 		c.Disconnect(sib, now)
 	}
@@ -222,8 +221,14 @@ func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
 	}
 	var in *instance
 	if c.anyLegacy(pl) {
+		c.identify(req, pl)
 		in = req.Conn.inst
-		in.shard.mu.Lock()
+		if req.Acks == -1 {
+			// Room for what this request may remember, made before its
+			// instance is locked: it may come from another instance.
+			c.legacy.makeRoom(int64(len(pl.ids)), in)
+		}
+		in.mu.Lock()
 		in.lastSeen = now.UnixNano()
 		in.sweep(now.UnixNano(), c.legacy.window)
 		c.matchLegacy(req, pl, now)
@@ -232,21 +237,21 @@ func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
 		c.rollback(pl)
 		c.await(req, pl, now)
 		if in != nil {
-			in.shard.mu.Unlock()
+			in.mu.Unlock()
 		}
 		return
 	}
 	if c.decideIdempotent(req, pl, now) {
 		c.rollback(pl)
 		if in != nil {
-			in.shard.mu.Unlock()
+			in.mu.Unlock()
 		}
 		return
 	}
 	if in != nil {
 		c.keysLegacy(req, pl, now)
 		c.registerLegacy(req, pl, now)
-		in.shard.mu.Unlock()
+		in.mu.Unlock()
 	}
 	c.rebuild(req, pl)
 	pl.account()

@@ -36,9 +36,8 @@ type Handed struct {
 func (c *Core) HandOff(want func(topic seqstate.TopicID, partition int32) bool, now time.Time, dst []Handed) []Handed {
 	ns := now.UnixNano()
 	for i := range c.legacy.shards {
-		sh := &c.legacy.shards[i]
-		sh.mu.Lock()
-		for _, in := range sh.insts {
+		for _, in := range c.legacy.shards[i].all() {
+			in.mu.Lock()
 			for _, b := range in.disowned {
 				if b.phase != appended || b.resolvable || b.until <= ns || !want(b.topic, b.part) {
 					continue
@@ -60,8 +59,8 @@ func (c *Core) HandOff(want func(topic seqstate.TopicID, partition int32) bool, 
 					dst = append(dst, h)
 				}
 			}
+			in.mu.Unlock()
 		}
-		sh.mu.Unlock()
 	}
 	return dst
 }
@@ -89,15 +88,10 @@ func (c *Core) TakeOver(hs []Handed, now time.Time) int {
 		}
 		sh := c.legacy.shardOf(k)
 		sh.mu.Lock()
-		in := sh.insts[k]
-		if in == nil {
-			if len(sh.insts) >= maxInstancesPerShard {
-				sh.evictIdle(ns)
-			}
-			in = &instance{key: k, shard: sh, undelivered: map[partKey][]*batch{}, lastSeen: ns}
-			sh.insts[k] = in
-		}
-		b := sh.newBatch()
+		in := sh.instance(k, ns)
+		in.mu.Lock()
+		sh.mu.Unlock()
+		b := in.newBatch()
 		b.recs = b.recs[:0]
 		for j, hash := range h.Hashes {
 			b.recs = append(b.recs, rec{hash: hash, off: max(h.Offsets[j], offUnknown)})
@@ -106,9 +100,9 @@ func (c *Core) TakeOver(hs []Handed, now time.Time) int {
 		b.topic, b.part, b.whole = h.Topic, h.Partition, h.Whole
 		b.phase, b.appendTime, b.until = appended, h.AppendTime, ns+int64(h.Left)
 		b.delivered = true
-		c.legacy.held.Add(int64(len(b.recs)))
+		in.account(int64(len(b.recs)))
 		in.disown(b)
-		sh.mu.Unlock()
+		in.mu.Unlock()
 		taken++
 	}
 	return taken

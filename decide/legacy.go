@@ -95,7 +95,7 @@ type Conn struct {
 	principal uint32
 	inst      *instance
 	open      bool
-	gone      atomic.Bool // Disconnect was called: read without the shard lock (Gone)
+	gone      atomic.Bool // Disconnect was called: read without the instance lock (Gone)
 	reqs      uint64      // requests that registered batches
 	fifo      []*batch    // registered batches, oldest first
 }
@@ -114,11 +114,15 @@ type partKey struct {
 	part  int32
 }
 
-// instance is one client instance's legacy state.
+// instance is one client instance's legacy state. Its lock is its own:
+// no other client instance waits on the work its requests cause.
 type instance struct {
+	mu    sync.Mutex
 	key   instKey
-	shard *legacyShard
-	conns int // open connections
+	ls    *legacyStore
+	pu    *principalUse
+	held  atomic.Int64 // records held in its batches (read without mu by makeRoom)
+	conns int          // open connections
 	// undelivered lists, per partition, the batches not yet answered to
 	// their connection: a batch to the same partition from another
 	// connection may be their retry.
@@ -135,7 +139,8 @@ type instance struct {
 	dirty    bool
 	sweepAt  int64 // ns: no disowned batch's window ends before
 	lastSeen int64
-	open     []*Conn // its open connections
+	open     []*Conn  // its open connections
+	free     []*batch // released batches kept for reuse
 	// live indexes the records of undelivered batches, built when a young
 	// connection looks one up (see youngRequests) and the batches changed
 	// since; entries of batches answered since are skipped.
@@ -152,57 +157,13 @@ type instance struct {
 // them, a connection costs no lookup.
 const youngRequests = 256
 
-// recIndex finds records by hash: an open-addressing table (linear
-// probing, at most half full) whose slots hold the upper half of a
-// record's hash beside its position in refs, so that a probe compares
-// hashes without reaching the records: a lookup that finds nothing, the
-// common case, touches one or two cache lines. Records are added in the
-// order they were sent, and a probe meets records with equal hashes in
-// that order, so identical records of a retry match their originals in
-// order.
-type recIndex struct {
-	slots []uint64 // hash>>32<<32 | index+1 in refs; 0 for empty; the length a power of two
-	refs  []recRef
-}
-
-type recRef struct {
-	b   *batch
-	gen uint32
-	i   int32
-}
-
-func (x *recIndex) reset(n int) {
-	size := 16
-	for size < 2*n {
-		size *= 2
-	}
-	if cap(x.slots) >= size && cap(x.slots) <= 4*size {
-		x.slots = x.slots[:size]
-		clear(x.slots)
-	} else {
-		x.slots = make([]uint64, size)
-	}
-	clear(x.refs)
-	x.refs = x.refs[:0]
-}
-
-func (x *recIndex) add(h uint64, r recRef) {
-	x.refs = append(x.refs, r)
-	mask := uint64(len(x.slots) - 1)
-	for j := h & mask; ; j = (j + 1) & mask {
-		if x.slots[j] == 0 {
-			x.slots[j] = h>>32<<32 | uint64(len(x.refs))
-			return
-		}
-	}
-}
-
+// legacyShard holds a share of the instances; its lock guards only the
+// map (taken before an instance's, never after).
 type legacyShard struct {
 	mu    sync.Mutex
 	ls    *legacyStore
 	insts map[instKey]*instance
-	free  []*batch
-	_     [32]byte
+	_     [40]byte
 }
 
 const legacyShards = 16
@@ -215,6 +176,7 @@ type legacyStore struct {
 	maxRecords int64
 	held       atomic.Int64  // records held in batches
 	evicted    atomic.Uint64 // batches not kept for want of room
+	principals               // what each principal holds (shares.go)
 }
 
 func (ls *legacyStore) init(scope Scope, window int64, maxRecords int) {
@@ -244,19 +206,28 @@ func (ls *legacyStore) connect(id ConnID, cl Client, now int64) *Conn {
 	sh := ls.shardOf(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	in := sh.insts[k]
-	if in == nil {
-		if len(sh.insts) >= maxInstancesPerShard {
-			sh.evictIdle(now)
-		}
-		in = &instance{key: k, shard: sh, undelivered: map[partKey][]*batch{}}
-		sh.insts[k] = in
-	}
+	in := sh.instance(k, now)
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	in.conns++
 	in.lastSeen = now
 	conn := &Conn{id: id, principal: cl.Principal, inst: in, open: true}
 	in.open = append(in.open, conn)
 	return conn
+}
+
+// instance returns k's instance, made if need be; call with the shard
+// locked.
+func (sh *legacyShard) instance(k instKey, now int64) *instance {
+	in := sh.insts[k]
+	if in == nil {
+		if len(sh.insts) >= maxInstancesPerShard {
+			sh.evictIdle(now)
+		}
+		in = &instance{key: k, ls: sh.ls, pu: sh.ls.use(k.principal), undelivered: map[partKey][]*batch{}, lastSeen: now}
+		sh.insts[k] = in
+	}
+	return in
 }
 
 // closed records that conn, one of the instance's connections, closed.
@@ -281,65 +252,89 @@ func (in *instance) rebuildLive() {
 		for _, b := range l {
 			for i, r := range b.recs {
 				if r.hash != 0 {
-					in.live.add(r.hash, recRef{b: b, gen: b.gen, i: int32(i)})
+					in.live.add(idxKey(r.hash, uint32(b.topic), b.part), recRef{b: b, gen: b.gen, i: int32(i)})
 				}
 			}
 		}
 	}
-	in.liveDirty = false
+	in.liveDirty, in.live.rebuild = false, false
 }
 
 // maxInstancesPerShard bounds the client instances remembered (64 Ki in
 // all); past it the longest idle one without connections is forgotten.
 const maxInstancesPerShard = 4096
 
-// evictIdle forgets the instance without connections seen longest ago.
+// all returns the shard's instances.
+func (sh *legacyShard) all() []*instance {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	out := make([]*instance, 0, len(sh.insts))
+	for _, in := range sh.insts {
+		out = append(out, in)
+	}
+	return out
+}
+
+// evictIdle forgets the instance without connections seen longest ago;
+// call with the shard locked (each instance's lock is taken after it).
 func (sh *legacyShard) evictIdle(now int64) {
 	var victim *instance
 	for _, in := range sh.insts {
+		in.mu.Lock()
 		if in.conns == 0 && (victim == nil || in.lastSeen < victim.lastSeen) {
 			victim = in
 		}
+		in.mu.Unlock()
 	}
 	if victim == nil {
 		return
 	}
+	victim.mu.Lock()
 	for _, b := range victim.disowned {
 		b.inDisowned = false
-		sh.release(b)
+		victim.release(b)
 	}
 	victim.disowned, victim.disownedRecs = nil, 0
+	victim.free = nil
+	victim.mu.Unlock()
 	delete(sh.insts, victim.key)
+	sh.ls.drop(victim.pu)
 }
 
-// newBatch takes a batch from the shard's free list.
-func (sh *legacyShard) newBatch() *batch {
-	if n := len(sh.free); n > 0 {
-		b := sh.free[n-1]
-		sh.free = sh.free[:n-1]
+// newBatch takes a batch from the instance's free list.
+func (in *instance) newBatch() *batch {
+	if n := len(in.free); n > 0 {
+		b := in.free[n-1]
+		in.free = in.free[:n-1]
 		return b
 	}
 	return &batch{}
 }
 
-// release frees b once nothing refers to it; call with the shard locked.
-func (sh *legacyShard) release(b *batch) {
+// release frees b once nothing refers to it; call with the instance
+// locked.
+func (in *instance) release(b *batch) {
 	if b.inFifo || b.inDisowned {
 		return
 	}
-	sh.ls.held.Add(-int64(len(b.recs)))
+	in.account(-int64(len(b.recs)))
 	if b.inst != nil {
 		b.inst.dropUndelivered(b)
 	}
 	recs := b.recs[:0]
 	gen := b.gen + 1
 	*b = batch{gen: gen, recs: recs}
-	if len(sh.free) < maxFreeBatches {
-		sh.free = append(sh.free, b)
+	if len(in.free) < maxFreeBatches && cap(recs) <= maxFreeRecs {
+		in.free = append(in.free, b)
 	}
 }
 
-const maxFreeBatches = 1024
+// maxFreeBatches and maxFreeRecs bound the batches an instance keeps for
+// reuse, and the records each may keep room for.
+const (
+	maxFreeBatches = 32
+	maxFreeRecs    = 4096
+)
 
 // disown records that b's client may not hold its acknowledgement: its
 // records are matchable by a retry from any connection of the instance
@@ -366,14 +361,13 @@ func (in *instance) indexDisowned(b *batch) {
 	if in.dirty {
 		return
 	}
-	n := len(in.index.refs) + len(b.recs)
-	if 2*n > len(in.index.slots) || n > 2*in.disownedRecs+1024 {
+	if n := len(in.index.refs) + len(b.recs); n > 2*in.disownedRecs+1024 {
 		in.dirty = true
 		return
 	}
 	for i, r := range b.recs {
 		if r.hash != 0 {
-			in.index.add(r.hash, recRef{b: b, gen: b.gen, i: int32(i)})
+			in.index.add(idxKey(r.hash, uint32(b.topic), -1), recRef{b: b, gen: b.gen, i: int32(i)})
 		}
 	}
 }
@@ -435,7 +429,7 @@ func (in *instance) sweep(now int64, window int64) {
 		if b.phase == appended && b.until <= now {
 			b.inDisowned = false
 			in.disownedRecs -= len(b.recs)
-			in.shard.release(b)
+			in.release(b)
 			continue
 		}
 		if b.phase == appended {
@@ -454,11 +448,11 @@ func (in *instance) reindex() {
 	for _, b := range in.disowned {
 		for i, r := range b.recs {
 			if r.hash != 0 {
-				in.index.add(r.hash, recRef{b: b, gen: b.gen, i: int32(i)})
+				in.index.add(idxKey(r.hash, uint32(b.topic), -1), recRef{b: b, gen: b.gen, i: int32(i)})
 			}
 		}
 	}
-	in.dirty = false
+	in.dirty, in.index.rebuild = false, false
 }
 
 // candidate is a record a record of a new batch may repeat.
@@ -469,57 +463,53 @@ type candidate struct {
 
 // lookup returns the first disowned record of topic with hash h that is
 // not used up, or false.
-func (in *instance) lookup(topic seqstate.TopicID, h uint64, now int64) (candidate, bool) {
+func (in *instance) lookup(topic seqstate.TopicID, h uint64, now int64, undo *[]undo) (candidate, bool) {
 	if len(in.disowned) == 0 {
 		return candidate{}, false
 	}
-	if in.dirty || len(in.index.slots) == 0 {
+	if in.dirty || in.index.rebuild || len(in.index.slots) == 0 {
 		in.reindex()
 	}
-	x := &in.index
-	mask, tag := uint64(len(x.slots)-1), h>>32
-	for j := h & mask; x.slots[j] != 0; j = (j + 1) & mask {
-		if x.slots[j]>>32 != tag {
-			continue
-		}
-		r := &x.refs[uint32(x.slots[j])-1]
+	r, ok := in.index.find(idxKey(h, uint32(topic), -1), func(r *recRef) verdict {
 		b := r.b
-		if b.gen != r.gen || !b.inDisowned || b.topic != topic || b.recs[r.i].hash != h || b.phase == appended && b.until <= now {
-			continue
+		if b.gen != r.gen || !b.inDisowned || b.recs[r.i].hash != h || b.phase == appended && b.until <= now {
+			return skipForGood
 		}
-		return candidate{r.b, r.i}, true
+		return take
+	}, undo)
+	if !ok {
+		return candidate{}, false
 	}
-	return candidate{}, false
+	return candidate{r.b, r.i}, true
 }
 
 // sameParts returns a record with hash h in a batch to (topic, part) not
 // yet answered to another connection than conn: the client gave up on it
 // and this is its retry.
-func (in *instance) sameParts(conn *Conn, topic seqstate.TopicID, part int32, h uint64, now int64) (candidate, bool) {
+func (in *instance) sameParts(conn *Conn, topic seqstate.TopicID, part int32, h uint64, now int64, undo *[]undo) (candidate, bool) {
 	if in.conns < 2 || conn.reqs >= youngRequests {
 		return candidate{}, false
 	}
 	if in.liveRecs == 0 {
 		return candidate{}, false
 	}
-	if in.liveDirty || len(in.live.slots) == 0 {
+	if in.liveDirty || in.live.rebuild || len(in.live.slots) == 0 {
 		in.rebuildLive()
 	}
-	x := &in.live
-	mask, tag := uint64(len(x.slots)-1), h>>32
-	for j := h & mask; x.slots[j] != 0; j = (j + 1) & mask {
-		if x.slots[j]>>32 != tag {
-			continue
-		}
-		r := &x.refs[uint32(x.slots[j])-1]
+	r, ok := in.live.find(idxKey(h, uint32(topic), part), func(r *recRef) verdict {
 		b := r.b
-		if b.gen != r.gen || b.delivered || b.conn == conn || b.conn == nil || b.topic != topic || b.part != part ||
-			(b.phase == appended && b.until <= now) || b.recs[r.i].hash != h {
-			continue
+		switch {
+		case b.gen != r.gen || b.delivered || b.conn == nil || (b.phase == appended && b.until <= now) || b.recs[r.i].hash != h:
+			return skipForGood
+		case b.conn == conn:
+			return skipNow
 		}
-		return candidate{b, r.i}, true
+		return take
+	}, undo)
+	if !ok {
+		return candidate{}, false
 	}
-	return candidate{}, false
+	return candidate{r.b, r.i}, true
 }
 
 // anyOtherUndelivered reports whether a batch to (topic, part) from another

@@ -154,9 +154,9 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 	if b == nil {
 		return
 	}
-	sh := pl.conn.inst.shard
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	in := pl.conn.inst
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	if !st.b.live() || b.phase != inFlight {
 		return
 	}
@@ -204,7 +204,7 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 // listUnknown files b with its partition, whose next tail read settles it.
 // Past maxUnknown, b is settled at once as if the read had not found it:
 // a retry of it is forwarded, at worst a duplicate, as without the proxy.
-// Call with b's shard locked (the partition's is taken inside).
+// Call with b's instance locked (the partition's is taken inside).
 func (c *Core) listUnknown(b *batch, ns int64) {
 	p, sh := c.parts.get(partKeyOf(b.topic, b.part))
 	full := len(p.unknown) >= maxUnknown
@@ -225,9 +225,9 @@ func (c *Core) disownAppended(pl *Plan) {
 	if pl.conn == nil {
 		return
 	}
-	sh := pl.conn.inst.shard
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	in := pl.conn.inst
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	for i := range pl.st {
 		st := &pl.st[i]
 		for _, r := range [2]batchRef{st.m, st.b} {
@@ -305,14 +305,14 @@ func (c *Core) lostPart(pl *Plan, i int, now time.Time) {
 			pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: st.key, Batch: st.batch})
 		}
 	} else if b := st.b.b; b != nil {
-		sh := pl.conn.inst.shard
-		sh.mu.Lock()
+		in := pl.conn.inst
+		in.mu.Lock()
 		if st.b.live() && b.phase == inFlight {
 			b.phase = unknown
 			b.inst.disown(b)
 			c.listUnknown(b, now.UnixNano())
 		}
-		sh.mu.Unlock()
+		in.mu.Unlock()
 	}
 }
 
@@ -338,10 +338,9 @@ func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
 	if !any {
 		return
 	}
-	sh := conn.inst.shard
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	in := conn.inst
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	ns := now.UnixNano()
 	hold := ns + int64(min(max(pl.timeout, 0), maxWaitTimeout)+waitMargin)
 	for i := range pl.st {

@@ -99,6 +99,14 @@ type undo struct {
 	// replaced since), and the lock that guards it.
 	log      []logRec
 	logShard *partShard
+	// A chain head an index lookup moved instead (recIndex.find), or
+	// one of a log's chains (logIdx, at logKey).
+	ix     *recIndex
+	slot   int32
+	head   int32
+	epoch  uint32
+	logIdx map[uint64]int32
+	logKey uint64
 }
 
 // timedOut answers a part whose outcome the proxy cannot know in time:

@@ -7,38 +7,51 @@ import (
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
-// matchLegacy applies the rule (docs/legacy.md, "The rule") to every
-// legacy part of req, with the instance's shard locked: for each record,
-// what it repeats, if anything. Records it takes as retries are used up at
-// once (each earlier record answers for one retry); rollback restores them
-// when the request ends up waiting.
-func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
-	conn, in := req.Conn, req.Conn.inst
-	ns := now.UnixNano()
+// identify computes the identities of the records of every legacy part of
+// req, before any lock is taken: what a client sent costs its own time,
+// not that of a lock another connection may wait on.
+func (c *Core) identify(req *Request, pl *Plan) {
 	for i := range req.Parts {
 		p, st, pp := &req.Parts[i], &pl.st[i], &pl.Parts[i]
 		if !st.legacy || st.pass >= 0 {
 			continue
 		}
-		st.key = seqstate.Key{ProducerID: -1, Topic: p.Topic, Partition: p.Partition, Principal: conn.principal}
 		st.idsAt = len(pl.ids)
 		var err error
 		if pl.ids, err = protocol.AppendRecordIDs(pl.ids, p.Records, &p.Header); err != nil {
 			if err != protocol.ErrCompressed {
 				// Malformed: the broker rejects it; nothing to remember.
+				pl.ids = pl.ids[:st.idsAt]
 				st.pass = PassInvalid
 				pp.Verdict.Pass = PassInvalid
 				continue
 			}
 			// A compressed batch is one unit: matched whole or not at all.
-			pl.ids = append(pl.ids, protocol.BatchID(p.Records, &p.Header))
+			pl.ids = append(pl.ids[:st.idsAt], protocol.BatchID(p.Records, &p.Header))
 		}
 		st.idsEnd = len(pl.ids)
-		ids := pl.ids[st.idsAt:st.idsEnd]
-		for range ids {
+		for range st.idsEnd - st.idsAt {
 			pl.matches = append(pl.matches, match{})
 			pl.drops = append(pl.drops, false)
 		}
+	}
+}
+
+// matchLegacy applies the rule (docs/legacy.md, "The rule") to every
+// legacy part of req, with the instance locked: for each record, what it
+// repeats, if anything. Records it takes as retries are used up at once
+// (each earlier record answers for one retry); rollback restores them
+// when the request ends up waiting.
+func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
+	conn, in := req.Conn, req.Conn.inst
+	ns := now.UnixNano()
+	for i := range req.Parts {
+		p, st := &req.Parts[i], &pl.st[i]
+		if !st.legacy || st.pass >= 0 {
+			continue
+		}
+		st.key = seqstate.Key{ProducerID: -1, Topic: p.Topic, Partition: p.Partition, Principal: conn.principal}
+		ids := pl.ids[st.idsAt:st.idsEnd]
 		ms := pl.matches[st.idsAt:st.idsEnd]
 		logged := conn.principal == 0 && c.hasLog(p.Topic, p.Partition, ns)
 		if len(in.disowned) == 0 && !logged && !in.anyOtherUndelivered(conn, p.Topic, p.Partition) {
@@ -46,7 +59,7 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 		}
 		var prev candidate
 		for j, id := range ids {
-			cand, ok := c.findCandidate(conn, in, p, prev, recHash(id, st.match), ns)
+			cand, ok := c.findCandidate(pl, conn, in, p, prev, recHash(id, st.match), ns)
 			if ok {
 				ms[j] = c.classify(pl, conn, in, p, st, cand, ns)
 				if ms[j].kind == matchDrop {
@@ -85,14 +98,14 @@ func mixTS(h uint64, ts int64) uint64 {
 // the next record of the batch the previous record matched (a retry keeps
 // its records' order), a disowned record of the topic, or a record of a
 // batch to the same partition not yet answered to another connection.
-func (c *Core) findCandidate(conn *Conn, in *instance, p *Part, prev candidate, h uint64, now int64) (candidate, bool) {
+func (c *Core) findCandidate(pl *Plan, conn *Conn, in *instance, p *Part, prev candidate, h uint64, now int64) (candidate, bool) {
 	if b := prev.b; b != nil && b.conn == nil && int(prev.i)+1 < len(b.recs) && b.recs[prev.i+1].hash == h {
 		return candidate{b, prev.i + 1}, true
 	}
-	if cand, ok := in.lookup(p.Topic, h, now); ok {
+	if cand, ok := in.lookup(p.Topic, h, now, &pl.undo); ok {
 		return cand, true
 	}
-	return in.sameParts(conn, p.Topic, p.Partition, h, now)
+	return in.sameParts(conn, p.Topic, p.Partition, h, now, &pl.undo)
 }
 
 // classify decides one record against the earlier record cand it repeats.
@@ -167,7 +180,19 @@ func (c *Core) needTail(pl *Plan, b *batch) {
 
 // rollback restores the records a decision that ends in a wait used up.
 func (c *Core) rollback(pl *Plan) {
-	for _, u := range pl.undo {
+	// In reverse: a chain head moved twice goes back to where it was first.
+	for k := len(pl.undo) - 1; k >= 0; k-- {
+		u := &pl.undo[k]
+		if u.ix != nil {
+			u.ix.restore(u)
+			continue
+		}
+		if u.logIdx != nil {
+			u.logShard.mu.Lock()
+			u.logIdx[u.logKey] = u.head
+			u.logShard.mu.Unlock()
+			continue
+		}
 		if u.log != nil {
 			u.logShard.mu.Lock()
 			u.log[u.i].taken = false
@@ -248,11 +273,19 @@ func (c *Core) matchLog(pl *Plan, p *Part, id protocol.RecordID, enforce bool, n
 	if id.Hash == 0 {
 		return match{}
 	}
+	head := true
 	for j := part.logIdx[h]; j != 0; {
 		r := &part.log[j-1]
 		idx := j - 1
 		j = r.next
 		if r.hash != h || r.taken || r.until <= ns {
+			if head {
+				// Never matches again (or is restored with the head
+				// by a rollback): the chain starts past it, so that
+				// identical records cost O(1) each.
+				pl.undo = append(pl.undo, undo{logIdx: part.logIdx, logShard: sh, logKey: h, head: idx + 1})
+				part.logIdx[h] = j
+			}
 			continue
 		}
 		if enforce {
@@ -356,6 +389,7 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 		}
 		if !c.legacy.room(int64(len(ids)), conn) {
 			c.legacy.evicted.Add(1)
+			in.pu.evicted.Add(uint64(len(ids)))
 			continue
 		}
 		whole := p.Header.Attributes&0x07 != 0
@@ -402,7 +436,7 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 }
 
 func (c *Core) newBatch(in *instance, conn *Conn, p *Part, whole bool, n int) *batch {
-	b := in.shard.newBatch()
+	b := in.newBatch()
 	if cap(b.recs) < n {
 		b.recs = make([]rec, 0, n) // sized exactly: 16 bytes a record
 	}
@@ -413,7 +447,7 @@ func (c *Core) newBatch(in *instance, conn *Conn, p *Part, whole bool, n int) *b
 
 // keep files b with its connection, not yet answered.
 func (c *Core) keep(b *batch) {
-	c.legacy.held.Add(int64(len(b.recs)))
+	b.inst.account(int64(len(b.recs)))
 	b.inFifo = true
 	b.conn.fifo = append(b.conn.fifo, b)
 	k := partKey{b.topic, b.part}
@@ -449,7 +483,7 @@ func (ls *legacyStore) room(n int64, conn *Conn) bool {
 
 // trim lets go the batches of conn's answered requests beyond the last
 // keep whose hold has passed at now or that are beyond the last
-// maxHeldRequests (all of them with force); call with the shard locked.
+// maxHeldRequests (all of them with force); call with the instance locked.
 func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 	n := 0
 	for _, b := range conn.fifo {
@@ -457,7 +491,7 @@ func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 			break
 		}
 		b.inFifo = false
-		conn.inst.shard.release(b)
+		conn.inst.release(b)
 		n++
 	}
 	if n > 0 {
@@ -468,7 +502,7 @@ func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 }
 
 // letGo disowns the batches conn holds and empties its fifo: its client
-// holds none of their acknowledgements. Call with the shard locked.
+// holds none of their acknowledgements. Call with the instance locked.
 func (conn *Conn) letGo() {
 	in := conn.inst
 	for _, b := range conn.fifo {
@@ -476,7 +510,7 @@ func (conn *Conn) letGo() {
 		if b.conn == conn {
 			in.disown(b)
 		}
-		in.shard.release(b)
+		in.release(b)
 	}
 	clear(conn.fifo)
 	conn.fifo = conn.fifo[:0]

@@ -167,15 +167,15 @@ func (c *Core) TailFailed(k TailKey, now time.Time, wake []ConnID) []ConnID {
 // unknown offsets.
 func (c *Core) settleFromLog(ref batchRef, batches []logBatch, read bool, ns int64) {
 	b := ref.b
-	sh := b.inst.shard
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	in := b.inst
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	if ref.live() {
 		c.settleLocked(b, batches, read, ns)
 	}
 }
 
-// settleLocked is settleFromLog with b's shard locked.
+// settleLocked is settleFromLog with b's instance locked.
 func (c *Core) settleLocked(b *batch, batches []logBatch, read bool, ns int64) {
 	want := func(r rec) bool {
 		if b.phase == unknown {

@@ -114,6 +114,8 @@ type rawConn struct {
 	t    testing.TB
 	conn net.Conn
 	corr int32
+	// clientID is the client id its requests carry; "" means "raw".
+	clientID string
 }
 
 func dialRaw(t testing.TB, addr string) *rawConn {
@@ -131,7 +133,11 @@ func dialRaw(t testing.TB, addr string) *rawConn {
 func (r *rawConn) send(req kmsg.Request) int32 {
 	r.t.Helper()
 	r.corr++
-	frame := kmsg.NewRequestFormatter(kmsg.FormatterClientID("raw")).AppendRequest(nil, req, r.corr)
+	id := r.clientID
+	if id == "" {
+		id = "raw"
+	}
+	frame := kmsg.NewRequestFormatter(kmsg.FormatterClientID(id)).AppendRequest(nil, req, r.corr)
 	if _, err := r.conn.Write(frame); err != nil {
 		r.t.Fatal(err)
 	}
@@ -157,6 +163,15 @@ func (r *rawConn) recv(req kmsg.Request, corr int32) kmsg.Response {
 		r.t.Fatalf("decode %s: %v", kmsg.NameForKey(req.Key()), err)
 	}
 	return resp
+}
+
+// abort closes the connection with a reset, as a client's kernel does when
+// it closes a socket with answers left unread (a lost acknowledgement).
+func (r *rawConn) abort() {
+	if tc, ok := r.conn.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	r.conn.Close()
 }
 
 func (r *rawConn) roundTrip(req kmsg.Request) kmsg.Response {

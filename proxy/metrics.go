@@ -357,7 +357,47 @@ func (m *Metrics) registerCore(s *Server) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: "seqstate", Name: "legacy_evictions_total",
 			Help: "Legacy batches not remembered because dedup.legacy.max_records was reached: a retry of them is written again (a miss, never a wrong answer)."},
 			func() float64 { _, n := s.core.LegacyRecords(); return float64(n) }),
+		&principalUseCollector{s: s},
 	)
+}
+
+// principalUseCollector exports what each principal's client instances
+// hold of the legacy records, and how many of theirs went for want of
+// room (docs/security.md, "Fair shares"). Principals come only from
+// exchanges the broker accepted, so the label's values are bounded.
+type principalUseCollector struct {
+	s   *Server
+	buf []decide.PrincipalUse
+	mu  sync.Mutex
+}
+
+var (
+	principalRecordsDesc = prometheus.NewDesc("dedupproxy_legacy_principal_records",
+		"Legacy records remembered for the client instances of a principal (docs/security.md, \"Fair shares\").", []string{"principal"}, nil)
+	principalEvictedDesc = prometheus.NewDesc("dedupproxy_legacy_principal_evicted_records_total",
+		"Legacy records of a principal's client instances let go, or never remembered, for want of room: a retry of them is written again (a miss).", []string{"principal"}, nil)
+)
+
+func (pc *principalUseCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- principalRecordsDesc
+	ch <- principalEvictedDesc
+}
+
+func (pc *principalUseCollector) Collect(ch chan<- prometheus.Metric) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pc.buf = pc.s.core.LegacyUse(pc.buf[:0])
+	for _, u := range pc.buf {
+		name := anonymous
+		if u.Principal != 0 {
+			var ok bool
+			if name, ok = pc.s.principals.name(u.Principal); !ok {
+				continue
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(principalRecordsDesc, prometheus.GaugeValue, float64(u.Held), name)
+		ch <- prometheus.MustNewConstMetric(principalEvictedDesc, prometheus.CounterValue, float64(u.Evicted), name)
+	}
 }
 
 // registerKeys exports the idempotency key table's own counts.
