@@ -192,6 +192,7 @@ func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
 		st.key = partKeyOf(p.Topic, p.Partition)
 		st.mode, st.match, st.header = c.topicSettings(s, p.Topic)
 		st.legacy = p.Header.ProducerID < 0
+		st.exact = st.legacy && exactIdentity(st.match, req.Conn, &p.Header)
 		st.maxTS = p.Header.MaxTimestamp
 		pp.Verdict.Legacy = st.legacy
 		pp.Verdict.Records = p.Header.NumRecords

@@ -73,6 +73,7 @@ type batch struct {
 	phase      phase
 	delivered  bool  // its answer was written to its connection
 	whole      bool  // compressed: its one rec stands for the whole batch
+	exact      bool  // its records' hashes include their timestamps (recHash)
 	inFifo     bool  // referenced by conn.fifo
 	inDisowned bool  // referenced by inst.disowned
 	resolvable bool  // appended with offUnknown records the log may settle
@@ -94,6 +95,7 @@ type Conn struct {
 	id        ConnID
 	principal uint32
 	inst      *instance
+	named     bool // its client named its software (Client.Software)
 	open      bool
 	gone      atomic.Bool // Disconnect was called: read without the instance lock (Gone)
 	reqs      uint64      // requests that registered batches
@@ -211,7 +213,7 @@ func (ls *legacyStore) connect(id ConnID, cl Client, now int64) *Conn {
 	defer in.mu.Unlock()
 	in.conns++
 	in.lastSeen = now
-	conn := &Conn{id: id, principal: cl.Principal, inst: in, open: true}
+	conn := &Conn{id: id, principal: cl.Principal, inst: in, named: cl.Software != "", open: true}
 	in.open = append(in.open, conn)
 	return conn
 }

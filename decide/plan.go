@@ -57,6 +57,7 @@ type partState struct {
 	legacy  bool
 	mode    Mode
 	match   Match
+	exact   bool   // legacy: a record's timestamp is part of its identity
 	header  string // idempotency key header
 	pass    int8
 	key     seqstate.Key // idempotent: the producer's key; legacy: the partition (ProducerID -1)

@@ -59,7 +59,7 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 		}
 		var prev candidate
 		for j, id := range ids {
-			cand, ok := c.findCandidate(pl, conn, in, p, prev, recHash(id, st.match), ns)
+			cand, ok := c.findCandidate(pl, conn, in, p, prev, recHash(id, st.exact), ns)
 			if ok {
 				ms[j] = c.classify(pl, conn, in, p, st, cand, ns)
 				if ms[j].kind == matchDrop {
@@ -78,13 +78,42 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 	}
 }
 
-// recHash is the hash a record is compared by: with match exact, its
-// timestamp is part of it.
-func recHash(id protocol.RecordID, m Match) uint64 {
-	if m == MatchExact {
+// recHash is the hash a record is compared by: with exact, its timestamp
+// is part of it.
+func recHash(id protocol.RecordID, exact bool) uint64 {
+	if exact {
 		return mixTS(id.Hash, id.Timestamp)
 	}
 	return id.Hash
+}
+
+// exactIdentity reports whether a legacy record's timestamp is part of its
+// identity, for a batch with header h sent on conn (docs/legacy.md, "What
+// a record is"): with match auto, for every client but one that stamps a
+// resend anew.
+func exactIdentity(m Match, conn *Conn, h *protocol.BatchHeader) bool {
+	switch m {
+	case MatchExact:
+		return true
+	case MatchRecords, MatchOff:
+		return false
+	}
+	return !restamps(conn, h)
+}
+
+// restamps reports whether a legacy batch comes from a client known to
+// stamp a resent record anew (docs/clients.md §3), by what it writes on
+// the wire: kafkajs writes producer epoch 0 into a batch without a
+// producer id, where every other client writes -1; kafka-go names no
+// software in ApiVersions and writes partition leader epoch -1, which no
+// other client that names none writes. Any other client is taken to keep
+// its timestamps: a resend that restamps is then missed (a duplicate), never
+// a new record dropped.
+func restamps(conn *Conn, h *protocol.BatchHeader) bool {
+	if h.ProducerEpoch == 0 {
+		return true
+	}
+	return conn != nil && !conn.named && h.PartitionLeaderEpoch == -1
 }
 
 // mixTS mixes a timestamp into a record hash. Never 0.
@@ -394,13 +423,13 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 		}
 		whole := p.Header.Attributes&0x07 != 0
 		if pp.Act != Forward {
-			m := c.newBatch(in, conn, p, whole, int(st.dropped))
+			m := c.newBatch(in, conn, p, st, whole, int(st.dropped))
 			m.phase, m.appendTime = appended, -1
 			for j := range ids {
 				if ms[j].kind != matchDrop {
 					continue
 				}
-				m.recs = append(m.recs, rec{hash: recHash(ids[j], st.match), off: ms[j].off})
+				m.recs = append(m.recs, rec{hash: recHash(ids[j], st.exact), off: ms[j].off})
 				if o := ns + c.legacy.window - ms[j].age; m.until == 0 || o < m.until {
 					m.until = o // the window runs from the original's append
 				}
@@ -412,13 +441,13 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 			st.m = batchRef{m, m.gen}
 		}
 		if pp.Act != Answer {
-			f := c.newBatch(in, conn, p, whole, len(ids)-int(st.dropped))
+			f := c.newBatch(in, conn, p, st, whole, len(ids)-int(st.dropped))
 			f.phase, f.appendTime = inFlight, -1
 			for j := range ids {
 				if pp.Act == Rebuild && ms[j].kind == matchDrop {
 					continue
 				}
-				f.recs = append(f.recs, rec{hash: recHash(ids[j], st.match), off: offPending})
+				f.recs = append(f.recs, rec{hash: recHash(ids[j], st.exact), off: offPending})
 			}
 			c.keep(f)
 			st.b = batchRef{f, f.gen}
@@ -435,13 +464,13 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 	}
 }
 
-func (c *Core) newBatch(in *instance, conn *Conn, p *Part, whole bool, n int) *batch {
+func (c *Core) newBatch(in *instance, conn *Conn, p *Part, st *partState, whole bool, n int) *batch {
 	b := in.newBatch()
 	if cap(b.recs) < n {
 		b.recs = make([]rec, 0, n) // sized exactly: 16 bytes a record
 	}
 	b.inst, b.conn, b.req = in, conn, conn.reqs
-	b.topic, b.part, b.whole = p.Topic, p.Partition, whole
+	b.topic, b.part, b.whole, b.exact = p.Topic, p.Partition, whole, st.exact
 	return b
 }
 

@@ -241,6 +241,8 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 			s.Mode = Off
 		}
 		switch get("match", "records") {
+		case "records":
+			s.Match = MatchRecords
 		case "exact":
 			s.Match = MatchExact
 		case "off":
@@ -276,7 +278,10 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 	switch verb {
 	case "connect":
 		host := netip.MustParseAddr(get("host", "127.0.0.1"))
-		cl := Client{Principal: uint32(num("principal", "0")), ID: get("client", "a"), Host: host}
+		cl := Client{Principal: uint32(num("principal", "0")), ID: get("client", "a"), Host: host, Software: get("software", "-")}
+		if cl.Software == "-" {
+			cl.Software = ""
+		}
 		core := r.core
 		if args["core"] == "old" {
 			core = r.old
@@ -312,6 +317,16 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 			part, _ := strconv.Atoi(ps)
 			names := recordNames(t, recs)
 			raw := scriptBatch(names, tsList(t, get("ts", "1000"), len(names)), num("pid", "-1"), int16(num("epoch", "0")), int32(num("seq", "0")), args["compressed"] == "true")
+			// A client's own way of writing a batch without a producer id
+			// (docs/clients.md): kafkajs writes epoch 0, kafka-go
+			// partition leader epoch -1.
+			switch get("writer", "-") {
+			case "kafkajs":
+				binary.BigEndian.PutUint16(raw[51:], 0) // producer epoch
+				raw = fixCRC(raw)
+			case "kafka-go":
+				binary.BigEndian.PutUint32(raw[12:], 0xffffffff) // partition leader epoch
+			}
 			sr.names = append(sr.names, names)
 			var h protocol.BatchHeader
 			if _, err := protocol.ReadBatch(raw, &h); err != nil {
@@ -584,6 +599,12 @@ func scriptBatch(values []string, ts []int64, pid int64, epoch int16, seq int32,
 	}
 	raw := b.AppendTo(nil)
 	binary.BigEndian.PutUint32(raw[8:], uint32(len(raw)-12))
+	binary.BigEndian.PutUint32(raw[17:], crc32.Checksum(raw[21:], crc32.MakeTable(crc32.Castagnoli)))
+	return raw
+}
+
+// fixCRC recomputes a batch's CRC-32C after a header field changed.
+func fixCRC(raw []byte) []byte {
 	binary.BigEndian.PutUint32(raw[17:], crc32.Checksum(raw[21:], crc32.MakeTable(crc32.Castagnoli)))
 	return raw
 }

@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"slices"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -13,10 +14,12 @@ import (
 // partition's first read since start may answer for a resend after a
 // restart, and batches whose outcome was unknown are looked for.
 
-// logBatch is one legacy batch of a tail.
+// logBatch is one legacy batch of a tail: its records' identities, which
+// a batch looked for compares by its own identity (recHash with its
+// exact).
 type logBatch struct {
-	base   int64
-	hashes []uint64
+	base int64
+	ids  []protocol.RecordID
 }
 
 // TailRead applies the tail of partition k, read from the log by the
@@ -72,9 +75,8 @@ func (c *Core) TailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 				}
 				ids, whole = append(ids, protocol.BatchID(b, &bh)), true
 			}
-			lb := logBatch{base: bh.BaseOffset, hashes: make([]uint64, len(ids))}
+			lb := logBatch{base: bh.BaseOffset, ids: slices.Clone(ids)}
 			for j, id := range ids {
-				lb.hashes[j] = recHash(id, match)
 				if !first {
 					continue
 				}
@@ -193,12 +195,12 @@ func (c *Core) settleLocked(b *batch, batches []logBatch, read bool, ns int64) {
 				if !want(r) {
 					continue
 				}
-				if k >= len(lb.hashes) || lb.hashes[k] != r.hash {
+				if k >= len(lb.ids) || recHash(lb.ids[k], b.exact) != r.hash {
 					continue search
 				}
 				k++
 			}
-			if k == len(lb.hashes) && k > 0 {
+			if k == len(lb.ids) && k > 0 {
 				found = lb
 				break
 			}

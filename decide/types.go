@@ -21,13 +21,20 @@ const (
 	Off
 )
 
-// Match is how legacy records of a topic are compared.
+// Match is how legacy records of a topic are compared (docs/legacy.md,
+// "What a record is").
 type Match uint8
 
 const (
+	// MatchAuto compares a record's key, value, headers and timestamp,
+	// and leaves the timestamp out only for a client that stamps a resend
+	// anew (restamps): a client that resends byte for byte keeps its
+	// timestamps, so a record with a later one is new data whatever its
+	// content.
+	MatchAuto Match = iota
 	// MatchRecords compares a record's key, value and headers: a record
 	// resent with a new timestamp (kafka-go, kafkajs) matches.
-	MatchRecords Match = iota
+	MatchRecords
 	// MatchExact also compares the record's timestamp.
 	MatchExact
 	// MatchOff leaves the topic's legacy batches undecided.
@@ -70,6 +77,9 @@ type Client struct {
 	Principal uint32
 	ID        string
 	Host      netip.Addr
+	// Software is the client software name it sent in ApiVersions (v3+,
+	// KIP-511), "" when none.
+	Software string
 }
 
 // Request is a Produce request as the session scanned it. The caller fills

@@ -167,6 +167,9 @@ func FuzzRequestHeader(f *testing.F) {
 		if err == nil && (h.BodyOffset > len(in) || h.BodyOffset < 0) {
 			t.Fatalf("body offset %d beyond %d bytes", h.BodyOffset, len(in))
 		}
+		if err == nil {
+			ClientSoftware(in, h) // never panics on what a client sends
+		}
 		req := kmsg.RequestForKey(key)
 		if req == nil || version < 0 || version > req.MaxVersion() || (key == int16(kmsg.ControlledShutdown) && version == 0) {
 			return

@@ -371,6 +371,7 @@ const DefaultKeyHeader = "idempotency-key"
 
 // Legacy match modes: what makes two legacy records the same.
 const (
+	MatchAuto    = "auto"    // the same key, value, headers and timestamp, the timestamp left out for clients that restamp resends
 	MatchRecords = "records" // the same key, value and headers: restamped retries match
 	MatchExact   = "exact"   // the same, and the same timestamp: only byte-identical retries match
 	MatchOff     = "off"     // legacy batches are relayed untouched
@@ -384,7 +385,8 @@ const (
 
 // LegacyConfig configures deduplication of legacy producers.
 type LegacyConfig struct {
-	// Match is records (default), exact or off; see the Match constants.
+	// Match is auto (default), records, exact or off; see the Match
+	// constants and docs/legacy.md, "What a record is".
 	Match string `yaml:"match"`
 	// Scope is instance (default) or client_id; see the Scope constants.
 	// Records of different client instances are never retries of each
@@ -513,7 +515,7 @@ func (c *Config) EnsureDefaults() {
 		c.Dedup.ProducerIDExpiration = seqstate.DefaultProducerIDExpiration
 	}
 	if c.Dedup.Legacy.Match == "" {
-		c.Dedup.Legacy.Match = MatchRecords
+		c.Dedup.Legacy.Match = MatchAuto
 	}
 	if c.Dedup.Legacy.Window == 0 {
 		c.Dedup.Legacy.Window = decide.DefaultWindow
@@ -697,7 +699,7 @@ func (c *Config) Validate() error {
 		return bad("dedup.producer_id_expiration %s is negative", c.Dedup.ProducerIDExpiration)
 	}
 	if !validMatch(c.Dedup.Legacy.Match) {
-		return bad("dedup.legacy.match %q: want records, exact or off", c.Dedup.Legacy.Match)
+		return bad("dedup.legacy.match %q: want auto, records, exact or off", c.Dedup.Legacy.Match)
 	}
 	if c.Dedup.Legacy.Window < 0 {
 		return bad("dedup.legacy.window %s is negative", c.Dedup.Legacy.Window)
@@ -713,7 +715,7 @@ func (c *Config) Validate() error {
 			return bad("dedup.topics[%q].mode %q: want enforce, observe or off", name, tc.Mode)
 		}
 		if tc.LegacyMatch != "" && !validMatch(tc.LegacyMatch) {
-			return bad("dedup.topics[%q].legacy_match %q: want records, exact or off", name, tc.LegacyMatch)
+			return bad("dedup.topics[%q].legacy_match %q: want auto, records, exact or off", name, tc.LegacyMatch)
 		}
 	}
 	if n := metricsTopics(c.Dedup.Topics); n > maxMetricsTopics {
@@ -791,7 +793,9 @@ func (c TLSConfig) validate(name string) error {
 
 func validTLSVersion(v string) bool { return v == TLS12 || v == TLS13 }
 
-func validMatch(m string) bool { return m == MatchRecords || m == MatchExact || m == MatchOff }
+func validMatch(m string) bool {
+	return m == MatchAuto || m == MatchRecords || m == MatchExact || m == MatchOff
+}
 
 // nodePortBase returns the listen port of node NodeIDOffset, given the
 // listen port: NodePortBase, or listen port + 1.

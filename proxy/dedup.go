@@ -88,12 +88,14 @@ func coreMode(m string) decide.Mode {
 
 func coreMatch(m string) decide.Match {
 	switch m {
+	case MatchRecords:
+		return decide.MatchRecords
 	case MatchExact:
 		return decide.MatchExact
 	case MatchOff:
 		return decide.MatchOff
 	}
-	return decide.MatchRecords
+	return decide.MatchAuto
 }
 
 // keysOn reports whether some topic reads idempotency keys now: requests

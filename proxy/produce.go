@@ -216,7 +216,7 @@ func (c *session) coreConn() *decide.Conn {
 		if c.dconn != nil {
 			c.s.core.Disconnect(c.dconn, time.Now())
 		}
-		cl := decide.Client{Principal: who.id, ID: c.clientID, Host: remoteIP(c.client)}
+		cl := decide.Client{Principal: who.id, ID: c.clientID, Host: remoteIP(c.client), Software: c.software}
 		c.dconn, c.dconnPrincipal = c.s.core.Connect(decide.ConnID(c.id), cl, time.Now()), who.id
 		c.sharedConn.Store(c.dconn)
 		c.s.disconnectGoneSiblings(c.dconn)

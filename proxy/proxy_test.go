@@ -283,6 +283,14 @@ func recordBatchAt(t testing.TB, pid int64, epoch int16, seq int32, n int, value
 	return fixBatchLengthAndCRC(raw)
 }
 
+// asKafkaGo writes a legacy batch as kafka-go does (partition leader
+// epoch -1, from a client that names no software): a client the proxy
+// knows to stamp its resends anew (docs/legacy.md, "What a record is").
+func asKafkaGo(b []byte) []byte {
+	binary.BigEndian.PutUint32(b[12:], 0xffffffff)
+	return b
+}
+
 // appendRecord appends a v2 record (KIP-98 format: zigzag varints) with a
 // null key, the given value and no headers.
 func appendRecord(dst []byte, offsetDelta int, value string) []byte {

@@ -100,7 +100,7 @@ func TestReplicaRestartedCoverRedirects(t *testing.T) {
 // TestReplicaHandoverCarriesLegacyState: a legacy client's answer is lost
 // with its connection at the replica that serves the node, the node moves
 // (the replica stops as SIGTERM does), and the client resends the record
-// stamped anew (kafka-go, kafkajs) to the replica that took the node over.
+// stamped anew (kafka-go's batches, see asKafkaGo) to the replica that took the node over.
 // Knowing the original only from the log, that replica matched nothing
 // and wrote it again; with the legacy state handed over it answers the
 // retry with the original's offset (docs/replicas.md, "Legacy state at a
@@ -121,7 +121,7 @@ func TestReplicaHandoverCarriesLegacyState(t *testing.T) {
 		t.Helper()
 		raw := dialRaw(t, f.nodeAddr(i, owner))
 		raw.learnTopics(topic)
-		raw.send(produceParts(topic, -1, part{0, recordBatchAt(t, -1, -1, -1, 1, value, ts)}))
+		raw.send(produceParts(topic, -1, part{0, asKafkaGo(recordBatchAt(t, -1, -1, -1, 1, value, ts))}))
 		waitFor(t, 10*time.Second, "the broker to append "+value, func() bool { return partitionEnd(t, leader, topic, 0) == want })
 		addr := raw.conn.LocalAddr().String()
 		raw.conn.Close()
@@ -141,7 +141,7 @@ func TestReplicaHandoverCarriesLegacyState(t *testing.T) {
 		t.Helper()
 		raw := dialRaw(t, f.nodeAddr(i, owner))
 		raw.learnTopics(topic)
-		req := produceParts(topic, -1, part{0, recordBatchAt(t, -1, -1, -1, 1, value, ts+500)})
+		req := produceParts(topic, -1, part{0, asKafkaGo(recordBatchAt(t, -1, -1, -1, 1, value, ts+500))})
 		if r := onlyPartition(t, raw.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != orig {
 			t.Fatalf("the restamped resend of %q at replica %d: error %d, base offset %d; want 0, %d (its original's)", value, i, r.ErrorCode, r.BaseOffset, orig)
 		}

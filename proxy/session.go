@@ -62,6 +62,7 @@ type session struct {
 
 	clientID  string                          // from the first request: with the principal and host, the client instance
 	joined    bool                            // readLoop's: clientID is set
+	software  string                          // readLoop's: the client software name of its ApiVersions (v3+)
 	scan      protocol.ProduceScanner         // readLoop's, reused
 	dreq      decide.Request                  // readLoop's, reused
 	reduceBuf []byte                          // readLoop's, for rewritten Produce requests
@@ -289,6 +290,13 @@ func (c *session) readLoop() {
 					return
 				}
 				continue
+			}
+		case int16(kmsg.ApiVersions):
+			// What the client says it is: a client that names its
+			// software resends byte for byte (docs/legacy.md, "What a
+			// record is").
+			if sw := protocol.ClientSoftware(body, h); sw != "" {
+				c.software = sw
 			}
 		case int16(kmsg.InitProducerID):
 			initTxn = c.s.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
