@@ -142,7 +142,7 @@ func BenchmarkLegacyMemory(b *testing.B) {
 			for i := range s.reqs {
 				s.one(b, i)
 			}
-			s.c.Disconnect(s.conn, s.now)
+			s.c.Disconnect(s.conn, Broken, s.now)
 		}
 		// A request of the same instance looks its records up, which
 		// builds the index of the disowned ones: counted too.
@@ -202,7 +202,7 @@ func BenchmarkDecideLegacyAfterReconnect(b *testing.B) {
 	for i := range old.reqs {
 		old.one(b, i)
 	}
-	old.c.Disconnect(old.conn, old.now)
+	old.c.Disconnect(old.conn, Broken, old.now)
 	s := steadyOn(b, old.c, 2, n, 10)
 	s.now = old.now
 	b.ReportAllocs()

@@ -51,7 +51,7 @@ func TestUnknownOutcomesBounded(t *testing.T) {
 		c.Lost(&pl, now, nil)
 		c.Delivered(&pl, false, now)
 	}
-	c.Disconnect(conn, now)
+	c.Disconnect(conn, Broken, now)
 	retry := c.Connect(2, cl, now)
 	decide := func(i int) *Plan {
 		var rp Plan

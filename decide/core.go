@@ -94,10 +94,12 @@ func (c *Core) Connect(id ConnID, cl Client, now time.Time) *Conn {
 	return c.legacy.connect(id, cl, now.UnixNano())
 }
 
-// Disconnect records that conn closed or broke: every batch it sent that a
-// retry may still need is from now on one whose acknowledgement its client
-// may not hold (batches in flight become so when their outcome arrives).
-func (c *Core) Disconnect(conn *Conn, now time.Time) {
+// Disconnect records that conn closed or broke (how says which, as far as
+// the caller can tell): every batch it sent that a retry may still need is
+// from now on one whose acknowledgement its client may not hold (batches
+// in flight become so when their outcome arrives) — except, after a Clean
+// close, those whose answer was written: their client read it.
+func (c *Core) Disconnect(conn *Conn, how Close, now time.Time) {
 	in := conn.inst
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -107,7 +109,11 @@ func (c *Core) Disconnect(conn *Conn, now time.Time) {
 	conn.open = false
 	conn.gone.Store(true)
 	in.closed(conn, now.UnixNano())
-	conn.letGo()
+	if how == Clean {
+		conn.letGoRead()
+	} else {
+		conn.letGo()
+	}
 	in.sweep(now.UnixNano(), c.legacy.window)
 }
 
@@ -136,7 +142,7 @@ func (c *Core) Siblings(conn *Conn, dst []ConnID) []ConnID {
 
 // DisconnectSibling is Disconnect for the open connection id of conn's
 // client instance, if it is one.
-func (c *Core) DisconnectSibling(conn *Conn, id ConnID, now time.Time) {
+func (c *Core) DisconnectSibling(conn *Conn, id ConnID, how Close, now time.Time) {
 	in := conn.inst
 	in.mu.Lock()
 	var sib *Conn
@@ -147,7 +153,7 @@ func (c *Core) DisconnectSibling(conn *Conn, id ConnID, now time.Time) {
 	}
 	in.mu.Unlock()
 	if sib != nil {
-		c.Disconnect(sib, now)
+		c.Disconnect(sib, how, now)
 	}
 }
 

@@ -46,7 +46,7 @@ func randomOps(t *testing.T, seed uint64) {
 		case op == 1:
 			i := r.IntN(len(conns))
 			o := conns[i]
-			c.Disconnect(o.conn, now)
+			c.Disconnect(o.conn, Broken, now)
 			for _, pl := range o.pend {
 				c.Lost(pl, now, nil)
 				c.Delivered(pl, false, now)

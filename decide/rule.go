@@ -530,6 +530,23 @@ func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 	}
 }
 
+// letGoRead empties conn's fifo after a clean close: its client read every
+// answer written, so only the batches whose answer was not written (in
+// flight, or never sent) are ones it may not hold the acknowledgement of.
+// Call with the instance locked.
+func (conn *Conn) letGoRead() {
+	in := conn.inst
+	for _, b := range conn.fifo {
+		b.inFifo = false
+		if b.conn == conn && !b.delivered {
+			in.disown(b)
+		}
+		in.release(b)
+	}
+	clear(conn.fifo)
+	conn.fifo = conn.fifo[:0]
+}
+
 // letGo disowns the batches conn holds and empties its fifo: its client
 // holds none of their acknowledgements. Call with the instance locked.
 func (conn *Conn) letGo() {

@@ -291,7 +291,11 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		return ""
 	case "close":
 		conn := r.conns[int(num("conn", ""))]
-		r.owner[conn].Disconnect(conn, r.now)
+		how := Broken
+		if args["clean"] == "true" {
+			how = Clean
+		}
+		r.owner[conn].Disconnect(conn, how, r.now)
 		return ""
 	case "send":
 		sr := &scriptReq{core: r.core}

@@ -109,7 +109,7 @@ func (h *harness) fill(id ConnID, client string, principal uint32, n int) {
 	for _, pl := range pls {
 		h.answer(pl, true)
 	}
-	h.c.Disconnect(conn, h.now)
+	h.c.Disconnect(conn, Broken, h.now)
 }
 
 // lostAndRetried sends a batch whose answer never reaches its client on one
@@ -119,7 +119,7 @@ func (h *harness) lostAndRetried(client string, principal uint32, id ConnID) Act
 	conn := h.connect(id, client, principal)
 	vs := values(client+"-order", 10)
 	h.answer(h.send(conn, 0, vs), false)
-	h.c.Disconnect(conn, h.now)
+	h.c.Disconnect(conn, Broken, h.now)
 	retry := h.connect(id+1, client, principal)
 	pl := h.send(retry, 0, vs)
 	h.answer(pl, true)
@@ -165,7 +165,7 @@ func TestFairShareOverShareEvictsOnlyItself(t *testing.T) {
 	conn := h.connect(10, "victim", 0)
 	vs := values("victim-order", 10)
 	h.answer(h.send(conn, 0, vs), false)
-	h.c.Disconnect(conn, h.now)
+	h.c.Disconnect(conn, Broken, h.now)
 	h.fill(1, "filler", 0, 16384)
 	retry := h.connect(11, "victim", 0)
 	pl := h.send(retry, 0, vs)
@@ -194,7 +194,7 @@ func TestIdenticalRecordsBoundedWork(t *testing.T) {
 	for range reqs {
 		h.answer(h.send(conn, 0, same), true)
 	}
-	h.c.Disconnect(conn, h.now)
+	h.c.Disconnect(conn, Broken, h.now)
 	in := conn.inst
 	base := in.index.steps
 	retry := h.connect(2, "a", 0)

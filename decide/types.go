@@ -67,6 +67,22 @@ type TopicSettings struct {
 	KeyHeader string // the idempotency key header, "" for none
 }
 
+// Close is how a client connection ended, as far as the proxy can tell
+// (docs/legacy.md, "The rule", 1).
+type Close uint8
+
+const (
+	// Broken: reset, failed, or the proxy cannot tell: the answers written
+	// on it may not have been read.
+	Broken Close = iota
+	// Clean: its client closed it (or the proxy did, on an idle or a
+	// drained connection) with every answer written on it read by the
+	// client: the client's TCP stack had acknowledged them all and it did
+	// not reset the connection, which a client closing with answers unread
+	// does.
+	Clean
+)
+
 // ConnID is the proxy's number for a client connection.
 type ConnID uint64
 

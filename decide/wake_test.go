@@ -40,8 +40,8 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 	id := ConnID(2*round + 1)
 	cl := Client{ID: fmt.Sprintf("client %d", round), Host: host}
 	orig, retry := c.Connect(id, cl, now), c.Connect(id+1, cl, now)
-	defer c.Disconnect(orig, now)
-	defer c.Disconnect(retry, now)
+	defer c.Disconnect(orig, Broken, now)
+	defer c.Disconnect(retry, Broken, now)
 	pid := int64(1000 + round)
 	if legacy {
 		pid = -1
@@ -63,7 +63,7 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 	if legacy {
 		// Its client gave up on the connection: whenever the retry comes,
 		// before the outcome or after, it is one.
-		c.Disconnect(orig, now)
+		c.Disconnect(orig, Broken, now)
 	}
 	resp := kmsg.NewPtrProduceResponse()
 	resp.SetVersion(9)

@@ -558,7 +558,7 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		t.Fatalf("%s: %v", c.name, err)
 	}
 	if aborted {
-		replayHeld(t, px, held, c.idempotent, c.clientID)
+		replayHeld(t, px, held, c.idempotent, c.clientID, !c.restampsResends)
 	}
 	copies, stored := storedValues(t, cluster, topic)
 

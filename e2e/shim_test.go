@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -37,7 +38,9 @@ const maxShimFrame = 64 << 20
 //     (so the batch has been appended upstream), drops it, and closes the
 //     client's connection and its upstream connection. This is
 //     docs/clients.md §3's "close" mode: the acknowledgement lost on the
-//     way back, which every client sees as a broken connection and retries.
+//     way back, which every client sees as a broken connection and retries;
+//     the proxy sees its connection reset, as when the path between it and
+//     the client breaks.
 //
 // Responses arrive in request order on a Kafka connection (acks=0 Produce
 // has none), so each connection keeps a FIFO of the requests awaiting one.
@@ -331,6 +334,11 @@ func (s *ackShim) relayResponses(client, up net.Conn, fifo <-chan awaiting, targ
 			if f := s.onDrop.Load(); f != nil {
 				(*f)()
 			}
+			// The answer is lost on a path that broke: what the proxy
+			// sees of that is a reset (or silence), never the clean
+			// close of a client that read its answers
+			// (docs/legacy.md, "The rule").
+			resetOnClose(up)
 			return // the caller closes both connections
 		}
 		if aw.key == int16(kmsg.Produce) {
@@ -557,6 +565,16 @@ func (s *ackShim) rewriteAddresses(frame []byte, aw awaiting) ([]byte, error) {
 	out = resp.AppendTo(out)
 	binary.BigEndian.PutUint32(out[:4], uint32(len(out)-4))
 	return out, nil
+}
+
+// resetOnClose makes c's Close send a reset instead of an end of stream.
+func resetOnClose(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
 }
 
 // readFrame reads one size-prefixed Kafka frame, the prefix included.

@@ -377,6 +377,12 @@ const (
 	MatchOff     = "off"     // legacy batches are relayed untouched
 )
 
+// What a clean close of a client connection means (LegacyConfig.CleanClose).
+const (
+	CleanCloseRead   = "read"   // the client read every answer written: their records are its acknowledged data
+	CleanCloseIgnore = "ignore" // every close is taken as broken (clients behind a proxy that terminates their connections)
+)
+
 // Legacy scopes: what makes connections one client instance.
 const (
 	ScopeInstance = "instance"  // the same principal, client id and client host
@@ -402,6 +408,14 @@ type LegacyConfig struct {
 	// connection's oldest answered batches go first, and then new batches
 	// are not remembered (counted). Default 1048576.
 	MaxRecords int `yaml:"max_records"`
+	// CleanClose is what a clean close of a client connection means: read
+	// (default): the client read every answer written on it, so their
+	// records are new data on its next connection; ignore: every close is
+	// taken as one after which the answers written may be unread, for
+	// clients behind a proxy that terminates their connections (a service
+	// mesh sidecar), which closes cleanly whatever its client read. See
+	// docs/legacy.md, "The rule".
+	CleanClose string `yaml:"clean_close"`
 }
 
 // TopicDedupConfig is the per-topic part of DedupConfig.
@@ -516,6 +530,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Dedup.Legacy.Match == "" {
 		c.Dedup.Legacy.Match = MatchAuto
+	}
+	if c.Dedup.Legacy.CleanClose == "" {
+		c.Dedup.Legacy.CleanClose = CleanCloseRead
 	}
 	if c.Dedup.Legacy.Window == 0 {
 		c.Dedup.Legacy.Window = decide.DefaultWindow
@@ -697,6 +714,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Dedup.ProducerIDExpiration < 0 {
 		return bad("dedup.producer_id_expiration %s is negative", c.Dedup.ProducerIDExpiration)
+	}
+	if cc := c.Dedup.Legacy.CleanClose; cc != CleanCloseRead && cc != CleanCloseIgnore {
+		return bad("dedup.legacy.clean_close %q: want read or ignore", cc)
 	}
 	if !validMatch(c.Dedup.Legacy.Match) {
 		return bad("dedup.legacy.match %q: want auto, records, exact or off", c.Dedup.Legacy.Match)

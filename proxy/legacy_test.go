@@ -35,7 +35,7 @@ func TestLegacyRetryOnNewConnection(t *testing.T) {
 	if r := onlyPartition(t, first.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("original: %+v", r)
 	}
-	first.conn.Close() // as if its acknowledgement had been lost
+	first.abort() // as if its acknowledgement had been lost: a reset
 	clientsGone(t, p)
 	retry := dialRaw(t, p.addr())
 	if r := onlyPartition(t, retry.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 0 {
@@ -113,7 +113,7 @@ func TestLegacyRebatchedRetryOverSockets(t *testing.T) {
 	if r := onlyPartition(t, first.roundTrip(produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 4, "order")}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("original: %+v", r)
 	}
-	first.conn.Close()
+	first.abort()
 	waitFor(t, 10*time.Second, "the broken connection to be cleaned up", func() bool {
 		return testutil.ToFloat64(p.Metrics.ClientConnections) == 0
 	})
@@ -373,14 +373,15 @@ func TestLegacyUnreadAnswers(t *testing.T) {
 			}
 			first := dialRaw(t, p.addr())
 			first.learnTopics(topic)
-			// The answers are read here, which the proxy cannot see: to it
-			// they were written, and may have been lost with the connection.
+			// The answers are read here, which the proxy cannot see: the
+			// connection is reset (as by a middlebox that loses them), so
+			// to the proxy they were written and may have been lost.
 			for _, b := range []part{{0, batch("a1", "a2")}, {1, batch("b1", "b2")}, {0, batch("c1", "c2")}, {0, batch("d1", "d2")}} {
 				if r := onlyPartition(t, first.roundTrip(produceParts(topic, -1, b))); r.ErrorCode != 0 {
 					t.Fatalf("original batch to partition %d: %+v", b.partition, r)
 				}
 			}
-			first.conn.Close()
+			first.abort()
 			if tc.restart {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
@@ -473,7 +474,7 @@ func TestShadowModePerTopic(t *testing.T) {
 		first := dialRaw(t, p.addr())
 		first.learnTopics(topic)
 		orig = onlyPartition(t, first.roundTrip(req))
-		first.conn.Close() // its acknowledgement lost
+		first.abort() // its acknowledgement lost
 		clientsGone(t, p)
 		second := dialRaw(t, p.addr())
 		second.learnTopics(topic)

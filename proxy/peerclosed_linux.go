@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // peerClosed reports whether the client behind conn has closed (or reset)
@@ -12,18 +14,7 @@ import (
 // peek that does not wait returns end of stream. False when it cannot
 // tell (data waiting, a connection that is not TCP, an error).
 func peerClosed(conn net.Conn) bool {
-	for {
-		switch c := conn.(type) {
-		case *requestTracker:
-			conn = c.Conn
-			continue
-		case *tls.Conn:
-			conn = c.NetConn()
-			continue
-		}
-		break
-	}
-	tc, ok := conn.(*net.TCPConn)
+	tc, ok := tcpOf(conn)
 	if !ok {
 		return false
 	}
@@ -40,4 +31,65 @@ func peerClosed(conn net.Conn) bool {
 		closed = n == 0 && err == nil || errors.Is(err, syscall.ECONNRESET)
 	})
 	return closed
+}
+
+// unacked returns how many bytes written to conn its peer's TCP stack has
+// not yet acknowledged (SIOCOUTQ), and false when it cannot tell (a
+// connection that is not TCP, an error).
+func unacked(conn net.Conn) (int, bool) {
+	tc, ok := tcpOf(conn)
+	if !ok {
+		return 0, false
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	n, got := 0, false
+	raw.Control(func(fd uintptr) {
+		v, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+		n, got = v, err == nil
+	})
+	return n, got
+}
+
+// peerReset reports whether the peer of conn reset it: the connection's
+// TCP state is closed (a received end of stream leaves it in CLOSE_WAIT).
+// Read from TCP_INFO, not by a read: a read reports a reset once, and the
+// reader of the connection must see it too.
+func peerReset(conn net.Conn) bool {
+	tc, ok := tcpOf(conn)
+	if !ok {
+		return false
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	reset := false
+	raw.Control(func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		reset = err == nil && info.State == tcpClose
+	})
+	return reset
+}
+
+// tcpClose is Linux's TCP_CLOSE state (include/net/tcp_states.h).
+const tcpClose = 7
+
+// tcpOf returns the TCP connection under conn's wrappers.
+func tcpOf(conn net.Conn) (*net.TCPConn, bool) {
+	for {
+		switch c := conn.(type) {
+		case *requestTracker:
+			conn = c.Conn
+			continue
+		case *tls.Conn:
+			conn = c.NetConn()
+			continue
+		}
+		break
+	}
+	tc, ok := conn.(*net.TCPConn)
+	return tc, ok
 }

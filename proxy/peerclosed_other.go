@@ -6,3 +6,9 @@ import "net"
 
 // peerClosed cannot tell without Linux's non-blocking peek: false.
 func peerClosed(net.Conn) bool { return false }
+
+// unacked cannot tell without Linux's SIOCOUTQ: false.
+func unacked(net.Conn) (int, bool) { return 0, false }
+
+// peerReset cannot tell without Linux's non-blocking peek: false.
+func peerReset(net.Conn) bool { return false }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -214,7 +215,7 @@ func (c *session) coreConn() *decide.Conn {
 	}
 	if c.dconn == nil || c.dconnPrincipal != who.id {
 		if c.dconn != nil {
-			c.s.core.Disconnect(c.dconn, time.Now())
+			c.s.core.Disconnect(c.dconn, decide.Broken, time.Now())
 		}
 		cl := decide.Client{Principal: who.id, ID: c.clientID, Host: remoteIP(c.client), Software: c.software}
 		c.dconn, c.dconnPrincipal = c.s.core.Connect(decide.ConnID(c.id), cl, time.Now()), who.id
@@ -235,8 +236,10 @@ func (s *Server) disconnectGoneSiblings(conn *decide.Conn) {
 		if !ok {
 			continue
 		}
-		if peerClosed(v.(*session).client) {
-			s.core.DisconnectSibling(conn, id, time.Now())
+		if sib := v.(*session); peerClosed(sib.client) {
+			// Its end of stream is in the kernel: it closed cleanly if its
+			// answers are all acknowledged and it did not reset.
+			s.core.DisconnectSibling(conn, id, sib.howClosed(io.EOF), time.Now())
 		}
 	}
 }

@@ -111,7 +111,7 @@ func TestSecurityCopiedBatchNeedsWrite(t *testing.T) {
 	if r := onlyPartition(t, alice.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("alice's original: %+v", r)
 	}
-	alice.conn.Close()
+	alice.abort()
 	clientsGone(t, p) // her batch is one a retry of hers could repeat now
 
 	mallory := login(t, p, malloryUser, malloryPwd)

@@ -63,6 +63,11 @@ type session struct {
 	clientID  string                          // from the first request: with the principal and host, the client instance
 	joined    bool                            // readLoop's: clientID is set
 	software  string                          // readLoop's: the client software name of its ApiVersions (v3+)
+	readErr   error                           // readLoop's: what ended it, nil for the proxy's own reasons
+	// writeMu is held by responseLoop from telling the core an answer is
+	// delivered until it is written, and by howClosed while it looks at
+	// the socket: an answer the core was told of is written by then.
+	writeMu sync.Mutex
 	scan      protocol.ProduceScanner         // readLoop's, reused
 	dreq      decide.Request                  // readLoop's, reused
 	reduceBuf []byte                          // readLoop's, for rewritten Produce requests
@@ -147,10 +152,32 @@ func (c *session) run() {
 	// has to another broker, before the responses still due drain
 	// (docs/legacy.md, "The rule").
 	if c.dconn != nil {
-		c.s.core.Disconnect(c.dconn, time.Now())
+		c.s.core.Disconnect(c.dconn, c.howClosed(c.readErr), time.Now())
 	}
 	<-done
 	c.closeAll()
+}
+
+// howClosed says how the client's connection ended, readErr being what
+// ended readLoop (docs/legacy.md, "The rule", 1): Clean when its client
+// closed it, or the proxy stopped reading it (idle, draining), with every
+// answer written on it acknowledged by the client's TCP stack and no reset
+// — a client that closes with answers unread resets the connection —;
+// Broken otherwise, or when the proxy cannot tell, or is told not to trust
+// a clean close (dedup.legacy.clean_close: ignore).
+func (c *session) howClosed(readErr error) decide.Close {
+	if c.s.Config.Dedup.Legacy.CleanClose == CleanCloseIgnore {
+		return decide.Broken
+	}
+	if !errors.Is(readErr, io.EOF) && !errors.Is(readErr, os.ErrDeadlineExceeded) {
+		return decide.Broken
+	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if n, ok := unacked(c.client); !ok || n != 0 || peerReset(c.client) {
+		return decide.Broken
+	}
+	return decide.Clean
 }
 
 // stopReading makes readLoop end at its next read; what was already
@@ -235,6 +262,7 @@ func (c *session) readLoop() {
 		}
 		body, err := rb.read(client, maxFrame, c.closed)
 		if err != nil {
+			c.readErr = err
 			c.readFailed(err)
 			return
 		}
@@ -440,8 +468,10 @@ func (c *session) responseLoop() {
 			dead = true
 			c.closeAll()
 		}
-		told := false
+		told, locked := false, false
 		if pl := p.plan; pl != nil && !dead && !p.relayed && !p.failed && !c.clientLeft.Load() {
+			c.writeMu.Lock()
+			locked = true
 			// The core hears of the answer before it is written: its
 			// client may read it and send the same record on another
 			// connection before this goroutine runs again, and that is
@@ -456,6 +486,9 @@ func (c *session) responseLoop() {
 				testHook("written")
 			}
 		}
+		if locked {
+			c.writeMu.Unlock()
+		}
 		if dead && !disconnected {
 			// The client's connection broke (or is being closed): the
 			// answers written to it before may not have been read, and
@@ -464,7 +497,7 @@ func (c *session) responseLoop() {
 			// a wait), so the core hears it now, not when readLoop ends.
 			disconnected = true
 			if conn := c.sharedConn.Load(); conn != nil {
-				c.s.core.Disconnect(conn, time.Now())
+				c.s.core.Disconnect(conn, decide.Broken, time.Now())
 			}
 		}
 		if pl := p.plan; pl != nil && !told {
