@@ -60,14 +60,14 @@ type session struct {
 
 	warmSlots chan struct{} // one per warm-up this connection runs (connWarmups)
 
-	clientID  string                          // from the first request: with the principal and host, the client instance
-	joined    bool                            // readLoop's: clientID is set
-	software  string                          // readLoop's: the client software name of its ApiVersions (v3+)
-	readErr   error                           // readLoop's: what ended it, nil for the proxy's own reasons
+	clientID string // from the first request: with the principal and host, the client instance
+	joined   bool   // readLoop's: clientID is set
+	software string // readLoop's: the client software name of its ApiVersions (v3+)
+	readErr  error  // readLoop's: what ended it, nil for the proxy's own reasons
 	// writeMu is held by responseLoop from telling the core an answer is
 	// delivered until it is written, and by howClosed while it looks at
 	// the socket: an answer the core was told of is written by then.
-	writeMu sync.Mutex
+	writeMu   sync.Mutex
 	scan      protocol.ProduceScanner         // readLoop's, reused
 	dreq      decide.Request                  // readLoop's, reused
 	reduceBuf []byte                          // readLoop's, for rewritten Produce requests
