@@ -85,21 +85,22 @@ func (r *nodeRegistry) unbound() []string {
 const drainPoll = 5 * time.Millisecond
 
 // cutFetchOnly closes, until done is closed, every session of sessions
-// whose requests awaiting a response are all Fetches (or none): a Fetch
-// commits nothing, and a consumer's long poll would hold the drain for its
+// whose tracker cut accepts; Shutdown's cut accepts those whose requests
+// awaiting a response are all Fetches (or none): a Fetch commits nothing,
+// and a consumer's long poll would hold the drain for its
 // fetch.max.wait.ms (5s with franz-go). Sessions with a Produce (or any
 // other request) in flight are left to drain, until deadline. Nothing new is read once
 // Shutdown stopped reading, so a session found Fetch-only stays so.
-func (s *Server) cutFetchOnly(sessions map[*session]*requestTracker, done, deadline <-chan struct{}) {
+func (s *Server) cutFetchOnly(sessions map[*session]*requestTracker, cut func(*requestTracker) bool, done, deadline <-chan struct{}) {
 	t := time.NewTicker(drainPoll)
 	defer t.Stop()
 	for len(sessions) > 0 {
 		for sess, tr := range sessions {
-			if tr == nil || !tr.onlyFetch() {
+			if tr == nil || !cut(tr) {
 				continue
 			}
 			delete(sessions, sess)
-			sess.log.Debug("shutdown: closing a connection whose in-flight requests are only Fetch", "fetches", tr.fetches())
+			sess.log.Debug("shutdown: closing a connection with no request in flight worth waiting for", "fetches", tr.fetches())
 			sess.closeAll()
 		}
 		select {

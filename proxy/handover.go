@@ -313,6 +313,7 @@ func (rs *replicaSet) releaseLocked(n *replicaNode, target int) {
 		rs.mu.Lock()
 		if n.state.Load() == nodeReleasing && n.target.Load() == int32(target) {
 			if !rs.drained(n) {
+				rs.undrained.Store(true)
 				rs.log.Warn("handing a node over with Produce requests still unanswered after drain_timeout", "node", n.id, "to", target)
 			}
 			rs.setStateLocked(n, nodeReleased, target)
@@ -489,11 +490,15 @@ func (s *Server) rewarm(keys []seqstate.Key) int {
 // Produce requests in flight are answered; then it answers redirects until
 // clients have moved and the takeovers serve the nodes, or until ctx is
 // nearly over. Nodes no peer can take stay here for the drain that follows.
-func (rs *replicaSet) handOver(ctx context.Context) {
-	rs.handOnce.Do(func() { rs.handOverOnce(ctx) })
+// It reports whether every node went, each drained: no Produce request
+// this replica decided is then in flight, and what its connections still
+// wait for (a consumer group's join, a long poll) holds no state of its.
+func (rs *replicaSet) handOver(ctx context.Context) bool {
+	rs.handOnce.Do(func() { rs.handedAll = rs.handOverOnce(ctx) })
+	return rs.handedAll
 }
 
-func (rs *replicaSet) handOverOnce(ctx context.Context) {
+func (rs *replicaSet) handOverOnce(ctx context.Context) bool {
 	start := time.Now()
 	end := start.Add(rs.s.Config.DrainTimeout)
 	if dl, ok := ctx.Deadline(); ok {
@@ -563,7 +568,7 @@ func (rs *replicaSet) handOverOnce(ctx context.Context) {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			return
+			return false
 		}
 	}
 	released := time.Now()
@@ -576,10 +581,19 @@ func (rs *replicaSet) handOverOnce(ctx context.Context) {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			return
+			return false
 		}
 	}
-	rs.log.Info("handed nodes over", "took", time.Since(start).Round(time.Millisecond), "released_after", released.Sub(start).Round(time.Millisecond))
+	rs.mu.Lock()
+	all := len(ready) > 0 && !rs.undrained.Load()
+	for _, n := range rs.nodes {
+		if n.state.Load() != nodeReleased {
+			all = false
+		}
+	}
+	rs.mu.Unlock()
+	rs.log.Info("handed nodes over", "took", time.Since(start).Round(time.Millisecond), "released_after", released.Sub(start).Round(time.Millisecond), "all", all)
+	return all
 }
 
 func (rs *replicaSet) allReleased(nodes []*replicaNode) bool {

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +23,7 @@ type replicaLayout struct {
 	ports       []int
 	admins      []string // admin address, by index
 	owners      map[int32]int
+	digest      string // layoutDigest: published, compared with the peers'
 }
 
 // owner returns the index of the replica that owns broker node id: the
@@ -127,6 +131,9 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 	if lport == 0 {
 		return nil, fmt.Errorf("listen %q: with replicas the listen port must be fixed, since node N of every replica is advertised at its replicas address's port + (node N's listen port − listen port)", c.Listen)
 	}
+	if err := servesEntry(c.Listen, addrs[l.self]); err != nil {
+		return nil, fmt.Errorf("listen %q cannot serve replicas[%d] %q, this replica's own entry (%v): clients and peers are sent to that entry, so listen on it (--listen) or correct this replica's entry in --replicas", c.Listen, l.self, addrs[l.self], err)
+	}
 	if c.Advertise != "" && c.Advertise != addrs[l.self] {
 		return nil, fmt.Errorf("advertise %q differs from replicas[%d] %q: with replicas, a replica's advertised address is its entry in replicas (leave advertise empty)", c.Advertise, l.self, addrs[l.self])
 	}
@@ -152,6 +159,13 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 				return nil, fmt.Errorf("replica_admin[%d] %q: want the host:port of replica %d's admin listener", i, a, i)
 			}
 		}
+		seen := map[string]int{}
+		for i, a := range l.admins {
+			if j, dup := seen[a]; dup {
+				return nil, fmt.Errorf("replica_admin[%d] and replica_admin[%d] are both %q: each replica has its own admin listener, where its peers read its state; give each its own address (--replica-admin)", j, i, a)
+			}
+			seen[a] = i
+		}
 	} else if l.count > 1 {
 		if c.Admin == "off" {
 			return nil, fmt.Errorf("replicas need the admin listener (admin is off): a replica reads its peers' state from /replica on their admin port during a handover")
@@ -160,11 +174,82 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 		if err != nil || aport == 0 {
 			return nil, fmt.Errorf("admin %q: with replicas the admin port must be fixed, since peers reach it at their replicas host and this port (or set replica_admin)", c.Admin)
 		}
-		for _, h := range l.hosts {
-			l.admins = append(l.admins, net.JoinHostPort(h, strconv.Itoa(aport)))
+		seen := map[string]int{}
+		for i, h := range l.hosts {
+			a := net.JoinHostPort(h, strconv.Itoa(aport))
+			if j, dup := seen[a]; dup {
+				// Several replicas on one host: each would take its own
+				// admin listener for the other's, read its own state as
+				// theirs, and on SIGTERM hand nothing over.
+				return nil, fmt.Errorf("replicas[%d] and replicas[%d] are both on host %q, so without replica_admin both would be read at %q (this replica's admin port on their host), and each would take its own state for the other's: give every replica's admin address with --replica-admin (replica_admin)", j, i, h, a)
+			}
+			seen[a] = i
+			l.admins = append(l.admins, a)
+		}
+	}
+	l.digest = layoutDigest(c, l)
+	if l.count > 1 && c.Admin != "off" {
+		if err := servesEntry(c.Admin, l.admins[l.self]); err != nil {
+			return nil, fmt.Errorf("admin %q cannot serve %q, where this replica's peers read its state (%v): listen there (--admin), or give every replica's admin address with --replica-admin (replica_admin)", c.Admin, l.admins[l.self], err)
+		}
+		for i, a := range l.admins {
+			if i != l.self && sameListener(c.Admin, a) {
+				return nil, fmt.Errorf("replica %d's admin address %q is this replica's own admin listener (admin %q): it would read its own state as replica %d's and hand nothing over; give every replica's own admin address, in index order, with --replica-admin (replica_admin)", i, a, c.Admin, i)
+			}
 		}
 	}
 	return l, nil
+}
+
+// servesEntry says why a listener bound at bind cannot take the
+// connections sent to entry, or returns nil when it may. Only what is
+// certain is refused: another port, or two different IP addresses. A
+// host name is not resolved (a StatefulSet pod's name may not resolve
+// before the pod is ready), so a name is taken to be this host's.
+func servesEntry(bind, entry string) error {
+	bhost, bport, err := splitHostPort(bind)
+	if err != nil {
+		return err
+	}
+	ehost, eport, err := splitHostPort(entry)
+	if err != nil {
+		return err
+	}
+	if bport != eport {
+		return fmt.Errorf("port %d, not %d", bport, eport)
+	}
+	bip, eip := net.ParseIP(bhost), net.ParseIP(ehost)
+	if bip != nil && !bip.IsUnspecified() && eip != nil && !bip.Equal(eip) {
+		return fmt.Errorf("bound to %s, not %s", bhost, ehost)
+	}
+	return nil
+}
+
+// sameListener reports whether addr certainly reaches the listener bound
+// at bind on this host: the same port, at the bound address, or at a
+// loopback address when it is bound to every address or to loopback.
+func sameListener(bind, addr string) bool {
+	bhost, bport, err1 := splitHostPort(bind)
+	host, port, err2 := splitHostPort(addr)
+	if err1 != nil || err2 != nil || bport != port {
+		return false
+	}
+	if bhost == host {
+		return true
+	}
+	loopback := func(h string) bool {
+		ip := net.ParseIP(h)
+		return h == "localhost" || ip != nil && ip.IsLoopback()
+	}
+	bip, ip := net.ParseIP(bhost), net.ParseIP(host)
+	switch {
+	case bip != nil && ip != nil:
+		return bip.Equal(ip) || bip.IsUnspecified() && ip.IsLoopback()
+	case unspecifiedHost(bhost):
+		return loopback(host)
+	}
+	// localhost and a loopback address of its own.
+	return loopback(bhost) && loopback(host) && (bhost == "localhost" || host == "localhost")
 }
 
 // expandReplicaAddrs applies the {i} template: one templated address
@@ -222,3 +307,36 @@ func (l *replicaLayout) nodeAddr(c *Config, i int, id int32) (string, int32, boo
 // hostnameFunc reads the host name, whose ordinal suffix is the replica
 // index when replica_index is not set; tests replace it.
 var hostnameFunc = os.Hostname
+
+// layoutDigest is a digest of what must be the same on every replica for
+// them to advertise each node at one address: the replica list, the owners
+// that differ from node id mod the count, and how node ports follow the
+// listen port. Admin addresses are left out: two replicas may reach a
+// third by different names.
+func layoutDigest(c *Config, l *replicaLayout) string {
+	_, lport, _ := splitHostPort(c.Listen)
+	var b strings.Builder
+	fmt.Fprintf(&b, "replicas=%s\n", strings.Join(l.addrs, ","))
+	ids := make([]int32, 0, len(l.owners))
+	for id := range l.owners {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		fmt.Fprintf(&b, "owner %d=%d\n", id, l.owners[id])
+	}
+	fmt.Fprintf(&b, "node ports=listen%+d+(id-%d)\n", c.nodePortBase(lport)-lport, c.NodeIDOffset)
+	ids = ids[:0]
+	for id, n := range c.Nodes {
+		if n.Listen != "" {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		_, p, _ := splitHostPort(c.Nodes[id].Listen)
+		fmt.Fprintf(&b, "node %d=listen%+d\n", id, p-lport)
+	}
+	sum := sha256.Sum256([]byte(b.String()))
+	return hex.EncodeToString(sum[:8])
+}

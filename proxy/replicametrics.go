@@ -96,6 +96,18 @@ func newReplicaMetrics(s *Server) *replicaMetrics {
 				}
 				return float64(c)
 			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "peers_disagreeing",
+			Help: "Reachable peers that publish another replica list or layout than this replica's: the replicas are configured differently and advertise nodes at different addresses."},
+			func() float64 {
+				rs := s.replicas
+				if rs == nil {
+					return 0
+				}
+				rs.mu.Lock()
+				defer rs.mu.Unlock()
+				differ, _ := rs.layoutVotesLocked()
+				return float64(len(differ))
+			}),
 	)
 	return m
 }

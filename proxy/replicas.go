@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -107,6 +108,13 @@ type replicaStatus struct {
 	// it will not take that peer's nodes unless that incarnation hands
 	// them over.
 	Yields map[int]string `json:"yields,omitempty"`
+	// Replicas is the replica list this replica was configured with, and
+	// Layout a digest of everything that says which replica owns which
+	// node and where it is advertised (layoutDigest). Peers compare them
+	// with their own; a replica that publishes neither (an older version)
+	// is not compared.
+	Replicas []string `json:"replicas,omitempty"`
+	Layout   string   `json:"layout,omitempty"`
 }
 
 // peerView is the last status read from a peer.
@@ -116,6 +124,9 @@ type peerView struct {
 	serving   map[int32]bool
 	reachable bool
 	err       error
+	// differs: the peer publishes another replica list or layout than
+	// this replica's (kept from its last answer while it is unreachable).
+	differs bool
 }
 
 // up reports whether a peer is running and not leaving.
@@ -161,6 +172,8 @@ type replicaSet struct {
 	polled     chan struct{}                 // closed and replaced after every poll
 	lastRedir  atomic.Int64                  // unix ns of the last redirect answered
 	handOnce   sync.Once
+	handedAll  bool        // every node handed over, each drained (handOver)
+	undrained  atomic.Bool // a node was released with Produce requests unanswered
 	attachedMu sync.Mutex
 	attached   map[*requestTracker]*replicaNode
 }
@@ -260,7 +273,8 @@ func (rs *replicaSet) status() replicaStatus {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	st := replicaStatus{Index: rs.l.self, Incarnation: rs.incarnation, Phase: rs.phase.String(), Serving: []int32{},
-		Released: map[int32]int{}, From: map[int32]int{}, Yields: map[int]string{}}
+		Released: map[int32]int{}, From: map[int32]int{}, Yields: map[int]string{},
+		Replicas: rs.l.addrs, Layout: rs.l.digest}
 	for id, n := range rs.nodes {
 		if id < 0 {
 			continue
@@ -287,9 +301,13 @@ func (rs *replicaSet) status() replicaStatus {
 func (rs *replicaSet) ready() error {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	switch rs.phase {
-	case phaseHandingOver:
+	if rs.phase == phaseHandingOver {
 		return ErrDraining
+	}
+	if differ, agree := rs.layoutVotesLocked(); len(differ) > 0 && len(differ) >= agree {
+		return fmt.Errorf("replica %d's replica list or layout differs from that of replicas %v, and no more of the replicas it reads share its own (%d, itself included): they would advertise nodes at different addresses; give every replica the same replicas, replica_count, replica_owners and node ports", rs.l.self, differ, agree)
+	}
+	switch rs.phase {
 	case phaseStarting:
 		var waiting []string
 		for id, n := range rs.nodes {
@@ -301,6 +319,25 @@ func (rs *replicaSet) ready() error {
 		return fmt.Errorf("replica %d is taking back its nodes from the peers that covered them (waiting for node %v)", rs.l.self, waiting)
 	}
 	return nil
+}
+
+// layoutVotesLocked returns the reachable peers that publish another
+// replica list or layout than this replica's, and how many replicas it
+// reads, itself included, publish its own. Only what is certain counts: a
+// peer that cannot be read, or publishes no layout, is neither.
+func (rs *replicaSet) layoutVotesLocked() (differ []int, agree int) {
+	agree = 1
+	for i := range rs.peers {
+		p := &rs.peers[i]
+		switch {
+		case i == rs.l.self || !p.reachable || p.status.Layout == "":
+		case p.differs:
+			differ = append(differ, i)
+		default:
+			agree++
+		}
+	}
+	return differ, agree
 }
 
 // advertised returns the replica clients are told serves node id.
@@ -523,12 +560,22 @@ func (rs *replicaSet) apply(views []peerView) {
 		v := views[i]
 		if !v.reachable {
 			// Keep what it said last, but it decides nothing now.
-			v.status, v.phase = was.status, was.phase
+			v.status, v.phase, v.differs = was.status, was.phase, was.differs
 			if was.reachable {
 				rs.log.Warn("replica peer unreachable; it is taken to decide nothing until it answers again", "peer", i, "err", v.err)
 			}
-		} else if !was.reachable || was.status.Incarnation != v.status.Incarnation || was.phase != v.phase {
-			rs.log.Info("replica peer", "peer", i, "phase", v.phase.String(), "incarnation", v.status.Incarnation)
+		} else {
+			if !was.reachable || was.status.Incarnation != v.status.Incarnation || was.phase != v.phase {
+				rs.log.Info("replica peer", "peer", i, "phase", v.phase.String(), "incarnation", v.status.Incarnation)
+			}
+			v.differs = v.status.Layout != "" && (v.status.Layout != rs.l.digest || !slices.Equal(v.status.Replicas, rs.l.addrs))
+			switch {
+			case v.differs && (!was.differs || was.status.Incarnation != v.status.Incarnation):
+				rs.log.Error("replica peer publishes another replica list or layout than this replica's: the two advertise broker nodes at different addresses, some where nothing serves them; give every replica the same replicas, replica_count, replica_owners and node ports",
+					"peer", i, "peer_replicas", v.status.Replicas, "peer_layout", v.status.Layout, "replicas", rs.l.addrs, "layout", rs.l.digest)
+			case !v.differs && was.differs:
+				rs.log.Info("replica peer publishes this replica's list and layout again", "peer", i)
+			}
 		}
 		rs.peers[i] = v
 	}

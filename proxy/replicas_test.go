@@ -51,6 +51,43 @@ func TestReplicaConfigErrors(t *testing.T) {
 		{"admin off", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.Admin = "off" }, "p-1", "replicas need the admin listener (admin is off)"},
 		{"admin list length", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.ReplicaAdmin = []string{"a:9080"} }, "p-1", "replica_admin lists 1 addresses for 2 replicas"},
 		{"index without replicas", func(c *Config) { c.ReplicaIndex = &two }, "", "replica_index 2 is set but replicas is empty"},
+		// Three replicas on one host, each with its own admin port: without
+		// replica_admin each would read its own state for every peer's.
+		{"one host without replica_admin", func(c *Config) {
+			c.Replicas = []string{"127.0.0.1:9092", "127.0.0.1:9192", "127.0.0.1:9292"}
+			c.Listen, c.Admin = "127.0.0.1:9192", "127.0.0.1:9180"
+		}, "p-1", `replicas[0] and replicas[1] are both on host "127.0.0.1", so without replica_admin both would be read at "127.0.0.1:9180"`},
+		{"one host without replica_admin names the flag", func(c *Config) {
+			c.Replicas = []string{"127.0.0.1:9092", "127.0.0.1:9192", "127.0.0.1:9292"}
+			c.Listen, c.Admin = "127.0.0.1:9292", "127.0.0.1:9280"
+		}, "p-2", "--replica-admin"},
+		{"replica_admin shared", func(c *Config) {
+			c.Replicas = []string{"a:9092", "b:9092", "c:9092"}
+			c.ReplicaAdmin = []string{"a:9080", "x:9080", "x:9080"}
+			c.Admin = "0.0.0.0:9080"
+		}, "p-0", `replica_admin[1] and replica_admin[2] are both "x:9080"`},
+		{"a peer's admin is this replica's", func(c *Config) {
+			c.Replicas = []string{"127.0.0.1:9092", "127.0.0.1:9192"}
+			c.ReplicaAdmin = []string{"127.0.0.1:9080", "localhost:9080"}
+			c.Admin = "127.0.0.1:9080"
+		}, "p-0", `replica 1's admin address "localhost:9080" is this replica's own admin listener`},
+		{"admin cannot serve its entry", func(c *Config) {
+			c.Replicas = []string{"a:9092", "b:9092"}
+			c.ReplicaAdmin = []string{"a:9080", "b:9080"}
+			c.Admin = "0.0.0.0:9081"
+		}, "p-1", `admin "0.0.0.0:9081" cannot serve "b:9080"`},
+		{"admin bound elsewhere", func(c *Config) {
+			c.Replicas = []string{"10.0.0.1:9092", "10.0.0.2:9092"}
+			c.Listen = "0.0.0.0:9092"
+		}, "p-1", `admin "127.0.0.1:9080" cannot serve "10.0.0.2:9080", where this replica's peers read its state (bound to 127.0.0.1, not 10.0.0.2)`},
+		{"listen port is not its entry's", func(c *Config) {
+			c.Replicas = []string{"a:9092", "b:9092"}
+			c.Listen = "0.0.0.0:9192"
+		}, "p-1", `listen "0.0.0.0:9192" cannot serve replicas[1] "b:9092", this replica's own entry (port 9192, not 9092)`},
+		{"listen address is not its entry's", func(c *Config) {
+			c.Replicas = []string{"10.0.0.1:9092", "10.0.0.2:9092"}
+			c.Listen = "10.0.0.1:9092"
+		}, "p-1", "--listen"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			old := hostnameFunc

@@ -535,10 +535,11 @@ func (s *Server) upstreamFor(node int32) (string, error) {
 // at once, waits at most a short grace (shutdownGrace) for the connection
 // goroutines to notice, and returns ctx.Err() whether or not they all have.
 func (s *Server) Shutdown(ctx context.Context) error {
+	handed := false
 	if rs := s.replicas; rs != nil && ctx.Err() == nil && !s.closing.Load() {
 		// Listeners and connections stay open while the nodes move, so
 		// clients are answered where to go (handover.go).
-		rs.handOver(ctx)
+		handed = rs.handOver(ctx)
 	}
 	s.mu.Lock()
 	s.closing.Store(true)
@@ -565,8 +566,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	// Produce responses commit state and are waited for; consumers' long
-	// polls are not.
-	go s.cutFetchOnly(sessions, done, ctx.Done())
+	// polls are not. A replica that handed every node over has no Produce
+	// request of its own in flight: nothing it waits for holds state, so
+	// it stops at once (docs/replicas.md).
+	cut := (*requestTracker).onlyFetch
+	if handed {
+		cut = func(tr *requestTracker) bool { return tr.producesAwaited() == 0 }
+	}
+	go s.cutFetchOnly(sessions, cut, done, ctx.Done())
 	select {
 	case <-done:
 		s.pipes.close() // every session has ended

@@ -337,3 +337,69 @@ func TestReplicaFlags(t *testing.T) {
 }
 
 func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o600) }
+
+// TestReplicasOneHostWithoutAdminRefused: three replicas on one host, each
+// with its own ports and --admin, but no --replica-admin. Each would take
+// its own admin address for every peer's (this replica's admin port on
+// their host), read its own state as theirs and, on SIGTERM, hand nothing
+// over. Each refuses to start: exit 2, naming --replica-admin. A listen
+// port that is not the replica's own entry in --replicas (it would
+// advertise its nodes where nothing serves them) is refused too, naming
+// --listen.
+func TestReplicasOneHostWithoutAdminRefused(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var listen, admin []string
+	taken := map[int]bool{}
+	for range 3 {
+		p := testports.Block(t, 5, taken)
+		listen = append(listen, "127.0.0.1:"+strconv.Itoa(p))
+		admin = append(admin, "127.0.0.1:"+strconv.Itoa(p+4))
+	}
+	exitOf := func(exited chan error) int {
+		select {
+		case err := <-exited:
+			if ee, ok := err.(*exec.ExitError); ok {
+				return ee.ExitCode()
+			}
+			if err == nil {
+				return 0
+			}
+			t.Fatal(err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("still running 20 s after its start: it was not refused")
+		}
+		return -1
+	}
+	base := func(i int) []string {
+		return []string{"--upstream", strings.Join(c.ListenAddrs(), ","), "--listen", listen[i], "--admin", admin[i],
+			"--replicas", strings.Join(listen, ","), "--replica-index", strconv.Itoa(i)}
+	}
+	type child struct {
+		logs   *logWatcher
+		exited chan error
+	}
+	var children []child
+	for i := range 3 {
+		_, logs, exited := startChild(t, base(i)...)
+		children = append(children, child{logs, exited})
+	}
+	for i, ch := range children {
+		if code := exitOf(ch.exited); code != 2 {
+			t.Errorf("replica %d: exit %d, want 2", i, code)
+		}
+		ch.logs.await(t, `both on host "127.0.0.1".*--replica-admin`)
+	}
+	// Given --replica-admin, but listening on another port than its entry.
+	args := base(1)
+	args = append(args, "--replica-admin", strings.Join(admin, ","))
+	args[3] = "127.0.0.1:" + strconv.Itoa(testports.Block(t, 1, taken))
+	_, logs, exited := startChild(t, args...)
+	if code := exitOf(exited); code != 2 {
+		t.Errorf("listen %s for replicas[1] %s: exit %d, want 2", args[3], listen[1], code)
+	}
+	logs.await(t, `cannot serve replicas\[1\].*--listen`)
+}
