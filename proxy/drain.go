@@ -100,7 +100,11 @@ func (s *Server) cutFetchOnly(sessions map[*session]*requestTracker, cut func(*r
 				continue
 			}
 			delete(sessions, sess)
-			sess.log.Debug("shutdown: closing a connection with no request in flight worth waiting for", "fetches", tr.fetches())
+			if tr.onlyFetch() {
+				sess.log.Debug("shutdown: closing a connection whose in-flight requests are only Fetch", "fetches", tr.fetches())
+			} else {
+				sess.log.Debug("shutdown: closing a connection: every node was handed over, so nothing it waits for holds state")
+			}
 			sess.closeAll()
 		}
 		select {
