@@ -183,6 +183,9 @@ func (c *Core) topicSettings(s *Settings, topic seqstate.TopicID) (Mode, Match, 
 // Decide decides req into pl. Time is now. See Plan.Status for what
 // follows.
 func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
+	if req.Arrived.IsZero() {
+		req.Arrived = now
+	}
 	pl.reset(req)
 	if req.Conn == nil {
 		for i := range pl.Parts {

@@ -72,6 +72,7 @@ type batch struct {
 	part       int32
 	phase      phase
 	delivered  bool  // its answer was written to its connection
+	late       bool  // written later than half its request's timeout after it arrived (lateAnswer)
 	whole      bool  // compressed: its one rec stands for the whole batch
 	exact      bool  // its records' hashes include their timestamps (recHash)
 	inFifo     bool  // referenced by conn.fifo

@@ -343,6 +343,7 @@ func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
 	defer in.mu.Unlock()
 	ns := now.UnixNano()
 	hold := ns + int64(min(max(pl.timeout, 0), maxWaitTimeout)+waitMargin)
+	late := lateAnswer(pl, now)
 	for i := range pl.st {
 		st := &pl.st[i]
 		if !st.legacy {
@@ -354,7 +355,7 @@ func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
 				continue
 			}
 			if !b.delivered {
-				b.delivered = true
+				b.delivered, b.late = true, late
 				b.hold = hold
 				in.dropUndelivered(b)
 			}
@@ -371,6 +372,18 @@ func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
 		conn.trim(keepRequests, &c.legacy, ns, false)
 	}
 	in.sweep(ns, c.legacy.window)
+}
+
+// lateAnswer reports whether pl's answer, delivered at now, comes later
+// than half its request's timeout after the request arrived. A client may
+// have given up on the request by then — librdkafka reads an answer that
+// comes after it timed the request out, discards it and sends the records
+// again — so even a clean close does not show that the client took it
+// (docs/legacy.md, "The rule", 1). Half: the client started its clock
+// before the proxy read the request, and the answer takes time to reach
+// it.
+func lateAnswer(pl *Plan, now time.Time) bool {
+	return now.Sub(pl.arrived) > pl.timeout/2
 }
 
 // commitKeys remembers the idempotency keys of part i's records the broker

@@ -36,6 +36,7 @@ type Plan struct {
 	version int16
 	acks    int16
 	timeout time.Duration // the request's timeout_ms
+	arrived time.Time     // when the request was read (Request.Arrived)
 	conn    *Conn
 	st      []partState
 	seqOps  []seqstate.Op
@@ -119,7 +120,7 @@ func (pl *Plan) reset(req *Request) {
 	pl.Status, pl.Until, pl.Tails = Ready, time.Time{}, pl.Tails[:0]
 	pl.AnyUp, pl.AnyLocal, pl.Rebuild, pl.Reuse = false, false, false, false
 	pl.Rebuilt = pl.Rebuilt[:0]
-	pl.version, pl.acks, pl.conn, pl.timeout = req.Version, req.Acks, req.Conn, req.Timeout
+	pl.version, pl.acks, pl.conn, pl.timeout, pl.arrived = req.Version, req.Acks, req.Conn, req.Timeout, req.Arrived
 	n := len(req.Parts)
 	if cap(pl.Parts) < n {
 		pl.Parts = make([]PartPlan, n)

@@ -532,13 +532,13 @@ func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 
 // letGoRead empties conn's fifo after a clean close: its client read every
 // answer written, so only the batches whose answer was not written (in
-// flight, or never sent) are ones it may not hold the acknowledgement of.
-// Call with the instance locked.
+// flight, or never sent), or was written late (lateAnswer), are ones it may
+// not hold the acknowledgement of. Call with the instance locked.
 func (conn *Conn) letGoRead() {
 	in := conn.inst
 	for _, b := range conn.fifo {
 		b.inFifo = false
-		if b.conn == conn && !b.delivered {
+		if b.conn == conn && (!b.delivered || b.late) {
 			in.disown(b)
 		}
 		in.release(b)

@@ -75,11 +75,11 @@ const (
 	// Broken: reset, failed, or the proxy cannot tell: the answers written
 	// on it may not have been read.
 	Broken Close = iota
-	// Clean: its client closed it (or the proxy did, on an idle or a
-	// drained connection) with every answer written on it read by the
-	// client: the client's TCP stack had acknowledged them all and it did
-	// not reset the connection, which a client closing with answers unread
-	// does.
+	// Clean: its client closed it with every answer written on it read:
+	// the client's TCP stack had acknowledged them all and it did not
+	// reset the connection, which a client closing with answers unread
+	// does. (Answers written late may still have been discarded: see
+	// lateAnswer.)
 	Clean
 )
 
@@ -105,6 +105,9 @@ type Request struct {
 	Version int16
 	Acks    int16
 	Timeout time.Duration // the request's timeout_ms
+	// Arrived is when the request was read from the client; zero means
+	// the time of its first decision.
+	Arrived time.Time
 	Parts   []Part
 	// GiveUp answers every part REQUEST_TIMED_OUT: the request waited
 	// past its deadline for an outcome it needs.

@@ -128,6 +128,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	}
 	req.Version, req.Acks, req.GiveUp = h.APIVersion, sc.Acks, false
 	req.Timeout = time.Duration(max(sc.TimeoutMillis, 0)) * time.Millisecond
+	req.Arrived = c.readAt
 	req.Conn = conn
 	pl := getPlan()
 	pl.corrID, pl.version, pl.acks = h.CorrelationID, h.APIVersion, sc.Acks

@@ -60,10 +60,11 @@ type session struct {
 
 	warmSlots chan struct{} // one per warm-up this connection runs (connWarmups)
 
-	clientID string // from the first request: with the principal and host, the client instance
-	joined   bool   // readLoop's: clientID is set
-	software string // readLoop's: the client software name of its ApiVersions (v3+)
-	readErr  error  // readLoop's: what ended it, nil for the proxy's own reasons
+	clientID string    // from the first request: with the principal and host, the client instance
+	joined   bool      // readLoop's: clientID is set
+	software string    // readLoop's: the client software name of its ApiVersions (v3+)
+	readErr  error     // readLoop's: what ended it, nil for the proxy's own reasons
+	readAt   time.Time // readLoop's: when the request being handled was read
 	// writeMu is held by responseLoop from telling the core an answer is
 	// delivered until it is written, and by howClosed while it looks at
 	// the socket: an answer the core was told of is written by then.
@@ -160,16 +161,16 @@ func (c *session) run() {
 
 // howClosed says how the client's connection ended, readErr being what
 // ended readLoop (docs/legacy.md, "The rule", 1): Clean when its client
-// closed it, or the proxy stopped reading it (idle, draining), with every
-// answer written on it acknowledged by the client's TCP stack and no reset
-// — a client that closes with answers unread resets the connection —;
-// Broken otherwise, or when the proxy cannot tell, or is told not to trust
-// a clean close (dedup.legacy.clean_close: ignore).
+// closed it with every answer written on it acknowledged by the client's
+// TCP stack and no reset — a client that closes with answers unread resets
+// the connection —; Broken otherwise, or when the proxy cannot tell, or is
+// told not to trust a clean close (dedup.legacy.clean_close: ignore). A
+// close of the proxy's own (idle, draining) is never clean: closing a
+// socket with requests of the client left unread sends a reset, and a reset
+// makes the client's kernel drop the answers it had not yet handed to the
+// client.
 func (c *session) howClosed(readErr error) decide.Close {
-	if c.s.Config.Dedup.Legacy.CleanClose == CleanCloseIgnore {
-		return decide.Broken
-	}
-	if !errors.Is(readErr, io.EOF) && !errors.Is(readErr, os.ErrDeadlineExceeded) {
+	if c.s.Config.Dedup.Legacy.CleanClose == CleanCloseIgnore || !errors.Is(readErr, io.EOF) {
 		return decide.Broken
 	}
 	c.writeMu.Lock()
@@ -267,6 +268,7 @@ func (c *session) readLoop() {
 			return
 		}
 		start := time.Now()
+		c.readAt = start
 		frame := rb.frame(body)
 		m.ClientReadBytes.Add(float64(len(frame)))
 		h, err := protocol.ParseRequestHeader(body)
