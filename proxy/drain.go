@@ -178,9 +178,19 @@ func (t *requestTracker) produceSent(corr int32) {
 // forwarded after all.
 func (t *requestTracker) produceUnsent() {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.awaitLen > 0 {
 		t.awaitLen--
+	}
+	t.mu.Unlock()
+	t.awaitedFewer()
+}
+
+// awaitedFewer follows a forwarded Produce request that no longer awaits
+// its answer: a node being drained for a handover looks whether it is
+// drained now.
+func (t *requestTracker) awaitedFewer() {
+	if n := t.rnode; n != nil && n.draining.Load() {
+		n.checkDrained()
 	}
 }
 
@@ -264,11 +274,15 @@ func (t *requestTracker) Write(b []byte) (int, error) {
 				t.nonFetch--
 			}
 		}
-		if t.awaitLen > 0 && t.awaited[t.awaitHd] == corr {
+		answered := t.awaitLen > 0 && t.awaited[t.awaitHd] == corr
+		if answered {
 			t.awaitHd = (t.awaitHd + 1) % len(t.awaited)
 			t.awaitLen--
 		}
 		t.mu.Unlock()
+		if answered {
+			t.awaitedFewer()
+		}
 	}
 	return n, err
 }

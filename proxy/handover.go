@@ -5,25 +5,27 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
-// Moving a node between replicas (docs/replicas.md, "The handover
-// protocol"). The replica that gives a node up first stops forwarding its
-// Produce requests (new ones wait), waits until every one it forwarded has
-// been answered, and only then publishes the node as released and answers
-// the waiting requests NOT_LEADER_OR_FOLLOWER with the new server's address
-// (KIP-951 NodeEndpoints on Produce v10+, and Metadata). The replica that
-// takes it marks the node's partitions to be warmed from the log, so each
-// partition's first batch there is decided on the log as it stands after
-// the last batch the other replica forwarded.
+// A handover: a node moving between replicas (docs/replicas.md, "The
+// handover protocol"). The replica that gives a node up first stops
+// forwarding its Produce requests (new ones wait), waits until every one it
+// forwarded has been answered, and only then publishes the node as released
+// and answers the waiting requests NOT_LEADER_OR_FOLLOWER with the new
+// server's address (KIP-951 NodeEndpoints on Produce v10+, and Metadata).
+// The replica that takes it marks the node's partitions to be warmed from
+// the log, so each partition's first batch there is decided on the log as
+// it stands after the last batch the other replica forwarded. Which node
+// moves when is package owner's; this file holds the Produce path's side
+// (the gate, the drain) and the take's I/O.
 
 // replicaGate is the replicas' one hook into the Produce path
 // (session.readLoop): it sees every Produce request before it is warmed or
@@ -150,9 +152,10 @@ func (c *session) replicaGateSlow(rs *replicaSet, tr *requestTracker, h protocol
 }
 
 // foreignProduce decides a Produce request on a connection to a node this
-// replica does not serve: relay it (decided here, counted), or wait while
-// a peer hands the node over (it may be handed here). wait false with
-// relay false means redirect.
+// replica does not serve (owner.Machine.Foreign), on peers' statuses at most
+// replicaFresh old: relay it (decided here, counted), or wait while a peer
+// hands the node over (it may be handed here). wait false with relay false
+// means redirect.
 func (rs *replicaSet) foreignProduce(n *replicaNode) (relay, wait bool) {
 	rs.mu.Lock()
 	stale := rs.s.now().Sub(rs.polledAt) > replicaFresh
@@ -164,26 +167,13 @@ func (rs *replicaSet) foreignProduce(n *replicaNode) (relay, wait bool) {
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if n.state.Load() != nodeForeign {
-		return false, true // moved meanwhile: look again
+	switch rs.own.Foreign(n.id) {
+	case owner.Relay:
+		return true, false
+	case owner.Wait:
+		return false, true
 	}
-	for i := range rs.peers {
-		p := &rs.peers[i]
-		if i != rs.l.self && p.reachable && p.phase == phaseHandingOver && p.serving[n.id] {
-			return false, true // being released there: its outcome first
-		}
-	}
-	for i := range rs.peers {
-		p := &rs.peers[i]
-		if from, ok := p.status.From[n.id]; i != rs.l.self && p.reachable && p.serving[n.id] && ok && from == rs.l.self {
-			// Taken from this replica (a previous incarnation, restarted
-			// since): a client still holds the address this replica had
-			// for it, and relayed here its batches would be decided by two
-			// replicas at once. Redirected, as a node released here is.
-			return false, false
-		}
-	}
-	return true, false
+	return false, false
 }
 
 // redirect answers a Produce request NOT_LEADER_OR_FOLLOWER pointing at
@@ -202,10 +192,9 @@ func (c *session) redirect(rs *replicaSet, req *kmsg.ProduceRequest, h protocol.
 // to: the one known to serve it, else the one it was released to; -1 when
 // none is known.
 func (rs *replicaSet) redirectTarget(n *replicaNode) int {
-	if i := rs.advertised(n.id); i != rs.l.self && n.id >= 0 {
-		return i
-	}
-	return int(n.target.Load())
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.own.RedirectTarget(n.id)
 }
 
 // answerNotLeader queues, in order, the answer to a Produce request the
@@ -249,11 +238,11 @@ func (c *session) answerNotLeader(rs *replicaSet, req *kmsg.ProduceRequest, h pr
 	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
 	*bp = buf
 	rs.m.redirected.Inc()
-	rs.lastRedir.Store(time.Now().UnixNano())
 	p := c.newPending(h, start, api)
 	p.resp = bp
 	c.queue <- p
 	c.kickResponseLoop()
+	rs.step(owner.Redirected{}) // a handover waits for the redirects to stop
 }
 
 // attach files a client connection under the node whose listener took it
@@ -272,8 +261,12 @@ func (rs *replicaSet) attach(tr *requestTracker, node int32) {
 
 func (rs *replicaSet) detach(tr *requestTracker) {
 	rs.attachedMu.Lock()
+	n := rs.attached[tr]
 	delete(rs.attached, tr)
 	rs.attachedMu.Unlock()
+	if n != nil {
+		n.checkDrained() // its Produce requests in flight went with it
+	}
 }
 
 // drained reports whether no Produce request this replica forwarded on a
@@ -289,129 +282,62 @@ func (rs *replicaSet) drained(n *replicaNode) bool {
 	return true
 }
 
-// releaseLocked starts handing node n to replica target: its Produce
-// requests wait from now on, and once those already forwarded are all
-// answered (or drain_timeout passed) the node is released. Called with
-// rs.mu held.
-func (rs *replicaSet) releaseLocked(n *replicaNode, target int) {
-	if s := n.state.Load(); (s == nodeReleasing || s == nodeReleased) && n.target.Load() == int32(target) {
+// checkDrained tells the machine that node n's drain ended, if it is being
+// drained and did. It is called when the drain begins and whenever one of
+// its Produce requests stops being awaited (answered, taken back, its
+// connection gone): the drain ends on that event, not on a poll. The
+// counts are read after the draining flag is set, and the flag after a
+// count drops, so one of the two sees the other.
+func (n *replicaNode) checkDrained() {
+	if !n.draining.Load() || n.state.Load() != nodeReleasing || !n.rs.drained(n) {
 		return
 	}
-	served := n.id >= 0 && decides(n.state.Load()) // a foreign node is drained too, but was never this replica's to give
-	rs.setStateLocked(n, nodeReleasing, target)
-	started := rs.s.spawn(func() {
-		deadline := time.Now().Add(rs.s.Config.DrainTimeout)
-		t := time.NewTicker(drainPoll)
-		defer t.Stop()
-		for !rs.drained(n) && time.Now().Before(deadline) {
-			select {
-			case <-t.C:
-			case <-rs.s.stop:
-				return
-			}
-		}
-		rs.mu.Lock()
-		if n.state.Load() == nodeReleasing && n.target.Load() == int32(target) {
-			if !rs.drained(n) {
-				rs.undrained.Store(true)
-				rs.log.Warn("handing a node over with Produce requests still unanswered after drain_timeout", "node", n.id, "to", target)
-			}
-			rs.setStateLocked(n, nodeReleased, target)
-			if served {
-				rs.m.handovers[handoverReleased].Inc()
-			}
-		}
-		rs.mu.Unlock()
-		// Every peer, not only the target: each advertises the node in its
-		// Metadata answers, and a client redirected here refreshes its
-		// metadata wherever it likes. Until a peer polls (up to 250 ms at
-		// rest) it still names this replica, and a client whose retries
-		// are few and quick (sarama: 5, 50 ms apart) spends them all on
-		// redirects here.
-		rs.wakePeers()
-	})
-	if !started { // shutting down: nothing is forwarded any more
-		rs.setStateLocked(n, nodeReleased, target)
-	}
+	n.rs.step(owner.Drained{Node: n.id})
 }
 
-// coverLocked takes over node n, released to this replica by peer from:
-// its partitions are marked to be warmed from the log on their next batch
-// (their state here may be older than what the peer appended), then it is
-// served. Called with rs.mu held.
-func (rs *replicaSet) coverLocked(n *replicaNode, from int) {
-	n.from = from
-	rs.setStateLocked(n, nodeCovering, -1)
-	rs.log.Info("taking over a node released by a peer", "node", n.id, "from", from)
-	// Not released again until its legacy state is in: released meanwhile,
-	// the next server would take it from here before it arrived.
-	n.taking = true
-	if !rs.s.spawn(func() { rs.finishCover(n, from) }) {
-		n.taking = false
-		rs.setStateLocked(n, nodeForeign, -1)
-	}
-}
-
-// finishCover marks node n's partitions to be warmed and takes their
-// legacy state from peer from, then serves n.
-func (rs *replicaSet) finishCover(n *replicaNode, from int) {
-	deadline := time.Now().Add(rs.s.Config.DrainTimeout)
-	marked := 0
+// take carries out an owner.Take: node n's partitions (one Metadata
+// request) marked to warm from the log on their next batch (a cover: the
+// state here may be older than what the peer appended), and their legacy
+// state taken from the peer; then the machine serves the node.
+func (rs *replicaSet) take(t owner.Take) {
+	deadline := rs.s.now().Add(rs.s.Config.DrainTimeout)
+	var keys []seqstate.Key
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(rs.s.dialCtx, rs.s.Config.DialTimeout)
-		keys, err := rs.s.partitionsLedBy(ctx, n.id)
+		var err error
+		keys, err = rs.s.partitionsLedBy(ctx, t.Node)
 		cancel()
 		if err == nil {
-			marked = rs.s.rewarm(keys)
-			rs.takeLegacy(from, n.id, keys)
 			break
 		}
-		if time.Now().After(deadline) || rs.s.dialCtx.Err() != nil {
-			rs.log.Warn("cannot list the partitions of a node taken over; serving it without marking them to warm again (a retry of a batch the peer appended may be written again)", "node", n.id, "err", err)
+		if !t.Rewarm || rs.s.now().After(deadline) || rs.s.dialCtx.Err() != nil {
+			if t.Rewarm {
+				rs.log.Warn("cannot list the partitions of a node covered; serving it without marking them to warm again (a retry of a batch the peer appended may be written again)", "node", t.Node, "err", err)
+			} else {
+				rs.log.Warn("cannot list the partitions of a node taken back; serving it without its legacy state (retries of its batches stamped anew may be written again)", "node", t.Node, "err", err)
+			}
+			keys = nil
 			break
 		}
-		t := time.NewTimer(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
+		// A cover retries: without the marks, the node's batches would be
+		// decided on state older than the log.
+		timer := time.NewTimer(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
 		select {
-		case <-t.C:
+		case <-timer.C:
 		case <-rs.s.stop:
-			t.Stop()
-			rs.mu.Lock()
-			n.taking = false
-			rs.mu.Unlock()
-			return
+			timer.Stop()
+			return // stopping: nothing is served any more
 		}
 	}
-	rs.mu.Lock()
-	n.taking = false
-	if n.state.Load() == nodeCovering {
-		rs.setStateLocked(n, nodeServing, -1)
-		rs.m.handovers[handoverCovered].Inc()
+	marked := 0
+	if t.Rewarm {
+		marked = rs.s.rewarm(keys)
 	}
-	rs.mu.Unlock()
-	rs.wakePeers() // they advertise the node here from their next poll
-	rs.log.Info("took over a node", "node", n.id, "partitions_to_warm", marked)
-}
-
-// finishReclaim takes node n's legacy state back from peer from, which
-// covered it while this replica was away, then serves n.
-func (rs *replicaSet) finishReclaim(n *replicaNode, from int) {
-	ctx, cancel := context.WithTimeout(rs.s.dialCtx, rs.s.Config.DialTimeout)
-	keys, err := rs.s.partitionsLedBy(ctx, n.id)
-	cancel()
-	if err != nil {
-		rs.log.Warn("cannot list the partitions of a node taken back; serving it without its legacy state (retries of its batches stamped anew may be written again)", "node", n.id, "err", err)
-	} else {
-		rs.takeLegacy(from, n.id, keys)
+	rs.takeLegacy(t.From, t.Node, keys)
+	rs.step(owner.Taken{Node: t.Node})
+	if t.Rewarm {
+		rs.log.Info("covered a node", "node", t.Node, "from", t.From, "partitions_to_warm", marked)
 	}
-	rs.mu.Lock()
-	n.taking = false
-	if n.state.Load() == nodeReclaiming {
-		rs.setStateLocked(n, nodeServing, -1)
-		rs.m.handovers[handoverReclaimed].Inc()
-		rs.evaluateLocked() // the replica may be serving every node it owns now
-	}
-	rs.mu.Unlock()
-	rs.wakePeers()
 }
 
 // partitionsLedBy asks a bootstrap broker which partitions node leads,
@@ -485,26 +411,25 @@ func (s *Server) rewarm(keys []seqstate.Key) int {
 }
 
 // handOver is the first step of a replica's Shutdown (docs/replicas.md):
-// every node it serves goes to a peer that serves (its owner when that is
-// back, else the next ready replica, spread over them), each once its
-// Produce requests in flight are answered; then it answers redirects until
-// clients have moved and the takeovers serve the nodes, or until ctx is
-// nearly over. Nodes no peer can take stay here for the drain that follows.
-// It reports whether every node went, each drained: no Produce request
-// this replica decided is then in flight, and what its connections still
-// wait for (a consumer group's join, a long poll) holds no state of its.
+// every node it serves goes to a peer that serves, each once its Produce
+// requests in flight are answered; then it answers redirects until clients
+// have moved and the takers serve the nodes, or until ctx is nearly over
+// (owner.HandOver). Nodes no peer can take stay here for the drain that
+// follows. It reports whether every node went, each drained: no Produce
+// request this replica decided is then in flight, and what its connections
+// still wait for (a consumer group's join, a long poll) holds no state of
+// its.
 func (rs *replicaSet) handOver(ctx context.Context) bool {
 	rs.handOnce.Do(func() { rs.handedAll = rs.handOverOnce(ctx) })
 	return rs.handedAll
 }
 
 func (rs *replicaSet) handOverOnce(ctx context.Context) bool {
-	start := time.Now()
-	end := start.Add(rs.s.Config.DrainTimeout)
+	until := rs.s.now().Add(rs.s.Config.DrainTimeout)
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the drain that follows a second.
-		if dl = dl.Add(-time.Second); dl.Before(end) {
-			end = dl
+		if dl = dl.Add(-time.Second); dl.Before(until) {
+			until = dl
 		}
 	}
 	if rs.l.count > 1 {
@@ -512,114 +437,16 @@ func (rs *replicaSet) handOverOnce(ctx context.Context) bool {
 		rs.pollNow(pctx)
 		cancel()
 	}
-	self := rs.l.self
-	rs.mu.Lock()
-	rs.phase = phaseHandingOver
-	var ready []int // peers that serve, in ring order after this one
-	for k := 1; k < rs.l.count; k++ {
-		i := (self + k) % rs.l.count
-		if p := &rs.peers[i]; p.reachable && p.phase == phaseServing {
-			ready = append(ready, i)
-		}
+	rs.step(owner.HandOver{Until: until})
+	select {
+	case <-rs.handed:
+	case <-ctx.Done():
+		return false
 	}
-	ids := make([]int32, 0, len(rs.nodes))
-	for id := range rs.nodes {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	var moving []*replicaNode
-	spread := 0
-	for _, id := range ids {
-		n := rs.nodes[id]
-		target := -1
-		switch {
-		case len(ready) == 0:
-		case id < 0:
-		case n.owner != self && rs.peers[n.owner].reachable && rs.peers[n.owner].phase == phaseServing:
-			target = n.owner
-		default:
-			target = ready[spread%len(ready)]
-			spread++
-		}
-		switch state := n.state.Load(); {
-		case len(ready) == 0:
-			// Nobody to take anything: stay as today, drained by Shutdown.
-		case decides(state) || id < 0:
-			rs.releaseLocked(n, target)
-			moving = append(moving, n)
-		case state == nodeReclaiming:
-			rs.setStateLocked(n, nodeReleased, rs.advertised(id))
-		case state == nodeForeign:
-			// Relayed here: drained, then pointed at whoever serves it.
-			rs.releaseLocked(n, rs.advertised(id))
-			moving = append(moving, n)
-		}
-	}
-	rs.broadcastLocked()
-	rs.mu.Unlock()
-	rs.log.Info("handing nodes over before stopping", "nodes", len(moving), "ready_peers", ready)
-	for _, i := range ready {
-		rs.wakePeer(i)
-	}
-	// Released, each once its in-flight Produce requests are answered.
-	t := time.NewTicker(drainPoll)
-	defer t.Stop()
-	for !rs.allReleased(moving) && time.Now().Before(end) {
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return false
-		}
-	}
-	released := time.Now()
-	// Redirect until quiet and the takeovers serve what they were given.
-	for time.Now().Before(end) {
-		quiet := time.Since(time.Unix(0, rs.lastRedir.Load())) >= handoverQuiet && time.Since(released) >= handoverQuiet
-		if quiet && rs.takenOver(moving) {
-			break
-		}
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return false
-		}
-	}
-	rs.mu.Lock()
-	all := len(ready) > 0 && !rs.undrained.Load()
-	for _, n := range rs.nodes {
-		if n.state.Load() != nodeReleased {
-			all = false
-		}
-	}
-	rs.mu.Unlock()
-	rs.log.Info("handed nodes over", "took", time.Since(start).Round(time.Millisecond), "released_after", released.Sub(start).Round(time.Millisecond), "all", all)
-	return all
-}
-
-func (rs *replicaSet) allReleased(nodes []*replicaNode) bool {
-	for _, n := range nodes {
-		if n.state.Load() == nodeReleasing {
-			return false
-		}
-	}
-	return true
-}
-
-// takenOver reports whether each released node's target now says it
-// serves it (or cannot be asked).
-func (rs *replicaSet) takenOver(nodes []*replicaNode) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	for _, n := range nodes {
-		tg := int(n.target.Load())
-		if n.id < 0 || tg < 0 || tg == rs.l.self || n.state.Load() != nodeReleased {
-			continue
-		}
-		if p := &rs.peers[tg]; p.reachable && !p.serving[n.id] {
-			return false
-		}
-	}
-	return true
+	_, all := rs.own.HandedOver()
+	return all
 }
 
 // replicaStart sets up the replicas' side of Start, after the listeners:

@@ -19,20 +19,22 @@ import (
 // admin listener (POST /replica/legacy), the legacy batches of the node's
 // partitions whose acknowledgement their client may not hold. Without
 // them it knows those batches only from the log, where a retry stamped
-// anew (kafka-go, kafkajs) matches nothing and is written again.
+// anew (kafka-go, kafkajs) matches nothing and is written again. The
+// decision core's two halves of it are decide.Core.HandOff (the giver's)
+// and TakeOver (the taker's).
 
-// handOffRequest names the node moving and its partitions.
-type handOffRequest struct {
-	Node       int32          `json:"node"`
-	Partitions []handOffTopic `json:"partitions"`
+// legacyRequest names the node moving and its partitions.
+type legacyRequest struct {
+	Node       int32         `json:"node"`
+	Partitions []legacyTopic `json:"partitions"`
 }
 
-type handOffTopic struct {
+type legacyTopic struct {
 	Topic      string  `json:"topic"`
 	Partitions []int32 `json:"partitions"`
 }
 
-type handOffResponse struct {
+type legacyResponse struct {
 	Batches []handedBatch `json:"batches"`
 }
 
@@ -53,31 +55,41 @@ type handedBatch struct {
 // holds at most what the peer's dedup.legacy.max_records allows (24 bytes
 // a record in JSON).
 const (
-	maxHandOffRequest  = 4 << 20
-	maxHandOffResponse = 256 << 20
-	handOffTimeout     = 5 * time.Second
+	maxLegacyRequest  = 4 << 20
+	maxLegacyResponse = 256 << 20
+	legacyTimeout     = 5 * time.Second
 )
 
-// handOffLegacy serves POST /replica/legacy: it moves out of the core the
+// serveLegacy serves POST /replica/legacy: it moves out of the core the
 // batches of the named partitions, but only once node is not decided here
 // (released to a peer, or never served): a node still decided here keeps
 // them (409).
-func (rs *replicaSet) handOffLegacy(w http.ResponseWriter, r *http.Request) {
-	var req handOffRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxHandOffRequest)).Decode(&req); err != nil {
+func (rs *replicaSet) serveLegacy(w http.ResponseWriter, r *http.Request) {
+	var req legacyRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxLegacyRequest)).Decode(&req); err != nil {
 		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	if n := rs.node(req.Node); n != nil {
 		// The node's state may still be coming in here (a cover or a
-		// take-back under way, released meanwhile by a shutdown): handed
-		// on before it arrived, it would stay behind.
-		for deadline := time.Now().Add(handOffTimeout); rs.takingNode(n) && time.Now().Before(deadline); {
+		// take-back under way, released meanwhile by a stop): handed on
+		// before it arrived, it would stay behind. Wait for the take's end
+		// (a change), bounded.
+		timer := time.NewTimer(legacyTimeout)
+		defer timer.Stop()
+		for {
+			changed := rs.waitChange()
+			if !rs.fetching(n) {
+				break
+			}
 			select {
-			case <-time.After(drainPoll):
+			case <-changed:
+				continue
+			case <-timer.C:
 			case <-r.Context().Done():
 				return
 			}
+			break
 		}
 		if decides(n.state.Load()) {
 			http.Error(w, fmt.Sprintf("node %d is decided here", req.Node), http.StatusConflict)
@@ -85,7 +97,7 @@ func (rs *replicaSet) handOffLegacy(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s := rs.s
-	resp := handOffResponse{Batches: []handedBatch{}}
+	resp := legacyResponse{Batches: []handedBatch{}}
 	if s.core != nil && s.table != nil {
 		want := map[seqstate.Key]bool{}
 		for _, tp := range req.Partitions {
@@ -114,7 +126,7 @@ func (rs *replicaSet) handOffLegacy(w http.ResponseWriter, r *http.Request) {
 				Whole: h.Whole, LeftMillis: h.Left.Milliseconds(), AppendTime: h.AppendTime, Records: recs,
 			})
 		}
-		rs.log.Info("handed legacy state to a peer taking a node", "node", req.Node, "batches", len(resp.Batches))
+		rs.log.Info("gave a node's legacy state to the peer taking it", "node", req.Node, "batches", len(resp.Batches))
 	}
 	var b bytes.Buffer
 	json.NewEncoder(&b).Encode(resp)
@@ -122,15 +134,16 @@ func (rs *replicaSet) handOffLegacy(w http.ResponseWriter, r *http.Request) {
 	w.Write(b.Bytes())
 }
 
-// takingNode reports whether n's legacy state is being taken from a peer.
-func (rs *replicaSet) takingNode(n *replicaNode) bool {
+// fetching reports whether n's take (its legacy state from a peer) is
+// under way.
+func (rs *replicaSet) fetching(n *replicaNode) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	return n.taking
+	return rs.own.Fetching(n.id)
 }
 
 // takeLegacy takes from peer from the legacy state of node's partitions
-// (keys), as handOffLegacy hands it, into the core. A peer that does not
+// (keys), as serveLegacy gives it, into the core. A peer that does not
 // answer costs what it cost before: the retries of those batches stamped
 // anew are written again.
 func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
@@ -138,7 +151,7 @@ func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
 	if s.core == nil || s.table == nil || from < 0 || from == rs.l.self || len(keys) == 0 {
 		return
 	}
-	req := handOffRequest{Node: node}
+	req := legacyRequest{Node: node}
 	byTopic := map[string]int{}
 	for _, k := range keys {
 		name, ok := s.table.TopicName(k.Topic)
@@ -149,11 +162,11 @@ func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
 		if !ok {
 			i = len(req.Partitions)
 			byTopic[name] = i
-			req.Partitions = append(req.Partitions, handOffTopic{Topic: name})
+			req.Partitions = append(req.Partitions, legacyTopic{Topic: name})
 		}
 		req.Partitions[i].Partitions = append(req.Partitions[i].Partitions, k.Partition)
 	}
-	resp, err := rs.postHandOff(from, &req)
+	resp, err := rs.postLegacy(from, &req)
 	if err != nil {
 		rs.log.Warn("cannot take the legacy state of a node from the peer that decided it; retries of its batches stamped anew may be written again", "node", node, "peer", from, "err", err)
 		return
@@ -183,12 +196,12 @@ func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
 	rs.log.Info("took the legacy state of a node from the peer that decided it", "node", node, "peer", from, "batches", taken)
 }
 
-func (rs *replicaSet) postHandOff(peer int, req *handOffRequest) (*handOffResponse, error) {
+func (rs *replicaSet) postLegacy(peer int, req *legacyRequest) (*legacyResponse, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(rs.s.dialCtx, min(handOffTimeout, rs.s.Config.DrainTimeout))
+	ctx, cancel := context.WithTimeout(rs.s.dialCtx, min(legacyTimeout, rs.s.Config.DrainTimeout))
 	defer cancel()
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.peerURL(peer, "/replica/legacy"), bytes.NewReader(body))
 	if err != nil {
@@ -205,8 +218,8 @@ func (rs *replicaSet) postHandOff(peer int, req *handOffRequest) (*handOffRespon
 		msg, _ := io.ReadAll(io.LimitReader(r.Body, 512))
 		return nil, fmt.Errorf("POST /replica/legacy: %s: %s", r.Status, bytes.TrimSpace(msg))
 	}
-	var resp handOffResponse
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxHandOffResponse)).Decode(&resp); err != nil {
+	var resp legacyResponse
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxLegacyResponse)).Decode(&resp); err != nil {
 		return nil, fmt.Errorf("POST /replica/legacy: %w", err)
 	}
 	return &resp, nil

@@ -31,7 +31,7 @@ func newReplicaMetrics(s *Server) *replicaMetrics {
 			Help: "Partitions marked to be warmed from the log again: their node was taken over from a peer, or their leader moved away from the nodes this replica serves."}),
 	}
 	handovers := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "handovers_total",
-		Help: "Broker nodes moved between replicas, by event: released (handed to a peer), covered (taken over from a peer), reclaimed (an owned node taken back after a start)."}, []string{"event"})
+		Help: "Broker nodes moved between replicas, by event: released (handed to a peer), covered (taken over from a peer), reclaimed (an owned node taken back, or first served, after a start)."}, []string{"event"})
 	for i, e := range handoverEvents {
 		m.handovers[i] = handovers.WithLabelValues(e)
 	}
@@ -43,7 +43,7 @@ func newReplicaMetrics(s *Server) *replicaMetrics {
 	if reg == nil {
 		return m
 	}
-	nodes := func(role string, count func(*replicaSet) int, alone func() int) prometheus.Collector {
+	nodes := func(role string, count func(owned, serving, covered int) int, alone func() int) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "nodes",
 			Help:        "Broker nodes by this replica's role: owned (by the ownership rule), serving (decided here now: owned and taken back, or covered), covered (served here for a peer).",
 			ConstLabels: prometheus.Labels{"role": role}},
@@ -51,23 +51,16 @@ func newReplicaMetrics(s *Server) *replicaMetrics {
 				if rs := s.replicas; rs != nil {
 					rs.mu.Lock()
 					defer rs.mu.Unlock()
-					return float64(count(rs))
+					return float64(count(rs.own.Count()))
 				}
 				return float64(alone())
 			})
 	}
 	known := func() int { return len(s.NodeListeners()) }
-	self := func(rs *replicaSet) int { return rs.l.self }
 	reg.MustRegister(m.foreignConns, m.foreignProduce, m.redirected, m.rewarmed, handovers, held,
-		nodes("owned", func(rs *replicaSet) int {
-			return rs.countLocked(func(n *replicaNode) bool { return n.owner == self(rs) })
-		}, known),
-		nodes("serving", func(rs *replicaSet) int {
-			return rs.countLocked(func(n *replicaNode) bool { return decides(n.state.Load()) })
-		}, known),
-		nodes("covered", func(rs *replicaSet) int {
-			return rs.countLocked(func(n *replicaNode) bool { return n.owner != self(rs) && decides(n.state.Load()) })
-		}, func() int { return 0 }),
+		nodes("owned", func(owned, _, _ int) int { return owned }, known),
+		nodes("serving", func(_, serving, _ int) int { return serving }, known),
+		nodes("covered", func(_, _, covered int) int { return covered }, func() int { return 0 }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "ready",
 			Help: "1 when this replica serves every node it owns and is not handing over (a proxy on its own: not draining)."},
 			func() float64 {
@@ -88,13 +81,7 @@ func newReplicaMetrics(s *Server) *replicaMetrics {
 				}
 				rs.mu.Lock()
 				defer rs.mu.Unlock()
-				c := 0
-				for i := range rs.peers {
-					if i != rs.l.self && rs.peers[i].reachable {
-						c++
-					}
-				}
-				return float64(c)
+				return float64(rs.own.Reachable())
 			}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "peers_disagreeing",
 			Help: "Reachable peers that publish another replica list or layout than this replica's: the replicas are configured differently and advertise nodes at different addresses."},
@@ -105,7 +92,7 @@ func newReplicaMetrics(s *Server) *replicaMetrics {
 				}
 				rs.mu.Lock()
 				defer rs.mu.Unlock()
-				differ, _ := rs.layoutVotesLocked()
+				differ, _ := rs.own.LayoutVotes()
 				return float64(len(differ))
 			}),
 	)

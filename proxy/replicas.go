@@ -7,17 +7,16 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
-	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -25,68 +24,45 @@ import (
 // Replicas (docs/replicas.md). R copies of the proxy each own a share of the
 // broker nodes; a node's Produce requests are decided by one replica at a
 // time, the one that serves it. Ownership is fixed by configuration;
-// serving moves only by an explicit handover between two replicas, which
-// each publishes in its status (GET /replica on its admin listener) and
-// reads in its peers'. No replica takes a node on suspicion: one that
-// cannot be reached is taken to decide nothing, and its nodes wait for it.
+// serving moves only by a handover between two replicas, which each
+// publishes in its status (GET /replica on its admin listener) and reads in
+// its peers'. No replica takes a node on suspicion: one that cannot be
+// reached is taken to decide nothing, and its nodes wait for it.
 //
-// The invariant: a replica starts deciding a node only once the one that
-// decided it before has no Produce of that node in flight upstream. So
-// every retry finds its original's outcome in the log when the new server
-// warms the partition (docs/warm.md), or in the server's own table.
+// Who decides which node is the pure machine of package owner; this file is
+// its shell: it reads the peers' statuses over HTTP and feeds them to the
+// machine, with the drains, takes and ticks it asks for, and carries out
+// its effects (the node states the Produce path reads, advertised
+// addresses, wake-ups, logs and metrics).
 
-// replicaPhase is where a replica is in its life.
-type replicaPhase int32
-
+// A node's state as the Produce path reads it (owner.State).
 const (
-	phaseStarting    replicaPhase = iota // taking back its nodes from the peers covering them
-	phaseServing                         // serving its nodes (and any it covers)
-	phaseHandingOver                     // shutting down: handing every node it serves to a peer
+	nodeForeign    = int32(owner.Foreign)
+	nodeServing    = int32(owner.Serving)
+	nodeCovering   = int32(owner.Covering)
+	nodeTakingBack = int32(owner.TakingBack)
+	nodeReleasing  = int32(owner.Releasing)
+	nodeReleased   = int32(owner.Released)
 )
 
-var phaseNames = [...]string{phaseStarting: "starting", phaseServing: "serving", phaseHandingOver: "handing_over"}
-
-func (p replicaPhase) String() string { return phaseNames[p] }
-
-func parsePhase(s string) (replicaPhase, bool) {
-	for p, name := range phaseNames {
-		if name == s {
-			return replicaPhase(p), true
-		}
-	}
-	return 0, false
-}
-
-// What a replica does with a node's Produce requests: its state there.
-const (
-	nodeForeign    int32 = iota // neither served nor released here: relayed (and counted)
-	nodeServing                 // decided here
-	nodeCovering                // taken over from a peer: marking its partitions to warm first (held)
-	nodeReclaiming              // owned, waiting for the peers that covered it to let go (held)
-	nodeReleasing               // being handed to target: held until its Produce requests in flight are answered
-	nodeReleased                // handed over: answered NOT_LEADER_OR_FOLLOWER, pointing at target
-)
-
-var nodeStateNames = [...]string{"foreign", "serving", "covering", "reclaiming", "releasing", "released"}
-
-// replicaNode is one broker node as this replica sees it. The state is
+// replicaNode mirrors one broker node's state in the machine. The state is
 // read without the lock on every Produce request (the fast path is one
-// load); it is written under replicaSet.mu.
+// load); it is written under replicaSet.mu, from the machine's effects.
 type replicaNode struct {
+	rs     *replicaSet
 	id     int32
 	owner  int
-	state  atomic.Int32
+	state  atomic.Int32 // owner.State
 	target atomic.Int32 // the replica a releasing or released node goes to; -1 none
-	since  time.Time    // when reclaiming or covering began (replicaSet.mu)
-	from   int          // the peer it was taken from (covered or reclaimed), -1 none (replicaSet.mu)
-	taking bool         // covered or reclaimed, its legacy state being taken from the peer (replicaSet.mu)
+	// draining: the machine asked for this node's drain (owner.Drain): a
+	// Produce answer written, taken back or dropped on its connections
+	// looks whether the drain ended.
+	draining atomic.Bool
 }
 
 // decides reports whether this replica decides the node's Produce
 // requests now, or is about to (so a returning owner must wait for it).
-func decides(state int32) bool {
-	return state == nodeServing || state == nodeCovering || state == nodeReleasing
-}
+func decides(state int32) bool { return owner.State(state).Decides() }
 
 // replicaStatus is what a replica publishes at GET /replica and reads in
 // its peers'. Field names are the protocol (docs/replicas.md).
@@ -101,7 +77,7 @@ type replicaStatus struct {
 	// handed it to.
 	Released map[int32]int `json:"released,omitempty"`
 	// From maps each node it serves that it took from a peer (covered or
-	// reclaimed) to that peer. The peer, restarted, redirects the node's
+	// taken back) to that peer. The peer, restarted, redirects the node's
 	// Produce requests here instead of relaying them.
 	From map[int32]int `json:"from,omitempty"`
 	// Yields maps each peer this replica saw up to the incarnation it saw:
@@ -117,21 +93,9 @@ type replicaStatus struct {
 	Layout   string   `json:"layout,omitempty"`
 }
 
-// peerView is the last status read from a peer.
-type peerView struct {
-	status    replicaStatus
-	phase     replicaPhase
-	serving   map[int32]bool
-	reachable bool
-	err       error
-	// differs: the peer publishes another replica list or layout than
-	// this replica's (kept from its last answer while it is unreachable).
-	differs bool
-}
-
-// up reports whether a peer is running and not leaving.
-func (p *peerView) up() bool {
-	return p.reachable && (p.phase == phaseStarting || p.phase == phaseServing)
+func wireStatus(st owner.Status) replicaStatus {
+	return replicaStatus{Index: st.Index, Incarnation: st.Incarnation, Phase: st.Phase.String(), Serving: st.Serving,
+		Released: st.Released, From: st.From, Yields: st.Yields, Replicas: st.Replicas, Layout: st.Layout}
 }
 
 // Timings of the replica protocol.
@@ -144,12 +108,13 @@ const (
 	replicaFresh = 100 * time.Millisecond
 	// handoverQuiet: after its last node is released, a replica leaving
 	// answers redirects until none was needed for this long (and the
-	// takeovers serve their nodes), so active clients learn where to go
+	// takers serve their nodes), so active clients learn where to go
 	// rather than find the connection closed.
 	handoverQuiet = 300 * time.Millisecond
 )
 
-// replicaSet is this replica's side of the replica protocol.
+// replicaSet is this replica's side of the replica protocol: the shell of
+// its owner.Machine.
 type replicaSet struct {
 	s           *Server
 	m           *replicaMetrics
@@ -159,21 +124,20 @@ type replicaSet struct {
 	log         *slog.Logger
 
 	mu       sync.Mutex
-	phase    replicaPhase
+	own      *owner.Machine
 	nodes    map[int32]*replicaNode
-	peers    []peerView
-	polledAt time.Time
-	yields   map[int]string
-	changed  chan struct{} // closed and replaced whenever a node's state or a peer's status changes
+	deadline time.Time     // the machine's, as the tick timer is armed
+	polledAt time.Time     // the last poll's end
+	changed  chan struct{} // closed and replaced whenever a node's state, the phase or a take changes
 	busy     int           // waits on a peer: poll fast
 
 	adv        atomic.Pointer[map[int32]int] // node → the replica it is advertised at
 	wake       chan struct{}                 // poll now
+	rearm      chan struct{}                 // the machine's deadline changed
 	polled     chan struct{}                 // closed and replaced after every poll
-	lastRedir  atomic.Int64                  // unix ns of the last redirect answered
+	handed     chan struct{}                 // closed when the handover ended
 	handOnce   sync.Once
-	handedAll  bool        // every node handed over, each drained (handOver)
-	undrained  atomic.Bool // a node was released with Produce requests unanswered
+	handedAll  bool // every node handed over, each drained (handOver)
 	attachedMu sync.Mutex
 	attached   map[*requestTracker]*replicaNode
 }
@@ -185,16 +149,19 @@ func newReplicaSet(s *Server, l *replicaLayout) *replicaSet {
 		s: s, l: l, incarnation: hex.EncodeToString(b[:]),
 		log:      s.Logger.With("replica", l.self),
 		nodes:    map[int32]*replicaNode{},
-		peers:    make([]peerView, l.count),
-		yields:   map[int]string{},
 		changed:  make(chan struct{}),
 		wake:     make(chan struct{}, 1),
+		rearm:    make(chan struct{}, 1),
 		polled:   make(chan struct{}),
+		handed:   make(chan struct{}),
 		attached: map[*requestTracker]*replicaNode{},
 	}
-	if l.count == 1 {
-		rs.phase = phaseServing // nobody to take anything back from
-	}
+	rs.own = owner.New(owner.Config{
+		Self: l.self, Count: l.count, Owners: l.owners, Incarnation: rs.incarnation,
+		Replicas: l.addrs, Layout: l.digest,
+		DrainTimeout: s.Config.DrainTimeout, PeerTimeout: replicaPeerTimeout, Quiet: handoverQuiet,
+		TakeState: s.core != nil,
+	}, s.now())
 	tr := &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second}
 	if s.Config.AdminTLS.Enabled() {
 		// Peers' admin listeners serve HTTPS; their certificates are
@@ -204,56 +171,148 @@ func newReplicaSet(s *Server, l *replicaLayout) *replicaSet {
 	rs.client = &http.Client{Transport: tr, Timeout: replicaPeerTimeout}
 	empty := map[int32]int{}
 	rs.adv.Store(&empty)
-	// The bootstrap listener is every replica's own.
-	boot := &replicaNode{id: -1, owner: l.self}
+	// The bootstrap listener is every replica's own, served from the start.
+	boot := &replicaNode{rs: rs, id: -1, owner: l.self}
 	boot.state.Store(nodeServing)
 	boot.target.Store(-1)
 	rs.nodes[-1] = boot
 	return rs
 }
 
-// node returns node id's state, creating it on first sight: an owned node
-// is served at once while this replica serves, and reclaimed from the peers
-// otherwise; any other node is foreign.
+// node returns node id's state, making it known to the machine on first
+// sight: an owned node is served at once while this replica serves, and
+// taken back from the peers otherwise; any other node is foreign.
 func (rs *replicaSet) node(id int32) *replicaNode {
 	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	return rs.nodeLocked(id)
-}
-
-func (rs *replicaSet) nodeLocked(id int32) *replicaNode {
-	n, ok := rs.nodes[id]
-	if ok {
+	if n, ok := rs.nodes[id]; ok {
+		rs.mu.Unlock()
 		return n
 	}
-	n = &replicaNode{id: id, owner: rs.l.owner(id), since: rs.s.now(), from: -1}
-	n.target.Store(-1)
-	switch {
-	case n.owner != rs.l.self:
-		n.state.Store(nodeForeign)
-	case rs.phase == phaseServing:
-		n.state.Store(nodeServing)
-	default:
-		n.state.Store(nodeReclaiming)
-	}
-	rs.nodes[id] = n
-	rs.recomputeLocked()
+	n := rs.mirrorLocked(id)
+	effects := rs.stepLocked(owner.Seen{Node: id})
+	rs.mu.Unlock()
+	rs.carry(effects)
 	return n
 }
 
-// setState changes node n's state, under rs.mu, and wakes every waiter.
-func (rs *replicaSet) setStateLocked(n *replicaNode, state int32, target int) {
-	old := n.state.Load()
-	n.target.Store(int32(target))
-	n.state.Store(state)
-	if state == nodeCovering || state == nodeReclaiming {
-		n.since = rs.s.now()
+func (rs *replicaSet) mirrorLocked(id int32) *replicaNode {
+	n, ok := rs.nodes[id]
+	if !ok {
+		n = &replicaNode{rs: rs, id: id, owner: rs.own.Owner(id)}
+		n.target.Store(-1)
+		rs.nodes[id] = n
 	}
-	if old != state {
-		rs.log.Info("replica node state", "node", n.id, "from", nodeStateNames[old], "to", nodeStateNames[state], "target", target)
+	return n
+}
+
+// step feeds the machine one event and carries out its effects.
+func (rs *replicaSet) step(ev owner.Event) {
+	rs.mu.Lock()
+	effects := rs.stepLocked(ev)
+	rs.mu.Unlock()
+	rs.carry(effects)
+}
+
+// stepLocked steps the machine and applies, under rs.mu, the effects that
+// others read under it or without a lock: node states, advertised
+// addresses, the change broadcast and the tick timer. carry does the rest,
+// without the lock.
+func (rs *replicaSet) stepLocked(ev owner.Event) []owner.Effect {
+	now := rs.s.now()
+	effects := rs.own.Step(ev, now)
+	changed := false
+	if _, ok := ev.(owner.Taken); ok {
+		changed = true // a handler waits for the take's end (serveLegacy)
 	}
-	rs.recomputeLocked()
-	rs.broadcastLocked()
+	for _, e := range effects {
+		switch e := e.(type) {
+		case owner.SetState:
+			n := rs.mirrorLocked(e.Node)
+			n.target.Store(int32(e.Target))
+			n.state.Store(int32(e.State))
+			if e.State != owner.Releasing {
+				n.draining.Store(false)
+			}
+			changed = true
+		case owner.Advertise:
+			at := e.At
+			rs.adv.Store(&at)
+		case owner.PhaseChanged:
+			changed = true
+		}
+	}
+	if changed {
+		rs.broadcastLocked()
+	}
+	if at, _ := rs.own.Deadline(now); !at.Equal(rs.deadline) {
+		rs.deadline = at
+		select {
+		case rs.rearm <- struct{}{}:
+		default:
+		}
+	}
+	return effects
+}
+
+// carry carries out what needs no lock: drains, takes, wake-ups, logs and
+// metrics. It may step the machine again (a drain already over).
+func (rs *replicaSet) carry(effects []owner.Effect) {
+	for _, e := range effects {
+		switch e := e.(type) {
+		case owner.SetState:
+			if e.Was != e.State {
+				rs.log.Info("replica node state", "node", e.Node, "from", e.Was.String(), "to", e.State.String(), "target", e.Target)
+			}
+		case owner.Drain:
+			rs.mu.Lock()
+			n := rs.nodes[e.Node]
+			rs.mu.Unlock()
+			if n != nil {
+				n.draining.Store(true)
+				n.checkDrained()
+			}
+		case owner.Take:
+			if e.Rewarm {
+				rs.log.Info("covering a node a peer released", "node", e.Node, "from", e.From)
+			}
+			rs.s.spawn(func() { rs.take(e) })
+		case owner.Moved:
+			if e.Counted {
+				rs.m.handovers[e.How].Inc()
+			}
+			switch {
+			case e.How == owner.MoveReleased && e.Forced:
+				rs.log.Warn("handing a node over with Produce requests still unanswered after drain_timeout", "node", e.Node, "to", e.Peer)
+			case e.How == owner.MoveTookBack && e.Forced:
+				rs.log.Warn("a peer did not let go of this replica's node within drain_timeout; serving it anyway", "node", e.Node)
+			}
+		case owner.WakePeers:
+			rs.wakePeers()
+		case owner.PhaseChanged:
+			if e.Phase == owner.PhaseServing {
+				rs.mu.Lock()
+				owned, _, _ := rs.own.Count()
+				rs.mu.Unlock()
+				rs.log.Info("replica serving: every node it owns is back", "owned", owned)
+			}
+		case owner.PeerChanged:
+			rs.log.Info("replica peer", "peer", e.Peer, "phase", e.Phase.String(), "incarnation", e.Incarnation)
+		case owner.PeerLost:
+			rs.log.Warn("replica peer unreachable; it is taken to decide nothing until it answers again", "peer", e.Peer, "err", e.Err)
+		case owner.LayoutDiffers:
+			if e.Differs {
+				rs.log.Error("replica peer publishes another replica list or layout than this replica's: the two advertise broker nodes at different addresses, some where nothing serves them; give every replica the same replicas, replica_count, replica_owners and node ports",
+					"peer", e.Peer, "peer_replicas", e.Replicas, "peer_layout", e.Layout, "replicas", rs.l.addrs, "layout", rs.l.digest)
+			} else {
+				rs.log.Info("replica peer publishes this replica's list and layout again", "peer", e.Peer)
+			}
+		case owner.HandingOver:
+			rs.log.Info("handing nodes over before stopping", "nodes", e.Nodes, "ready_peers", e.Ready)
+		case owner.HandedOver:
+			rs.log.Info("handed nodes over", "took", e.Took.Round(time.Millisecond), "released_after", e.ReleasedAfter.Round(time.Millisecond), "all", e.All)
+			close(rs.handed)
+		}
+	}
 }
 
 func (rs *replicaSet) broadcastLocked() {
@@ -272,72 +331,19 @@ func (rs *replicaSet) waitChange() <-chan struct{} {
 func (rs *replicaSet) status() replicaStatus {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	st := replicaStatus{Index: rs.l.self, Incarnation: rs.incarnation, Phase: rs.phase.String(), Serving: []int32{},
-		Released: map[int32]int{}, From: map[int32]int{}, Yields: map[int]string{},
-		Replicas: rs.l.addrs, Layout: rs.l.digest}
-	for id, n := range rs.nodes {
-		if id < 0 {
-			continue
-		}
-		switch s := n.state.Load(); {
-		case decides(s):
-			st.Serving = append(st.Serving, id)
-			if n.from >= 0 {
-				st.From[id] = n.from
-			}
-		case s == nodeReleased:
-			st.Released[id] = int(n.target.Load())
-		}
-	}
-	sort.Slice(st.Serving, func(i, j int) bool { return st.Serving[i] < st.Serving[j] })
-	for p, inc := range rs.yields {
-		st.Yields[p] = inc
-	}
-	return st
+	return wireStatus(rs.own.Status())
 }
 
 // ready reports whether this replica serves every node it owns (and so
-// takes traffic): readiness means its nodes were taken back.
+// takes traffic), and its replica list is not outnumbered by its peers'.
 func (rs *replicaSet) ready() error {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if rs.phase == phaseHandingOver {
+	err := rs.own.Ready()
+	if errors.Is(err, owner.ErrHandingOver) {
 		return ErrDraining
 	}
-	if differ, agree := rs.layoutVotesLocked(); len(differ) > 0 && len(differ) >= agree {
-		return fmt.Errorf("replica %d's replica list or layout differs from that of replicas %v, and no more of the replicas it reads share its own (%d, itself included): they would advertise nodes at different addresses; give every replica the same replicas, replica_count, replica_owners and node ports", rs.l.self, differ, agree)
-	}
-	switch rs.phase {
-	case phaseStarting:
-		var waiting []string
-		for id, n := range rs.nodes {
-			if id >= 0 && n.state.Load() == nodeReclaiming {
-				waiting = append(waiting, strconv.Itoa(int(id)))
-			}
-		}
-		sort.Strings(waiting)
-		return fmt.Errorf("replica %d is taking back its nodes from the peers that covered them (waiting for node %v)", rs.l.self, waiting)
-	}
-	return nil
-}
-
-// layoutVotesLocked returns the reachable peers that publish another
-// replica list or layout than this replica's, and how many replicas it
-// reads, itself included, publish its own. Only what is certain counts: a
-// peer that cannot be read, or publishes no layout, is neither.
-func (rs *replicaSet) layoutVotesLocked() (differ []int, agree int) {
-	agree = 1
-	for i := range rs.peers {
-		p := &rs.peers[i]
-		switch {
-		case i == rs.l.self || !p.reachable || p.status.Layout == "":
-		case p.differs:
-			differ = append(differ, i)
-		default:
-			agree++
-		}
-	}
-	return differ, agree
+	return err
 }
 
 // advertised returns the replica clients are told serves node id.
@@ -348,83 +354,56 @@ func (rs *replicaSet) advertised(id int32) int {
 	return rs.l.owner(id)
 }
 
-// recomputeLocked refreshes which replica each node is advertised at:
-// the one that decides it now, as far as this replica knows. A node
-// nobody is known to serve is advertised at its owner, even one that is
-// down: no replica takes it on suspicion, so its producers wait for it.
-func (rs *replicaSet) recomputeLocked() {
-	adv := make(map[int32]int, len(rs.nodes))
-	for id, n := range rs.nodes {
-		if id < 0 {
-			continue
-		}
-		state := n.state.Load()
-		switch {
-		case decides(state):
-			adv[id] = rs.l.self
-			continue
-		}
-		at := -1
-		// A peer serving it; the owner first.
-		if p := &rs.peers[n.owner]; n.owner != rs.l.self && p.reachable && p.serving[id] {
-			at = n.owner
-		}
-		for i := range rs.peers {
-			if at < 0 && i != rs.l.self && rs.peers[i].reachable && rs.peers[i].serving[id] {
-				at = i
-			}
-		}
-		if at < 0 && state == nodeReleased {
-			at = int(n.target.Load())
-		}
-		if at < 0 {
-			at = n.owner
-		}
-		adv[id] = at
-	}
-	rs.adv.Store(&adv)
-}
-
 // pollLoop reads the peers' statuses, quickly while something waits on a
-// peer, until the server stops.
+// peer, and ticks the machine at its deadlines, until the server stops.
 func (rs *replicaSet) pollLoop() {
-	if rs.l.count == 1 {
-		return
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	tick := time.NewTimer(time.Hour)
+	defer tick.Stop()
+	rearm := func() {
+		rs.mu.Lock()
+		at := rs.deadline
+		rs.mu.Unlock()
+		tick.Stop()
+		if !at.IsZero() {
+			tick.Reset(max(at.Sub(rs.s.now()), 0))
+		}
 	}
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for first := true; ; first = false {
+	rearm()
+	for first := true; ; {
 		select {
 		case <-rs.s.stop:
 			return
+		case <-rs.rearm:
+			rearm()
+			continue
+		case <-tick.C:
+			rs.step(owner.Tick{})
+			rearm()
+			continue
 		case <-rs.wake:
-		case <-t.C:
+		case <-poll.C:
 		}
-		rs.pollOnce()
-		if first {
-			// Tell the peers this incarnation is up: those covering its
-			// nodes give them back without waiting for their next poll.
-			rs.wakePeers()
+		if rs.l.count > 1 {
+			rs.pollOnce()
+			if first {
+				// Tell the peers this incarnation is up: those covering its
+				// nodes give them back without waiting for their next poll.
+				rs.wakePeers()
+				first = false
+			}
 		}
 		rs.mu.Lock()
 		every := replicaPollEvery
-		if rs.busy > 0 || rs.phase != phaseServing || rs.transitioningLocked() {
+		if rs.busy > 0 || rs.own.Busy() {
 			every = replicaPollBusy
 		}
 		rs.mu.Unlock()
-		t.Reset(every)
-	}
-}
-
-// transitioningLocked reports whether a node is between two servers here.
-func (rs *replicaSet) transitioningLocked() bool {
-	for _, n := range rs.nodes {
-		switch n.state.Load() {
-		case nodeCovering, nodeReclaiming, nodeReleasing:
-			return true
+		if rs.l.count > 1 {
+			poll.Reset(every)
 		}
 	}
-	return false
 }
 
 // poke asks pollLoop to poll now.
@@ -438,80 +417,81 @@ func (rs *replicaSet) poke() {
 // pollNow polls the peers once more (pollLoop does it, now) and waits for
 // that poll, at most until ctx ends.
 func (rs *replicaSet) pollNow(ctx context.Context) {
-	rs.mu.Lock()
-	polled := rs.polled
-	rs.mu.Unlock()
-	rs.poke()
-	select {
-	case <-polled:
-	case <-ctx.Done():
-	case <-rs.s.stop:
-	}
-	// One that started before the poke may have read an older status:
-	// wait for the next one too.
-	rs.mu.Lock()
-	polled = rs.polled
-	rs.mu.Unlock()
-	rs.poke()
-	select {
-	case <-polled:
-	case <-ctx.Done():
-	case <-rs.s.stop:
+	for range 2 {
+		// One that started before the poke may have read an older status:
+		// wait for the next one too.
+		rs.mu.Lock()
+		polled := rs.polled
+		rs.mu.Unlock()
+		rs.poke()
+		select {
+		case <-polled:
+		case <-ctx.Done():
+		case <-rs.s.stop:
+		}
 	}
 }
 
-// pollOnce reads every peer's status at once and applies them.
+// pollOnce reads every peer's status at once and feeds them to the
+// machine.
 func (rs *replicaSet) pollOnce() {
-	views := make([]peerView, rs.l.count)
+	events := make([]owner.Event, rs.l.count)
 	var wg sync.WaitGroup
-	for i := range views {
+	for i := range events {
 		if i == rs.l.self {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			views[i] = rs.fetch(i)
+			events[i] = rs.fetch(i)
 		}()
 	}
 	wg.Wait()
-	rs.apply(views)
+	for _, ev := range events {
+		if ev != nil {
+			rs.step(ev)
+		}
+	}
+	rs.mu.Lock()
+	rs.polledAt = rs.s.now()
+	close(rs.polled)
+	rs.polled = make(chan struct{})
+	rs.mu.Unlock()
 }
 
-// fetch reads peer i's status. A peer that does not answer is unreachable:
-// to this replica, it decides nothing.
-func (rs *replicaSet) fetch(i int) peerView {
+// fetch reads peer i's status. A peer that does not answer, or answers
+// nonsense, is unreachable: to this replica, it decides nothing.
+func (rs *replicaSet) fetch(i int) owner.Event {
+	lost := func(err error) owner.Event { return owner.PeerUnreachable{Peer: i, Err: err} }
 	ctx, cancel := context.WithTimeout(rs.s.dialCtx, replicaPeerTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rs.peerURL(i, "/replica"), nil)
 	if err != nil {
-		return peerView{err: err}
+		return lost(err)
 	}
 	resp, err := rs.client.Do(req)
 	if err != nil {
-		return peerView{err: err}
+		return lost(err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return peerView{err: err}
+		return lost(err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return peerView{err: fmt.Errorf("GET /replica: %s", resp.Status)}
+		return lost(fmt.Errorf("GET /replica: %s", resp.Status))
 	}
 	var st replicaStatus
 	if err := json.Unmarshal(body, &st); err != nil {
-		return peerView{err: fmt.Errorf("GET /replica: %w", err)}
+		return lost(fmt.Errorf("GET /replica: %w", err))
 	}
-	phase, ok := parsePhase(st.Phase)
+	phase, ok := owner.ParsePhase(st.Phase)
 	if !ok || st.Index != i {
-		return peerView{err: fmt.Errorf("GET /replica: replica %d answered as replica %d in phase %q (check replica_admin)", i, st.Index, st.Phase)}
+		return lost(fmt.Errorf("GET /replica: replica %d answered as replica %d in phase %q (check replica_admin)", i, st.Index, st.Phase))
 	}
-	v := peerView{status: st, phase: phase, reachable: true, serving: map[int32]bool{}}
-	for _, id := range st.Serving {
-		v.serving[id] = true
-	}
-	return v
+	return owner.PeerStatus{Peer: i, Status: owner.Status{Index: st.Index, Incarnation: st.Incarnation, Phase: phase,
+		Serving: st.Serving, Released: st.Released, From: st.From, Yields: st.Yields, Replicas: st.Replicas, Layout: st.Layout}}
 }
 
 func (rs *replicaSet) peerURL(i int, path string) string {
@@ -522,188 +502,38 @@ func (rs *replicaSet) peerURL(i int, path string) string {
 	return scheme + "://" + rs.l.admins[i] + path
 }
 
-// wakePeers wakes every peer (wakePeer).
+// wakePeers asks every peer to poll now (POST /replica/wake): a hint that
+// something changed here. It changes nothing there by itself.
 func (rs *replicaSet) wakePeers() {
 	for i := range rs.l.count {
-		rs.wakePeer(i)
-	}
-}
-
-// wakePeer asks peer i to poll now (POST /replica/wake): a hint that
-// something changed here. It changes nothing there by itself.
-func (rs *replicaSet) wakePeer(i int) {
-	if i < 0 || i == rs.l.self || i >= rs.l.count {
-		return
-	}
-	rs.s.spawn(func() {
-		ctx, cancel := context.WithTimeout(rs.s.dialCtx, replicaPeerTimeout)
-		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.peerURL(i, "/replica/wake"), nil)
-		if err != nil {
-			return
-		}
-		if resp, err := rs.client.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	})
-}
-
-// apply takes in the peers' statuses and moves nodes accordingly.
-func (rs *replicaSet) apply(views []peerView) {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	for i := range views {
 		if i == rs.l.self {
 			continue
 		}
-		was := rs.peers[i]
-		v := views[i]
-		if !v.reachable {
-			// Keep what it said last, but it decides nothing now.
-			v.status, v.phase, v.differs = was.status, was.phase, was.differs
-			if was.reachable {
-				rs.log.Warn("replica peer unreachable; it is taken to decide nothing until it answers again", "peer", i, "err", v.err)
+		rs.s.spawn(func() {
+			ctx, cancel := context.WithTimeout(rs.s.dialCtx, replicaPeerTimeout)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.peerURL(i, "/replica/wake"), nil)
+			if err != nil {
+				return
 			}
-		} else {
-			if !was.reachable || was.status.Incarnation != v.status.Incarnation || was.phase != v.phase {
-				rs.log.Info("replica peer", "peer", i, "phase", v.phase.String(), "incarnation", v.status.Incarnation)
+			if resp, err := rs.client.Do(req); err == nil {
+				resp.Body.Close()
 			}
-			v.differs = v.status.Layout != "" && (v.status.Layout != rs.l.digest || !slices.Equal(v.status.Replicas, rs.l.addrs))
-			switch {
-			case v.differs && (!was.differs || was.status.Incarnation != v.status.Incarnation):
-				rs.log.Error("replica peer publishes another replica list or layout than this replica's: the two advertise broker nodes at different addresses, some where nothing serves them; give every replica the same replicas, replica_count, replica_owners and node ports",
-					"peer", i, "peer_replicas", v.status.Replicas, "peer_layout", v.status.Layout, "replicas", rs.l.addrs, "layout", rs.l.digest)
-			case !v.differs && was.differs:
-				rs.log.Info("replica peer publishes this replica's list and layout again", "peer", i)
-			}
-		}
-		rs.peers[i] = v
+		})
 	}
-	rs.polledAt = rs.s.now()
-	rs.evaluateLocked()
-	close(rs.polled)
-	rs.polled = make(chan struct{})
 }
 
-// evaluateLocked moves nodes by the protocol (docs/replicas.md, "The
-// handover protocol"), from this replica's state and its peers'.
-func (rs *replicaSet) evaluateLocked() {
-	self := rs.l.self
-	// Yield to every peer that is up: from now on its nodes are taken only
-	// if that incarnation hands them over.
-	for i := range rs.peers {
-		if p := &rs.peers[i]; i != self && p.up() && rs.yields[i] != p.status.Incarnation {
-			rs.yields[i] = p.status.Incarnation
-		}
-	}
-	ids := make([]int32, 0, len(rs.nodes))
-	for id := range rs.nodes {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
-		if id < 0 {
-			continue
-		}
-		n := rs.nodes[id]
-		owner := &rs.peers[n.owner]
-		switch state := n.state.Load(); {
-		case n.owner != self && (state == nodeServing || state == nodeCovering) && owner.up() && !n.taking:
-			// The owner is back: give the node back once what is in
-			// flight here is answered.
-			rs.releaseLocked(n, n.owner)
-		case state == nodeForeign || state == nodeReleased:
-			if rs.phase != phaseServing {
-				break
-			}
-			for i := range rs.peers {
-				p := &rs.peers[i]
-				if to, ok := p.status.Released[id]; i == self || !p.reachable || p.phase != phaseHandingOver || !ok || to != self || p.serving[id] {
-					continue
-				}
-				// Released to this replica by peer i: taken, unless its
-				// owner is back (it then takes it back itself).
-				if n.owner != i && owner.up() {
-					break
-				}
-				rs.coverLocked(n, i)
-				break
-			}
-		case state == nodeReclaiming && !n.taking:
-			if rs.peersLetGoLocked(id) || rs.s.now().Sub(n.since) > rs.s.Config.DrainTimeout+replicaPeerTimeout {
-				if !rs.peersLetGoLocked(id) {
-					rs.log.Warn("a peer did not let go of this replica's node within drain_timeout; serving it anyway", "node", id)
-				}
-				n.from = -1
-				for i := range rs.peers {
-					if to, ok := rs.peers[i].status.Released[id]; i != self && rs.peers[i].reachable && ok && to == self {
-						n.from = i // the peer that covered it gave it back
-					}
-				}
-				if from := n.from; from >= 0 && rs.s.core != nil {
-					// Its legacy state first (handoff.go), then served.
-					n.taking = true
-					if rs.s.spawn(func() { rs.finishReclaim(n, from) }) {
-						break
-					}
-					n.taking = false
-				}
-				rs.setStateLocked(n, nodeServing, -1)
-				rs.m.handovers[handoverReclaimed].Inc()
-			}
-		}
-	}
-	if rs.phase == phaseStarting {
-		all := true
-		for id, n := range rs.nodes {
-			if id >= 0 && n.owner == self && n.state.Load() == nodeReclaiming {
-				all = false
-			}
-		}
-		if all {
-			rs.phase = phaseServing
-			rs.log.Info("replica serving: every node it owns is back", "owned", rs.countLocked(func(n *replicaNode) bool { return n.owner == self }))
-			rs.broadcastLocked()
-		}
-	}
-	rs.recomputeLocked()
-}
-
-// peersLetGoLocked reports whether every reachable peer has seen this
-// incarnation up (so it takes none of its nodes unless handed them) and
-// decides node id no more.
-func (rs *replicaSet) peersLetGoLocked(id int32) bool {
-	for i := range rs.peers {
-		p := &rs.peers[i]
-		if i == rs.l.self || !p.reachable {
-			continue
-		}
-		if p.status.Yields[rs.l.self] != rs.incarnation || p.serving[id] {
-			return false
-		}
-	}
-	return true
-}
-
-func (rs *replicaSet) countLocked(f func(*replicaNode) bool) int {
-	c := 0
-	for id, n := range rs.nodes {
-		if id >= 0 && f(n) {
-			c++
-		}
-	}
-	return c
-}
-
-// Handover events, for dedupproxy_replica_handovers_total{event}.
+// Handover events, for dedupproxy_replica_handovers_total{event}: indexed
+// by owner.Move.
 const (
-	handoverReleased  = iota // a node handed to a peer
-	handoverCovered          // a peer's node taken over
-	handoverReclaimed        // an owned node taken back (or first served after a start)
-	numHandoverEvents
+	handoverReleased  = int(owner.MoveReleased)
+	handoverCovered   = int(owner.MoveCovered)
+	handoverReclaimed = int(owner.MoveTookBack)
+	numHandoverEvents = 3
 )
 
-var handoverEvents = [numHandoverEvents]string{"released", "covered", "reclaimed"}
+var handoverEvents = [numHandoverEvents]string{
+	handoverReleased: owner.MoveReleased.String(), handoverCovered: owner.MoveCovered.String(), handoverReclaimed: owner.MoveTookBack.String()}
 
 // observeLeaders notes where each partition of topic is led, as a
 // Metadata response (a client's, or the proxy's own) names it. A partition
@@ -737,8 +567,9 @@ func (rs *replicaSet) observeLeaders(topic string, leaders []protocol.PartitionL
 }
 
 // statusHandler serves GET /replica (this replica's status), POST
-// /replica/wake (poll the peers now) and POST /replica/legacy (hand the
-// legacy state of a node's partitions to the peer taking it: handoff.go).
+// /replica/wake (poll the peers now) and POST /replica/legacy (give the
+// legacy state of a node's partitions to the peer taking it:
+// handoverlegacy.go).
 func (rs *replicaSet) statusHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /replica", func(w http.ResponseWriter, _ *http.Request) {
@@ -751,7 +582,7 @@ func (rs *replicaSet) statusHandler() http.Handler {
 		rs.poke()
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("POST /replica/legacy", rs.handOffLegacy)
+	mux.HandleFunc("POST /replica/legacy", rs.serveLegacy)
 	return mux
 }
 

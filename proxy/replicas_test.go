@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -485,7 +486,9 @@ func gateFixture() (*session, *requestTracker, protocol.RequestHeader) {
 	l := &replicaLayout{self: 0, count: 3, owners: map[int32]int{}}
 	s := &Server{Logger: slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil)}
 	s.replicas = newReplicaSet(s, l)
-	s.replicas.phase = phaseServing
+	for peer := 1; peer < l.count; peer++ { // nobody else decides anything: serving
+		s.replicas.step(owner.PeerUnreachable{Peer: peer})
+	}
 	tr := newRequestTracker(nil)
 	s.replicas.attach(tr, 0)
 	return &session{s: s, client: tr}, tr, protocol.RequestHeader{APIKey: 0, APIVersion: 9, CorrelationID: 7}
