@@ -28,10 +28,10 @@ func newReplicaMetrics(s *Server) *replicaMetrics {
 		redirected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "redirected_requests_total",
 			Help: "Produce requests answered NOT_LEADER_OR_FOLLOWER, pointing at the replica that serves their node, while nodes moved between replicas."}),
 		rewarmed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "rewarm_partitions_total",
-			Help: "Partitions marked to be warmed from the log again: their node was taken over from a peer, or their leader moved away from the nodes this replica serves."}),
+			Help: "Partitions marked to be warmed from the log again: their node was covered (taken from a peer), or their leader moved away from the nodes this replica serves."}),
 	}
 	handovers := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "handovers_total",
-		Help: "Broker nodes moved between replicas, by event: released (handed to a peer), covered (taken over from a peer), reclaimed (an owned node taken back, or first served, after a start)."}, []string{"event"})
+		Help: "Broker nodes moved between replicas, by event: released (handed to a peer), covered (a peer's node taken), reclaimed (an owned node taken back, or first served, after a start)."}, []string{"event"})
 	for i, e := range handoverEvents {
 		m.handovers[i] = handovers.WithLabelValues(e)
 	}

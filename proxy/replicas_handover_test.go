@@ -38,10 +38,10 @@ func TestReplicaReleaseWakesEveryPeer(t *testing.T) {
 	u := f.replica(other)
 	// Woken when the handover began (it is a ready peer), when the node was
 	// released, and when the target took it over.
-	waitFor(t, 5*time.Second, "the third replica woken by the release and by the takeover", func() bool {
+	waitFor(t, 5*time.Second, "the third replica woken by the release and by the take", func() bool {
 		return u.wakes.Load()-before[other] >= 3
 	})
-	waitFor(t, 5*time.Second, "the third replica to advertise the node at the takeover", func() bool {
+	waitFor(t, 5*time.Second, "the third replica to advertise the node at its taker", func() bool {
 		return u.replicas.advertised(owner) == target
 	})
 	if err := <-stopped; err != nil {

@@ -553,7 +553,7 @@ func TestReplicaForeignConnectionRelayed(t *testing.T) {
 // TestReplicaHandoverRedirect: once a replica stopping has released its
 // node, a Produce request on that node's connection is answered
 // NOT_LEADER_OR_FOLLOWER with the node (KIP-951 CurrentLeader, epoch -1)
-// at the takeover's address in NodeEndpoints, and the connection closes;
+// at its taker's address in NodeEndpoints, and the connection closes;
 // its Metadata already points there.
 func TestReplicaHandoverRedirect(t *testing.T) {
 	const topic = "redirect"
