@@ -110,7 +110,9 @@ func TestGoneSiblingSeenAtNextConnection(t *testing.T) {
 	first.send(req("held by the broker"))
 	waitFor(t, 10*time.Second, "the broker to hold the second request", func() bool { return produces.Load() == 2 })
 	first.send(req("behind it")) // the proxy's reader of this connection waits to queue it
-	first.abort()                // with answers unread: a reset
+	// Closed cleanly, but with requests outstanding: it gave up on them,
+	// and on the connection (docs/legacy.md, "The rule", 1).
+	first.conn.Close()
 	retry := dialRaw(t, p.addr())
 	if r := onlyPartition(t, retry.roundTrip(charge)); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("the charge resent on a new connection: %+v, want the original's offset 0", r)

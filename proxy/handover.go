@@ -240,7 +240,7 @@ func (c *session) answerNotLeader(rs *replicaSet, req *kmsg.ProduceRequest, h pr
 	rs.m.redirected.Inc()
 	p := c.newPending(h, start, api)
 	p.resp = bp
-	c.queue <- p
+	c.enqueue(p)
 	c.kickResponseLoop()
 	rs.step(owner.Redirected{}) // a handover waits for the redirects to stop
 }

@@ -397,7 +397,7 @@ func (c *session) sendDecided(pl *producePlan, h protocol.RequestHeader, body, f
 	if !pl.AnyLocal {
 		// Everything goes upstream as it came; the plan rides along so the
 		// response settles each batch.
-		c.queue <- p
+		c.enqueue(p)
 		c.unqueued = nil
 		return c.forward(frame)
 	}
@@ -411,7 +411,7 @@ func (c *session) sendDecided(pl *producePlan, h protocol.RequestHeader, body, f
 	// Once queued, pl belongs to responseLoop, which may answer, release
 	// and reuse it at once (nothing goes upstream): read nothing of it after.
 	anyUp := pl.AnyUp
-	c.queue <- p
+	c.enqueue(p)
 	c.unqueued = nil
 	if anyUp {
 		return c.forward(rewritten)

@@ -65,6 +65,9 @@ type session struct {
 	software string    // readLoop's: the client software name of its ApiVersions (v3+)
 	readErr  error     // readLoop's: what ended it, nil for the proxy's own reasons
 	readAt   time.Time // readLoop's: when the request being handled was read
+	// outstanding counts the requests taken in for an answer and not yet
+	// done with (newPending, release).
+	outstanding atomic.Int64
 	// writeMu is held by responseLoop from telling the core an answer is
 	// delivered until it is written, and by howClosed while it looks at
 	// the socket: an answer the core was told of is written by then.
@@ -161,9 +164,9 @@ func (c *session) run() {
 
 // howClosed says how the client's connection ended, readErr being what
 // ended readLoop (docs/legacy.md, "The rule", 1): Clean when its client
-// closed it with every answer written on it acknowledged by the client's
-// TCP stack and no reset — a client that closes with answers unread resets
-// the connection —; Broken otherwise, or when the proxy cannot tell, or is
+// closed it with nothing outstanding and every answer written on it
+// acknowledged by the client's TCP stack and no reset — a client that
+// closes with answers unread resets the connection —; Broken otherwise, or when the proxy cannot tell, or is
 // told not to trust a clean close (dedup.legacy.clean_close: ignore). A
 // close of the proxy's own (idle, draining) is never clean: closing a
 // socket with requests of the client left unread sends a reset, and a reset
@@ -175,6 +178,12 @@ func (c *session) howClosed(readErr error) decide.Close {
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	if c.outstanding.Load() != 0 {
+		// It left with requests unanswered: it gave up on them (a
+		// timeout, a broker it moved away from), and a client tearing a
+		// connection down may drop answers it has read but not taken.
+		return decide.Broken
+	}
 	if n, ok := unacked(c.client); !ok || n != 0 || peerReset(c.client) {
 		return decide.Broken
 	}
@@ -336,7 +345,7 @@ func (c *session) readLoop() {
 		if respond {
 			p := c.newPending(h, start, api)
 			p.initTxn = initTxn
-			c.queue <- p // blocks at MaxInflight: backpressure
+			c.enqueue(p)
 		}
 		if !c.forward(frame) {
 			return
@@ -345,6 +354,7 @@ func (c *session) readLoop() {
 }
 
 func (c *session) newPending(h protocol.RequestHeader, start time.Time, api *apiMetrics) *pending {
+	c.outstanding.Add(1)
 	p := pendingPool.Get().(*pending)
 	p.key, p.version, p.corrID, p.start, p.api = h.APIKey, h.APIVersion, h.CorrelationID, start, api
 	return p
@@ -710,6 +720,7 @@ func (c *session) undelivered(p *pending) {
 }
 
 func (c *session) release(p *pending) {
+	c.outstanding.Add(-1)
 	if pl := p.plan; pl != nil {
 		putPlan(pl)
 	}
@@ -739,6 +750,10 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 	*bp = buf
 	p := c.newPending(h, start, api)
 	p.resp = bp
-	c.queue <- p
+	c.enqueue(p)
 	c.kickResponseLoop()
 }
+
+// enqueue queues p for responseLoop (blocking at MaxInflight: the
+// backpressure).
+func (c *session) enqueue(p *pending) { c.queue <- p }
