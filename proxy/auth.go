@@ -50,22 +50,44 @@ const anonymous = "User:ANONYMOUS"
 // 0 is ANONYMOUS.
 type principalID = uint32
 
-// authState follows one connection's SASL exchange. readLoop reports the
-// client's messages, responseLoop the broker's answers; the exchange is
-// lockstep, but a client may pipeline, so both take mu.
+// authState follows one connection's SASL exchanges. The meaning of each
+// SASL request (its exchange, mechanism, step and the principal it names)
+// is fixed when readLoop reads it and travels with it on its pending entry
+// (saslStep); responseLoop pairs it with the broker's answer to that very
+// request, which arrives in request order. So a later exchange, pipelined
+// behind an earlier one, can never change what an earlier answer means
+// (docs/security.md, "Answers paired with requests").
 type authState struct {
-	mu        sync.Mutex
-	mech      string // the exchange's mechanism (SaslHandshake); "" before one
-	requests  int    // SaslAuthenticate requests of this exchange
-	answers   int    // of them answered error 0
-	candidate string // the principal the client's first message names
-	failed    bool   // this exchange cannot authenticate (as far as the proxy can tell)
+	// readLoop's: the client's side as sent.
+	exchanges uint32 // SaslHandshake requests read: exchange n begins with the n-th
+	mech      string // the mechanism the last SaslHandshake named
+	steps     int    // SaslAuthenticate requests read since it
+	sent      uint64 // SASL requests forwarded
+
+	// answered counts the SASL answers responseLoop has read, each after
+	// what it means is stored: readLoop compares it with sent to tell a
+	// pipelined exchange.
+	answered atomic.Uint64
+
+	// responseLoop's: the exchange its answers have reached.
+	cur answeredExchange
 
 	started atomic.Bool // the client began SASL: it is not anonymous
 	// principal is set when an exchange ends authenticated; nil before.
 	// A re-authentication (KIP-368) keeps it until it ends: Kafka keeps the
 	// connection's principal meanwhile.
 	principal atomic.Pointer[principalRef]
+	// brokerAuthenticated is set once the broker has authenticated the
+	// connection as far as the proxy can tell, whether or not the proxy
+	// decides for it: a followed exchange that ended authenticated, or an
+	// unfollowed one the broker answered with success and then served
+	// (docs/security.md, "Mechanisms the proxy cannot follow"). It lifts
+	// the pre-authentication frame limit.
+	brokerAuthenticated atomic.Bool
+	// relayOnly is set once the connection sent a second exchange the
+	// proxy does not follow (pipelined, or a re-authentication as another
+	// principal): counted and logged once.
+	relayOnly atomic.Bool
 }
 
 type principalRef struct {
@@ -73,79 +95,149 @@ type principalRef struct {
 	id   principalID
 }
 
-// handshake notes a SaslHandshake request: a new exchange begins.
-func (a *authState) handshake(body []byte, version int16) string {
-	req := kmsg.NewPtrSASLHandshakeRequest()
-	req.SetVersion(version)
-	mech := ""
-	if req.ReadFrom(body) == nil {
-		mech = strings.ToUpper(req.Mechanism)
-	}
-	a.mu.Lock()
-	a.mech, a.requests, a.answers, a.candidate, a.failed = mech, 0, 0, "", false
-	a.mu.Unlock()
-	a.started.Store(true)
-	return mech
+// answeredExchange is what the broker's answers have said so far of one
+// exchange.
+type answeredExchange struct {
+	exchange  uint32
+	mech      string
+	candidate string // the principal its first message names
+	failed    bool   // it cannot authenticate (any more), as far as the proxy can tell
+	answers   int    // SaslAuthenticate answers with error 0
+	// unfollowedOK: a mechanism the proxy cannot follow whose answers were
+	// all error 0 so far; the broker's answer to a later ordinary request
+	// then says the exchange succeeded.
+	unfollowedOK bool
 }
 
-// request notes a SaslAuthenticate request; its first message names the
-// principal the broker will authenticate, if any.
-func (a *authState) request(body []byte, version int16, oauthClaim string) {
+// saslStep is what one SASL request means, decided when readLoop reads it.
+type saslStep struct {
+	exchange  uint32 // the exchange it belongs to (0: none began)
+	handshake bool   // a SaslHandshake: it begins the exchange
+	mech      string // the exchange's mechanism
+	step      int    // SaslAuthenticate: its place in the exchange, from 1
+	name      string // step 1: the principal its message names; "" if none
+}
+
+// followed reports whether the proxy can tell how an exchange of mech ends.
+func followed(mech string) bool {
+	switch mech {
+	case mechPlain, mechScram256, mechScram512, mechOAuthBearer:
+		return true
+	}
+	return false
+}
+
+// Why a connection is relayed only after a second exchange (the reason
+// label of dedupproxy_client_auth_relayed_only_total).
+const (
+	relayPipelined = "pipelined"      // an exchange began while a SASL request was unanswered
+	relayReauth    = "reauth_changed" // a re-authentication as another principal, or by a mechanism the proxy cannot follow
+)
+
+// request notes a SaslHandshake or SaslAuthenticate request (readLoop) and
+// returns what it means; relay is non-empty when, with it, the connection
+// must be decided for nothing more.
+func (a *authState) request(key int16, body []byte, version int16, oauthClaim string) (st *saslStep, relay string) {
 	a.started.Store(true)
+	unanswered := a.sent > a.answered.Load()
+	a.sent++
+	if key == int16(kmsg.SASLHandshake) {
+		req := kmsg.NewPtrSASLHandshakeRequest()
+		req.SetVersion(version)
+		mech := ""
+		if req.ReadFrom(body) == nil {
+			mech = strings.ToUpper(req.Mechanism)
+		}
+		a.exchanges++
+		a.mech, a.steps = mech, 0
+		switch {
+		case unanswered:
+			// Kafka answers an exchange begun before the last one ended
+			// ILLEGAL_SASL_STATE; no honest client does it, and what it
+			// means depends on answers not yet read.
+			relay = relayPipelined
+		case a.principal.Load() != nil && !followed(mech):
+			relay = relayReauth
+		}
+		return &saslStep{exchange: a.exchanges, handshake: true, mech: mech}, relay
+	}
+	a.steps++
+	st = &saslStep{exchange: a.exchanges, mech: a.mech, step: a.steps}
+	if st.step != 1 || st.exchange == 0 {
+		return st, ""
+	}
 	req := kmsg.NewPtrSASLAuthenticateRequest()
 	req.SetVersion(version)
-	ok := req.ReadFrom(body) == nil
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.requests++
-	if a.requests != 1 {
-		return
+	if req.ReadFrom(body) == nil {
+		st.name, _ = saslPrincipal(st.mech, req.SASLAuthBytes, oauthClaim)
 	}
-	if !ok {
-		a.failed = true
-		return
+	// A re-authentication (KIP-368) must name the principal the
+	// connection has: Kafka refuses another.
+	if p := a.principal.Load(); p != nil && st.name != p.name && followed(st.mech) {
+		relay = relayReauth
 	}
-	name, ok := saslPrincipal(a.mech, req.SASLAuthBytes, oauthClaim)
-	if !ok {
-		a.failed = true
-		return
-	}
-	a.candidate = name
+	return st, relay
 }
 
-// answer notes the broker's answer to a SaslAuthenticate request and
-// returns the principal authenticated by it, if the exchange ended so.
-func (a *authState) answer(body []byte, version int16) (name string, done bool) {
+// answer notes the broker's answer to the SASL request st (responseLoop):
+// body is the response after its header. It returns the principal
+// authenticated by it, if the exchange ended so.
+func (a *authState) answer(st *saslStep, body []byte, version int16) (name string, done bool) {
+	cur := &a.cur
+	if st.handshake {
+		resp := kmsg.NewPtrSASLHandshakeResponse()
+		resp.SetVersion(version)
+		ok := resp.ReadFrom(body) == nil && resp.ErrorCode == 0
+		*cur = answeredExchange{exchange: st.exchange, mech: st.mech, failed: !ok || !followed(st.mech),
+			unfollowedOK: ok && !followed(st.mech)}
+		return "", false
+	}
 	resp := kmsg.NewPtrSASLAuthenticateResponse()
 	resp.SetVersion(version)
-	ok := resp.ReadFrom(body) == nil
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if !ok || resp.ErrorCode != 0 {
-		a.failed = true
+	ok := resp.ReadFrom(body) == nil && resp.ErrorCode == 0
+	if st.exchange == 0 || st.exchange != cur.exchange || !ok {
+		// No handshake of its own was answered first, or a failure.
+		cur.failed, cur.unfollowedOK = true, false
 		return "", false
 	}
-	a.answers++
-	if a.failed || a.candidate == "" {
+	cur.answers++
+	if cur.failed {
 		return "", false
 	}
-	switch a.mech {
+	if st.step == 1 {
+		cur.candidate = st.name
+	}
+	if cur.candidate == "" {
+		cur.failed = true
+		return "", false
+	}
+	switch st.mech {
 	case mechPlain:
-		done = a.answers == 1
+		done = st.step == 1
 	case mechScram256, mechScram512:
-		done = a.answers == 2
+		done = st.step == 2
 	case mechOAuthBearer:
 		// Error 0 with a challenge is KIP-255's failure: the client must
 		// answer it with %x01 and the broker then fails the exchange.
-		done = a.answers == 1 && len(resp.SASLAuthBytes) == 0
+		done = st.step == 1 && len(resp.SASLAuthBytes) == 0
 		if !done {
-			a.failed = true
+			cur.failed = true
 		}
 	}
 	if done {
-		a.failed = true // the exchange is over: nothing more authenticates
+		cur.failed = true // the exchange is over: nothing more authenticates
 	}
-	return a.candidate, done
+	return cur.candidate, done
+}
+
+// served notes the broker's answer to an ordinary request (responseLoop):
+// after an exchange the proxy cannot follow whose answers were all error 0,
+// it means the broker authenticated the connection (Kafka closes one that
+// sends such a request before its exchange ended).
+func (a *authState) served() {
+	if a.cur.unfollowedOK && a.cur.answers > 0 && !a.brokerAuthenticated.Load() {
+		a.brokerAuthenticated.Store(true)
+	}
 }
 
 // saslPrincipal returns the principal a mechanism's first client message
@@ -278,37 +370,59 @@ func (p *principals) name(id principalID) (string, bool) {
 	return p.names[id-1], true
 }
 
-// noteAuthRequest follows the client's side of a SASL exchange (readLoop).
-func (c *session) noteAuthRequest(h protocol.RequestHeader, body []byte) {
-	switch h.APIKey {
-	case int16(kmsg.SASLHandshake):
-		mech := c.auth.handshake(body[h.BodyOffset:], h.APIVersion)
-		switch mech {
-		case mechPlain, mechScram256, mechScram512, mechOAuthBearer:
-		default:
-			c.s.Metrics.authUnfollowed.Inc()
-			if _, seen := c.s.unfollowedMechs.LoadOrStore(mech, true); !seen {
-				c.log.Warn("SASL mechanism the proxy cannot follow: its connections are relayed and never deduplicated (docs/security.md)", "mechanism", mech)
-			}
+// noteAuthRequest follows the client's side of a SASL exchange (readLoop)
+// and returns what the request means, for its pending entry.
+func (c *session) noteAuthRequest(h protocol.RequestHeader, body []byte) *saslStep {
+	st, relay := c.auth.request(h.APIKey, body[h.BodyOffset:], h.APIVersion, c.s.Config.OAuthBearerPrincipalClaim)
+	if st.handshake && !followed(st.mech) {
+		c.s.Metrics.authUnfollowed.Inc()
+		if _, seen := c.s.unfollowedMechs.LoadOrStore(st.mech, true); !seen {
+			c.log.Warn("SASL mechanism the proxy cannot follow: its connections are relayed and never deduplicated (docs/security.md)", "mechanism", st.mech)
 		}
-	case int16(kmsg.SASLAuthenticate):
-		c.auth.request(body[h.BodyOffset:], h.APIVersion, c.s.Config.OAuthBearerPrincipalClaim)
+	}
+	if relay != "" {
+		c.relayOnly(relay, st.name)
+	}
+	return st
+}
+
+// relayOnly makes the proxy decide nothing more for the connection, after
+// a second SASL exchange it does not follow; counted and logged once.
+func (c *session) relayOnly(reason, principal string) {
+	c.unscoped.Store(true)
+	if c.auth.relayOnly.Swap(true) {
+		return
+	}
+	c.s.Metrics.authRelayedOnly.WithLabelValues(reason).Inc()
+	was := ""
+	if p := c.auth.principal.Load(); p != nil {
+		was = p.name
+	}
+	switch reason {
+	case relayPipelined:
+		c.log.Warn("client began a SASL exchange before the broker answered the last one: its requests are relayed undecided from now on (docs/security.md)", "principal", was)
+	default:
+		c.log.Warn("client re-authenticated as another principal or by a mechanism the proxy cannot follow: its requests are relayed undecided from now on (docs/security.md)", "principal", principal, "was", was)
 	}
 }
 
 // noteAuthAnswer follows the broker's side (responseLoop): body is the
-// response after its header.
+// answer to the SASL request p after its header.
 func (c *session) noteAuthAnswer(p *pending, body []byte) {
-	name, done := c.auth.answer(body, p.version)
+	defer c.auth.answered.Add(1) // after the answer's meaning is stored
+	if p.sasl == nil {
+		return
+	}
+	name, done := c.auth.answer(p.sasl, body, p.version)
 	if !done {
 		return
 	}
+	c.auth.brokerAuthenticated.Store(true)
 	if old := c.auth.principal.Load(); old != nil && old.name != name {
 		// Kafka refuses a re-authentication as another principal; the
 		// proxy stops deciding for a connection whose principal moved.
+		c.relayOnly(relayReauth, name)
 		c.auth.principal.Store(&principalRef{name: name, id: 0})
-		c.unscoped.Store(true)
-		c.log.Warn("client re-authenticated as another principal; its batches are relayed undecided from now on", "principal", name, "was", old.name)
 		return
 	}
 	id, ok := c.s.principals.id(name)
@@ -344,6 +458,13 @@ func (c *session) authenticated() (principalRef, bool) {
 func (c *session) isAuthenticated() bool {
 	_, ok := c.authenticated()
 	return ok
+}
+
+// preAuthentication reports whether the broker has not yet authenticated
+// the connection, as far as the proxy can tell: Kafka's limit on request
+// size applies until it has.
+func (c *session) preAuthentication() bool {
+	return !c.auth.brokerAuthenticated.Load() && !c.isAuthenticated()
 }
 
 // noteTLSPrincipal scopes a connection whose client presented a

@@ -137,14 +137,20 @@ func (m responseMapper) ObserveTopics(topics []protocol.TopicInfo) {
 // never authenticated (so it requires no authentication).
 func (c *session) noteResponse(p *pending, body []byte) {
 	switch kmsg.Key(p.key) {
-	case kmsg.ApiVersions, kmsg.SASLHandshake:
-	case kmsg.SASLAuthenticate:
-		if off, err := protocol.ResponseBodyOffset(body, p.key, p.version); err == nil {
-			c.noteAuthAnswer(p, body[off:])
+	case kmsg.ApiVersions:
+	case kmsg.SASLHandshake, kmsg.SASLAuthenticate:
+		off, err := protocol.ResponseBodyOffset(body, p.key, p.version)
+		if err != nil {
+			off = len(body) // an undecodable answer: a failure
 		}
+		c.noteAuthAnswer(p, body[off:])
 	default:
-		if !c.auth.started.Load() && !c.s.openUpstream.Load() {
-			c.s.openUpstream.Store(true)
+		if !c.auth.started.Load() {
+			if !c.s.openUpstream.Load() {
+				c.s.openUpstream.Store(true)
+			}
+		} else {
+			c.auth.served()
 		}
 	}
 }

@@ -72,6 +72,9 @@ type Metrics struct {
 
 	// Authentication (auth.go).
 	authUnfollowed prometheus.Counter
+	// authRelayedOnly: client_auth_relayed_only_total{reason}, reasons
+	// relayPipelined and relayReauth (auth.go).
+	authRelayedOnly *prometheus.CounterVec
 }
 
 type apiMetrics struct {
@@ -215,8 +218,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.authUnfollowed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "auth_unfollowed_total",
 		Help: "SASL exchanges with a mechanism the proxy cannot follow (GSSAPI, custom): their connections are relayed and never deduplicated."})
+	m.authRelayedOnly = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "auth_relayed_only_total",
+		Help: "Client connections relayed undecided from a second SASL exchange on: pipelined (begun before the broker answered the last SASL request) or reauth_changed (a re-authentication as another principal, or by a mechanism the proxy cannot follow)."}, []string{"reason"})
+	for _, r := range []string{relayPipelined, relayReauth} {
+		m.authRelayedOnly.WithLabelValues(r)
+	}
 	if reg != nil {
-		reg.MustRegister(m.listenerErrors, m.refusedConns, m.authUnfollowed)
+		reg.MustRegister(m.listenerErrors, m.refusedConns, m.authUnfollowed, m.authRelayedOnly)
 	}
 	return m
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/dedupproxy/dedupproxy/decide"
 )
 
 // The SASL users of the test clusters: one per mechanism, all superusers.
@@ -290,5 +292,51 @@ func TestSASLSSLFranzGo(t *testing.T) {
 	kgoRoundTrip(t, p.addr(), certs.clientConfig(nil), topic, 300, kgo.SASL(mechanism(SASLScramSHA512, scram512User, scram512)))
 	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n < 1 {
 		t.Fatalf("%v batches decided", n)
+	}
+}
+
+// TestSASLReauthenticationKeepsDeciding: with connections.max.reauth.ms
+// set, the broker gives every session a lifetime and franz-go
+// re-authenticates (KIP-368) before its next request. A re-authentication
+// as the same principal keeps the connection decided: every batch is
+// decided, none relayed as unauthenticated, and no connection is made
+// relayed only.
+func TestSASLReauthenticationKeepsDeciding(t *testing.T) {
+	t.Parallel()
+	const topic, batches = "reauth", 4
+	c := newCluster(t, append(saslOpts(), kfake.NumBrokers(1), kfake.SeedTopics(1, topic),
+		// Shorter than franz-go's 1 s margin: it re-authenticates
+		// before every request.
+		kfake.BrokerConfigs(map[string]string{"connections.max.reauth.ms": "1000"}))...)
+	p := startProxy(t, c, withProxySASL(t, SASLScramSHA512, scram512User, scram512))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DefaultProduceTopic(topic),
+		kgo.SASL(mechanism(SASLScramSHA256, scram256User, scram256)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range batches {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte(strconv.Itoa(i))}).FirstErr(); err != nil {
+			t.Fatalf("produce %d: %v", i, err)
+		}
+	}
+	handshakes := testutil.ToFloat64(p.Metrics.requests.WithLabelValues("SASLHandshake"))
+	// Two connections (bootstrap, then the broker's), each
+	// re-authenticated before its later requests.
+	if handshakes < batches+2 {
+		t.Fatalf("%v SASL handshakes, want re-authentications before the produce requests", handshakes)
+	}
+	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n != batches {
+		t.Fatalf("%v batches decided and accepted, want %d", n, batches)
+	}
+	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n != 0 {
+		t.Fatalf("%v batches relayed as unauthenticated", n)
+	}
+	for _, r := range []string{relayPipelined, relayReauth} {
+		if n := testutil.ToFloat64(p.Metrics.authRelayedOnly.WithLabelValues(r)); n != 0 {
+			t.Fatalf("client_auth_relayed_only_total{reason=%q} = %v", r, n)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/dedupproxy/dedupproxy/decide"
@@ -136,6 +137,152 @@ func TestSecurityCopiedBatchNeedsWrite(t *testing.T) {
 	lo.Topics = append(lo.Topics, lt)
 	if end := again.roundTrip(lo).(*kmsg.ListOffsetsResponse).Topics[0].Partitions[0].Offset; end != 6 {
 		t.Fatalf("log end %d, want 6", end)
+	}
+}
+
+// sendAll writes reqs in one write, as a client pipelining them does, and
+// returns their correlation ids.
+func (r *rawConn) sendAll(reqs ...kmsg.Request) []int32 {
+	r.t.Helper()
+	id := r.clientID
+	if id == "" {
+		id = "raw"
+	}
+	f := kmsg.NewRequestFormatter(kmsg.FormatterClientID(id))
+	var buf []byte
+	var corrs []int32
+	for _, req := range reqs {
+		r.corr++
+		// AppendRequest writes the size at the start of its dst: one
+		// frame at a time.
+		buf = append(buf, f.AppendRequest(nil, req, r.corr)...)
+		corrs = append(corrs, r.corr)
+	}
+	if _, err := r.conn.Write(buf); err != nil {
+		r.t.Fatal(err)
+	}
+	return corrs
+}
+
+func saslHandshake(mech string) *kmsg.SASLHandshakeRequest {
+	req := kmsg.NewPtrSASLHandshakeRequest()
+	req.SetVersion(1)
+	req.Mechanism = mech
+	return req
+}
+
+func saslAuth(msg []byte) *kmsg.SASLAuthenticateRequest {
+	req := kmsg.NewPtrSASLAuthenticateRequest()
+	req.SetVersion(1)
+	req.SASLAuthBytes = msg
+	return req
+}
+
+// TestSecurityPipelinedSASLBorrowsNoPrincipal: mallory, who may not write
+// the topic, authenticates and, in the same write, begins a second
+// exchange as alice with a wrong password. The broker authenticates
+// mallory and answers the second exchange ILLEGAL_SASL_STATE. Her copy of
+// a batch alice wrote (alice's connection then broke) must reach the
+// broker, which refuses it (TOPIC_AUTHORIZATION_FAILED): the proxy pairs
+// each answer with the request it answers, so the first exchange's
+// success means mallory, never alice, and the pipelined exchange makes the
+// connection relayed only. PLAIN, and SCRAM-SHA-256 for the first exchange
+// with the second as PLAIN or as SCRAM.
+func TestSecurityPipelinedSASLBorrowsNoPrincipal(t *testing.T) {
+	t.Parallel()
+	plainAuth := func(user, pass string) []byte { return []byte("\x00" + user + "\x00" + pass) }
+	scramFirst := func(t *testing.T, user, pass string) (sasl.Session, []byte) {
+		s, first, err := scram.Auth{User: user, Pass: pass}.AsSha256Mechanism().Authenticate(context.Background(), "127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, first
+	}
+	for _, c := range []struct {
+		name string
+		// second is the second exchange, as alice with a wrong
+		// password, pipelined behind mallory's last message.
+		second func(t *testing.T) []kmsg.Request
+		scram  bool
+	}{
+		{name: "PLAIN", second: func(*testing.T) []kmsg.Request {
+			return []kmsg.Request{saslHandshake(SASLPlain), saslAuth(plainAuth(aliceUser, "wrong"))}
+		}},
+		{name: "SCRAM then PLAIN", scram: true, second: func(*testing.T) []kmsg.Request {
+			return []kmsg.Request{saslHandshake(SASLPlain), saslAuth(plainAuth(aliceUser, "wrong"))}
+		}},
+		{name: "SCRAM then SCRAM", scram: true, second: func(t *testing.T) []kmsg.Request {
+			_, first := scramFirst(t, aliceUser, "wrong")
+			return []kmsg.Request{saslHandshake(SASLScramSHA256), saslAuth(first)}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cl := securityCluster(t, 1)
+			p := startSecureProxy(t, cl, nil)
+			req := produceParts(secTopic, -1, part{0, recordBatch(t, -1, -1, -1, 3, "pay 100 to bob")})
+			alice := login(t, p, aliceUser, alicePass)
+			if r := onlyPartition(t, alice.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 0 {
+				t.Fatalf("alice's original: %+v", r)
+			}
+			alice.abort()
+			clientsGone(t, p) // a retry of hers could repeat her batch now
+
+			r := dialRaw(t, p.addr())
+			// The client id alice's connection began with (login's): a
+			// client instance is its principal, client id and host.
+			r.clientID = "dedupproxy-probe"
+			var reqs []kmsg.Request
+			if c.scram {
+				if resp := r.roundTrip(saslHandshake(SASLScramSHA256)).(*kmsg.SASLHandshakeResponse); resp.ErrorCode != 0 {
+					t.Fatalf("handshake: %d", resp.ErrorCode)
+				}
+				sess, first := scramFirst(t, malloryUser, malloryPwd)
+				resp := r.roundTrip(saslAuth(first)).(*kmsg.SASLAuthenticateResponse)
+				if resp.ErrorCode != 0 {
+					t.Fatalf("server-first: %d", resp.ErrorCode)
+				}
+				_, final, err := sess.Challenge(resp.SASLAuthBytes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reqs = append(reqs, saslAuth(final))
+			} else {
+				reqs = append(reqs, saslHandshake(SASLPlain), saslAuth(plainAuth(malloryUser, malloryPwd)))
+			}
+			reqs = append(reqs, c.second(t)...)
+			corrs := r.sendAll(reqs...)
+			var codes []int16
+			for i, q := range reqs {
+				switch resp := r.recv(q, corrs[i]).(type) {
+				case *kmsg.SASLHandshakeResponse:
+					codes = append(codes, resp.ErrorCode)
+				case *kmsg.SASLAuthenticateResponse:
+					codes = append(codes, resp.ErrorCode)
+				}
+			}
+			n := len(codes)
+			if codes[n-3] != 0 || codes[n-2] != kerr.IllegalSaslState.Code || codes[n-1] != kerr.IllegalSaslState.Code {
+				t.Fatalf("the broker answered %v, want mallory authenticated and the second exchange ILLEGAL_SASL_STATE", codes)
+			}
+			r.learnTopics(secTopic)
+			if got := onlyPartition(t, r.roundTrip(req)); got.ErrorCode != kerr.TopicAuthorizationFailed.Code {
+				t.Fatalf("mallory's copy of alice's batch answered %+v, want TOPIC_AUTHORIZATION_FAILED from the broker", got)
+			}
+			if n := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]); n != 0 {
+				t.Fatalf("the proxy answered %v duplicates itself", n)
+			}
+			// pipelined, or, when the broker's answer to mallory's last
+			// message was read before the second handshake (the proxy
+			// reads and forwards one request at a time), a
+			// re-authentication as another principal.
+			pipelined := testutil.ToFloat64(p.Metrics.authRelayedOnly.WithLabelValues(relayPipelined))
+			reauth := testutil.ToFloat64(p.Metrics.authRelayedOnly.WithLabelValues(relayReauth))
+			if pipelined+reauth != 1 {
+				t.Fatalf("client_auth_relayed_only_total: pipelined %v, reauth_changed %v; want one connection", pipelined, reauth)
+			}
+			p.awaitLog(t, "relayed undecided from now on")
+		})
 	}
 }
 
@@ -471,71 +618,214 @@ func TestOAuthBearerSubject(t *testing.T) {
 	}
 }
 
+// authScript drives an authState as readLoop and responseLoop do: each
+// request returns what it means, and an answer is paired with one.
+type authScript struct {
+	t *testing.T
+	a authState
+}
+
+func (sc *authScript) handshake(mech string) (*saslStep, string) {
+	req := kmsg.NewPtrSASLHandshakeRequest()
+	req.SetVersion(1)
+	req.Mechanism = mech
+	return sc.a.request(int16(kmsg.SASLHandshake), req.AppendTo(nil), 1, "sub")
+}
+
+func (sc *authScript) request(msg string) (*saslStep, string) {
+	req := kmsg.NewPtrSASLAuthenticateRequest()
+	req.SetVersion(1)
+	req.SASLAuthBytes = []byte(msg)
+	return sc.a.request(int16(kmsg.SASLAuthenticate), req.AppendTo(nil), 1, "sub")
+}
+
+// answer pairs the broker's answer with st and returns the principal it
+// authenticates, "" if none.
+func (sc *authScript) answer(st *saslStep, code int16, challenge string) string {
+	defer sc.a.answered.Add(1)
+	var body []byte
+	if st.handshake {
+		resp := kmsg.NewPtrSASLHandshakeResponse()
+		resp.SetVersion(1)
+		resp.ErrorCode = code
+		body = resp.AppendTo(nil)
+	} else {
+		resp := kmsg.NewPtrSASLAuthenticateResponse()
+		resp.SetVersion(1)
+		resp.ErrorCode, resp.SASLAuthBytes = code, []byte(challenge)
+		body = resp.AppendTo(nil)
+	}
+	name, done := sc.a.answer(st, body, 1)
+	if !done {
+		return ""
+	}
+	sc.a.principal.Store(&principalRef{name: name})
+	return name
+}
+
+// exchange runs one exchange in lockstep, each answer error 0 with the
+// challenges given, and returns what the last answer authenticated.
+func (sc *authScript) exchange(mech string, msgs []string, challenges []string) string {
+	hs, _ := sc.handshake(mech)
+	sc.answer(hs, 0, "")
+	got := ""
+	for i, m := range msgs {
+		st, _ := sc.request(m)
+		got = sc.answer(st, 0, challenges[i])
+	}
+	return got
+}
+
 // TestAuthStateByMechanism: the answers that end an exchange, per
 // mechanism, as the broker sends them.
 func TestAuthStateByMechanism(t *testing.T) {
 	t.Parallel()
-	handshake := func(a *authState, mech string) {
-		req := kmsg.NewPtrSASLHandshakeRequest()
-		req.SetVersion(1)
-		req.Mechanism = mech
-		a.handshake(req.AppendTo(nil), 1)
+	const oauthAlice = "n,,\x01auth=Bearer e30.eyJzdWIiOiJhbGljZSJ9.\x01\x01" // {"sub":"alice"}
+	for _, c := range []struct {
+		name       string
+		mech       string
+		msgs       []string
+		challenges []string
+		codes      []int16 // per SaslAuthenticate answer; 0 when short
+		want       string
+	}{
+		{"PLAIN", "PLAIN", []string{"\x00alice\x00pw"}, []string{""}, nil, "User:alice"},
+		{"PLAIN wrong password", "PLAIN", []string{"\x00alice\x00pw"}, []string{""}, []int16{kerr.SaslAuthenticationFailed.Code}, ""},
+		{"SCRAM server-first only", "SCRAM-SHA-512", []string{"n,,n=alice,r=abc"}, []string{"r=abcdef,s=salt,i=4096"}, nil, ""},
+		{"SCRAM", "SCRAM-SHA-512", []string{"n,,n=alice,r=abc", "c=biws,r=abcdef,p=proof"}, []string{"r=abcdef,s=salt,i=4096", "v=signature"}, nil, "User:alice"},
+		{"SCRAM failed proof", "SCRAM-SHA-256", []string{"n,,n=alice,r=abc", "c=biws,r=abcdef,p=wrong"}, []string{"r=abcdef,s=salt,i=4096", ""}, []int16{0, kerr.SaslAuthenticationFailed.Code}, ""},
+		{"OAUTHBEARER invalid token", "OAUTHBEARER", []string{oauthAlice}, []string{`{"status":"invalid_token"}`}, nil, ""},
+		{"OAUTHBEARER", "OAUTHBEARER", []string{oauthAlice}, []string{""}, nil, "User:alice"},
+		{"GSSAPI", "GSSAPI", []string{"token", "token"}, []string{"", ""}, nil, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sc := &authScript{t: t}
+			hs, _ := sc.handshake(c.mech)
+			sc.answer(hs, 0, "")
+			got := ""
+			for i, m := range c.msgs {
+				st, _ := sc.request(m)
+				code := int16(0)
+				if i < len(c.codes) {
+					code = c.codes[i]
+				}
+				if g := sc.answer(st, code, c.challenges[i]); g != "" {
+					got = g
+				}
+			}
+			if got != c.want {
+				t.Errorf("authenticated %q, want %q", got, c.want)
+			}
+		})
 	}
-	request := func(a *authState, msg string) {
-		req := kmsg.NewPtrSASLAuthenticateRequest()
-		req.SetVersion(1)
-		req.SASLAuthBytes = []byte(msg)
-		a.request(req.AppendTo(nil), 1, "sub")
+}
+
+// TestAuthPipelinedExchanges: a second exchange read before the broker
+// answered the first cannot change what the first's answers mean, for
+// every mechanism the proxy follows; it makes the connection relayed
+// only. The broker authenticates the first exchange's user and answers the
+// second ILLEGAL_SASL_STATE (34).
+func TestAuthPipelinedExchanges(t *testing.T) {
+	t.Parallel()
+	illegal := kerr.IllegalSaslState.Code
+	tok := func(sub string) string {
+		enc := base64.RawURLEncoding.EncodeToString
+		return "n,,\x01auth=Bearer " + enc([]byte(`{"alg":"none"}`)) + "." + enc([]byte(`{"sub":"`+sub+`"}`)) + ".\x01\x01"
 	}
-	answer := func(a *authState, code int16, challenge string) bool {
-		resp := kmsg.NewPtrSASLAuthenticateResponse()
-		resp.SetVersion(1)
-		resp.ErrorCode, resp.SASLAuthBytes = code, []byte(challenge)
-		_, done := a.answer(resp.AppendTo(nil), 1)
-		return done
+	for _, c := range []struct {
+		name          string
+		mech          string
+		first, second string // the first messages naming reader, then writer
+		challenge     string // the broker's answer to reader's first message
+		final         string // reader's second message, SCRAM only
+	}{
+		{name: "PLAIN", mech: "PLAIN", first: "\x00reader\x00pw", second: "\x00writer\x00wrong"},
+		{name: "SCRAM-SHA-256", mech: "SCRAM-SHA-256", first: "n,,n=reader,r=abc", second: "n,,n=writer,r=abc", challenge: "r=abcdef,s=c2FsdA==,i=4096", final: "c=biws,r=abcdef,p=proof"},
+		{name: "SCRAM-SHA-512", mech: "SCRAM-SHA-512", first: "n,,n=reader,r=abc", second: "n,,n=writer,r=abc", challenge: "r=abcdef,s=c2FsdA==,i=4096", final: "c=biws,r=abcdef,p=proof"},
+		{name: "OAUTHBEARER", mech: "OAUTHBEARER", first: tok("reader"), second: tok("writer")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sc := &authScript{t: t}
+			hs1, r1 := sc.handshake(c.mech)
+			a1, r2 := sc.request(c.first)
+			var fin *saslStep
+			if c.final != "" {
+				// SCRAM's client-final needs the server-first answer.
+				if got := sc.answer(hs1, 0, ""); got != "" {
+					t.Fatalf("handshake authenticated %q", got)
+				}
+				sc.answer(a1, 0, c.challenge)
+				fin, _ = sc.request(c.final)
+			}
+			hs2, relay := sc.handshake(c.mech)
+			a2, _ := sc.request(c.second)
+			if r1 != "" || r2 != "" || relay != relayPipelined {
+				t.Fatalf("relay verdicts %q %q %q, want only the second handshake %q", r1, r2, relay, relayPipelined)
+			}
+			var got string
+			if fin == nil {
+				sc.answer(hs1, 0, "")
+				got = sc.answer(a1, 0, "")
+			} else {
+				got = sc.answer(fin, 0, "v=signature")
+			}
+			if got != "User:reader" {
+				t.Fatalf("the first exchange's answer authenticated %q, want User:reader", got)
+			}
+			if g := sc.answer(hs2, illegal, ""); g != "" {
+				t.Fatalf("the second handshake's answer authenticated %q", g)
+			}
+			if g := sc.answer(a2, illegal, ""); g != "" {
+				t.Fatalf("the second exchange's answer authenticated %q", g)
+			}
+			// Even were the broker to answer the second exchange with
+			// success, it could only ever mean its own user.
+			sc2 := &authScript{t: t}
+			h1, _ := sc2.handshake(c.mech)
+			b1, _ := sc2.request(c.first)
+			h2, _ := sc2.handshake(c.mech)
+			b2, _ := sc2.request(c.second)
+			sc2.answer(h1, 0, "")
+			sc2.answer(b1, kerr.SaslAuthenticationFailed.Code, "")
+			sc2.answer(h2, 0, "")
+			if g := sc2.answer(b2, 0, ""); c.mech != "SCRAM-SHA-256" && c.mech != "SCRAM-SHA-512" && g != "User:writer" {
+				t.Fatalf("the second exchange's own success authenticated %q, want User:writer", g)
+			}
+		})
 	}
-	var a authState
-	handshake(&a, "PLAIN")
-	request(&a, "\x00alice\x00pw")
-	if !answer(&a, 0, "") {
-		t.Error("PLAIN: its one answer with error 0 did not end the exchange")
+}
+
+// TestAuthReauthentication: KIP-368 re-authentication as the same
+// principal keeps the connection decided; as another principal, or by a
+// mechanism the proxy cannot follow, it makes it relayed only.
+func TestAuthReauthentication(t *testing.T) {
+	t.Parallel()
+	sc := &authScript{t: t}
+	if got := sc.exchange("PLAIN", []string{"\x00alice\x00pw"}, []string{""}); got != "User:alice" {
+		t.Fatalf("first exchange: %q", got)
 	}
-	a = authState{}
-	handshake(&a, "SCRAM-SHA-512")
-	request(&a, "n,,n=alice,r=abc")
-	if answer(&a, 0, "r=abcdef,s=salt,i=4096") {
-		t.Error("SCRAM: server-first ended the exchange")
+	hs, relay := sc.handshake("SCRAM-SHA-256")
+	if relay != "" {
+		t.Fatalf("a re-authentication's handshake: relay %q", relay)
 	}
-	request(&a, "c=biws,r=abcdef,p=proof")
-	if !answer(&a, 0, "v=signature") {
-		t.Error("SCRAM: server-final did not end the exchange")
+	sc.answer(hs, 0, "")
+	st, relay := sc.request("n,,n=alice,r=abc")
+	if relay != "" {
+		t.Fatalf("a re-authentication as the same principal: relay %q", relay)
 	}
-	a = authState{}
-	handshake(&a, "SCRAM-SHA-256")
-	request(&a, "n,,n=alice,r=abc")
-	answer(&a, 0, "r=abcdef,s=salt,i=4096")
-	request(&a, "c=biws,r=abcdef,p=wrong")
-	if answer(&a, kerr.SaslAuthenticationFailed.Code, "") {
-		t.Error("SCRAM: a failed proof ended the exchange")
+	sc.answer(st, 0, "r=abcdef,s=c2FsdA==,i=4096")
+	st, _ = sc.request("c=biws,r=abcdef,p=proof")
+	if got := sc.answer(st, 0, "v=sig"); got != "User:alice" {
+		t.Fatalf("re-authentication: %q", got)
 	}
-	a = authState{}
-	handshake(&a, "OAUTHBEARER")
-	request(&a, "n,,\x01auth=Bearer e30.eyJzdWIiOiJ4In0.\x01\x01")
-	if answer(&a, 0, `{"status":"invalid_token"}`) {
-		t.Error("OAUTHBEARER: an error-0 challenge ended the exchange")
+	hs, _ = sc.handshake("PLAIN")
+	sc.answer(hs, 0, "")
+	st, relay = sc.request("\x00mallory\x00pw")
+	if relay != relayReauth {
+		t.Fatalf("a re-authentication as another principal: relay %q, want %q", relay, relayReauth)
 	}
-	a = authState{}
-	handshake(&a, "OAUTHBEARER")
-	request(&a, "n,,\x01auth=Bearer e30.eyJzdWIiOiJ4In0.\x01\x01")
-	if !answer(&a, 0, "") {
-		t.Error("OAUTHBEARER: error 0 without a challenge did not end the exchange")
-	}
-	a = authState{}
-	handshake(&a, "GSSAPI")
-	request(&a, "token")
-	for i := range 2 {
-		if answer(&a, 0, "") {
-			t.Errorf("GSSAPI: counted as authenticated after answer %d", i+1)
-		}
+	sc.answer(st, kerr.SaslAuthenticationFailed.Code, "") // as Kafka does
+	if _, relay := sc.handshake("GSSAPI"); relay != relayReauth {
+		t.Fatalf("a re-authentication by GSSAPI: relay %q, want %q", relay, relayReauth)
 	}
 }

@@ -117,6 +117,7 @@ type pending struct {
 	plan         *producePlan // Produce decided by the core, else nil
 	initTxn      bool         // InitProducerId for a transactional id: feeds fencing
 	relayed      bool         // the response went to the client as it was read (relayLarge)
+	sasl         *saslStep    // SaslHandshake, SaslAuthenticate: what the request means (auth.go)
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{} }}
@@ -264,7 +265,7 @@ func (c *session) readLoop() {
 		}
 		rb.holesOK = rb.src != nil && !c.s.keysOn()
 		maxFrame := cfg.MaxFrameBytes
-		if !c.isAuthenticated() {
+		if c.preAuthentication() {
 			// Kafka's sasl.server.max.receive.size: before the broker
 			// knows who the client is, it may not make anyone buffer
 			// 100 MiB.
@@ -298,6 +299,7 @@ func (c *session) readLoop() {
 		}
 		respond := true
 		initTxn := false
+		var sasl *saslStep
 		switch h.APIKey {
 		case int16(kmsg.Produce):
 			acks, err := protocol.ProduceAcks(body, h)
@@ -340,11 +342,11 @@ func (c *session) readLoop() {
 		case int16(kmsg.InitProducerID):
 			initTxn = c.s.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
 		case int16(kmsg.SASLHandshake), int16(kmsg.SASLAuthenticate):
-			c.noteAuthRequest(h, body)
+			sasl = c.noteAuthRequest(h, body)
 		}
 		if respond {
 			p := c.newPending(h, start, api)
-			p.initTxn = initTxn
+			p.initTxn, p.sasl = initTxn, sasl
 			c.enqueue(p)
 		}
 		if !c.forward(frame) {
@@ -398,7 +400,7 @@ func (c *session) readFailed(err error) {
 	case errors.Is(err, protocol.ErrLooksLikeHTTP):
 		m.clientError(clientHTTP)
 		c.log.Warn("closing client connection: it speaks HTTP, not the Kafka protocol", "err", err)
-	case errors.Is(err, protocol.ErrFrameTooLarge) && !c.isAuthenticated():
+	case errors.Is(err, protocol.ErrFrameTooLarge) && c.preAuthentication():
 		m.clientError(clientUnauth)
 		c.log.Warn("closing client connection: request too large before authentication (unauthenticated_max_frame_bytes)", "err", err)
 	case errors.Is(err, protocol.ErrFrameTooLarge), errors.Is(err, protocol.ErrFrameSize):
