@@ -1,0 +1,139 @@
+package sim
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
+)
+
+// This file is the simulation's only caller of decide.Core: every event
+// the proxy's session hands the core (docs/produce-path.md, "Events in,
+// effects out") goes through one method here, so that a change to the
+// core's signatures touches this file alone.
+
+// core is one proxy process's decision core: a replica, or the proxy after
+// a restart (a new core: memory lost, the log kept).
+type core struct {
+	name  string // in the script: the core=NAME of its connections
+	c     *decide.Core
+	table *seqstate.Table
+	topic seqstate.TopicID
+	sc    protocol.ProduceResponseScanner
+}
+
+// coreConfig is what every core of a run is built with.
+type coreConfig struct {
+	window time.Duration
+	scope  decide.Scope
+	match  decide.Match
+}
+
+func newCore(name string, cfg coreConfig) *core {
+	tab, err := seqstate.New(seqstate.Config{})
+	if err != nil {
+		panic(err) // the default config is valid
+	}
+	tab.InternTopics([]seqstate.TopicRef{{Name: topicName, Partitions: maxPartitions}})
+	topic, _ := tab.LookupTopic([]byte(topicName))
+	c := decide.New(decide.Config{Table: tab, Window: cfg.window, Scope: cfg.scope, Warm: true},
+		&decide.Settings{Mode: decide.Enforce, Match: cfg.match})
+	return &core{name: name, c: c, table: tab, topic: topic}
+}
+
+// clientInfo is what a connection's client tells the proxy about itself.
+type clientInfo struct {
+	principal uint32
+	id        string
+	host      netip.Addr
+	software  string // ApiVersions v3+ client software name, "" for none
+}
+
+func (k *core) connect(id decide.ConnID, cl clientInfo, now time.Time) *decide.Conn {
+	return k.c.Connect(id, decide.Client{Principal: cl.principal, ID: cl.id, Host: cl.host, Software: cl.software}, now)
+}
+
+// disconnect: the connection closed or broke. clean says whether its
+// client closed it with every answer written on it received by its TCP
+// stack (the core does not take it yet).
+func (k *core) disconnect(conn *decide.Conn, clean bool, now time.Time) {
+	_ = clean
+	k.c.Disconnect(conn, now)
+}
+
+func (k *core) gone(conn *decide.Conn) bool { return k.c.Gone(conn) }
+
+func (k *core) siblings(conn *decide.Conn) []decide.ConnID { return k.c.Siblings(conn, nil) }
+
+func (k *core) disconnectSibling(conn *decide.Conn, id decide.ConnID, now time.Time) {
+	k.c.DisconnectSibling(conn, id, now)
+}
+
+func (k *core) decide(req *decide.Request, pl *decide.Plan, now time.Time) { k.c.Decide(req, pl, now) }
+
+// partResult is the broker's answer for one partition.
+type partResult struct {
+	partition  int32
+	code       int16
+	offset     int64
+	appendTime int64 // log append time, -1 for CreateTime
+}
+
+// outcome hands the broker's answer to the core, as a Produce response
+// body of the request's version.
+func (k *core) outcome(pl *decide.Plan, version int16, res []partResult, now time.Time) []decide.ConnID {
+	resp := kmsg.NewPtrProduceResponse()
+	resp.SetVersion(version)
+	rt := kmsg.NewProduceResponseTopic()
+	rt.Topic = topicName
+	for _, r := range res {
+		rp := kmsg.NewProduceResponseTopicPartition()
+		rp.Partition, rp.ErrorCode, rp.BaseOffset, rp.LogAppendTime, rp.LogStartOffset = r.partition, r.code, r.offset, r.appendTime, 0
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	resp.Topics = append(resp.Topics, rt)
+	wake, err := k.c.Outcome(pl, &k.sc, resp.AppendTo(nil), now, nil)
+	if err != nil {
+		panic(err) // the simulation built the body: a bug here
+	}
+	return wake
+}
+
+func (k *core) lost(pl *decide.Plan, now time.Time) []decide.ConnID { return k.c.Lost(pl, now, nil) }
+
+func (k *core) unsent(pl *decide.Plan, now time.Time) []decide.ConnID {
+	return k.c.Unsent(pl, now, nil)
+}
+
+func (k *core) delivered(pl *decide.Plan, ok bool, now time.Time) { k.c.Delivered(pl, ok, now) }
+
+func (k *core) tailKey(p int32) decide.TailKey { return decide.TailKey{Topic: k.topic, Partition: p} }
+
+func (k *core) tailRead(p int32, records []byte, now time.Time) []decide.ConnID {
+	return k.c.TailRead(k.tailKey(p), records, now, nil)
+}
+
+func (k *core) tailFailed(p int32, now time.Time) []decide.ConnID {
+	return k.c.TailFailed(k.tailKey(p), now, nil)
+}
+
+// handOff moves the legacy state of partitions parts to core to, as two
+// replicas do when a node changes hands (docs/replicas.md). Both cores
+// intern the one topic first, so its number is the same in both.
+func (k *core) handOff(to *core, parts []int32, now time.Time) int {
+	want := func(_ seqstate.TopicID, p int32) bool {
+		for _, q := range parts {
+			if q == p {
+				return true
+			}
+		}
+		return false
+	}
+	return to.c.TakeOver(k.c.HandOff(want, now, nil), now)
+}
+
+func (k *core) rewarm(p int32) { k.c.Rewarm(k.topic, p) }

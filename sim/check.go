@@ -1,0 +1,417 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/dedupproxy/dedupproxy/decide"
+)
+
+// The invariants checked after every run (docs/simulation.md):
+//
+//  1. every record a client sent as new is written, unless the client
+//     gave up on it;
+//  2. no record is taken for another client instance's retry;
+//  3. nothing of a retry shape the rule covers is written twice;
+//  4. an idempotent producer's every answer equals the broker's;
+//  5. an answer's offset is true: the log holds the batch's records there.
+//
+// What the rule documents it cannot tell apart is not a failure: each
+// such record is counted under its shape, and the test asserts a bound
+// for each (a known miss fails past its bound).
+
+// shape is a kind of record the rule may write twice or drop.
+type shape struct {
+	name    string
+	covered bool // the rule claims it: any count is a failure
+	drop    bool // a record dropped, not written twice
+}
+
+// The shapes. NOTE: a new shape needs its row in docs/simulation.md and a
+// bound in sim_test.go.
+var (
+	// Resent records the rule covers.
+	shIdentical  = shape{name: "identical resend on a new connection", covered: true}
+	shRestamped  = shape{name: "restamped resend by kafka-go or kafkajs", covered: true}
+	shResplit    = shape{name: "librdkafka re-split resend", covered: true}
+	shMoved      = shape{name: "kafkajs resend to another partition, original unacknowledged", covered: true}
+	shRestartID  = shape{name: "identical resend across a proxy restart", covered: true}
+	shHandover   = shape{name: "resend across a node handover", covered: true}
+	shIdempotent = shape{name: "idempotent resend", covered: true}
+	// Resent records the rule documents as misses (written twice).
+	shSameConn        = shape{name: "kafkajs resend after a request timeout, its original in flight on the connection kafkajs keeps"}
+	shRepartitioned   = shape{name: "kafkajs resend of records another broker acknowledged"}
+	shRestartRestamp  = shape{name: "restamped resend across a proxy restart"}
+	shUnrecognised    = shape{name: "restamped resend by a client that names itself (sarama)"}
+	shOvertook        = shape{name: "resend decided before the proxy heard the old connection end"}
+	shAcks            = shape{name: "acks=0/1 resend"}
+	shAfterWindow     = shape{name: "resend after the window"}
+	shTailFailed      = shape{name: "resend decided without its partition's log (the tail read failed)"}
+	shLeaderAcrossRep = shape{name: "resend after a leader moved to another replica"}
+	shSharedResend    = shape{name: "resend by a process sharing its instance with another"}
+	// Records dropped by design (documented), and what no design allows.
+	shDropContent = shape{name: "identical record of a restamping client's instance (content-only identity)", drop: true}
+	shDropShared  = shape{name: "identical record of another process sharing the instance", drop: true}
+	shDropRestart = shape{name: "identical record and timestamp of another anonymous producer after a restart", drop: true}
+	shDropOwn     = shape{name: "identical record and timestamp of the same instance", drop: true}
+	shDropOther   = shape{name: "dropped for no documented reason", covered: true, drop: true}
+)
+
+var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent,
+	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAcks, shAfterWindow, shTailFailed, shLeaderAcrossRep, shSharedResend,
+	shDropContent, shDropShared, shDropRestart, shDropOwn, shDropOther}
+
+// result is what one run found.
+type result struct {
+	seed     uint64
+	ended    bool
+	failures []string
+	counts   map[string]int // per shape: records written twice, or dropped
+	resent   map[string]int // per shape: records resent (written twice or not)
+	records  int
+	requests int
+	faults   []string
+}
+
+func (res *result) failf(format string, a ...any) {
+	res.failures = append(res.failures, fmt.Sprintf(format, a...))
+}
+
+// checkIdempotent compares every idempotent part the proxy answered itself
+// with what the broker would answer it now (invariant 4). Deliberate
+// differences are not failures: a sequence reused for other records is
+// answered OUT_OF_ORDER_SEQUENCE_NUMBER where Kafka would drop the
+// records (docs/kafka-rules.md §12.2), and a wait past its deadline
+// REQUEST_TIMED_OUT.
+func (w *world) checkIdempotent(d *deciding) {
+	for i, b := range d.req.parts {
+		pp := &d.pl.Parts[i]
+		if b.pid < 0 || pp.Act != decide.Answer {
+			continue
+		}
+		ref, appended := w.broker.idempotent(b, headerOf(d.req.raws[i]).MaxTimestamp)
+		got := partResult{partition: b.partition, code: pp.Local.ErrorCode, offset: pp.Local.BaseOffset, appendTime: pp.Local.LogAppendTime}
+		switch {
+		case pp.Verdict.Rule == decide.RuleSequenceReuse, got.code == kerr.RequestTimedOut.Code:
+		case appended || got != ref:
+			w.idemFailures = append(w.idemFailures, fmt.Sprintf("req %d p%d (pid %d seq %d): the proxy answered %+v, the broker would answer %+v (append %v)",
+				d.req.id, b.partition, b.pid, b.seq, got, ref, appended))
+		}
+	}
+}
+
+// check runs the invariants over a finished run.
+func (w *world) check(ended bool) *result {
+	res := &result{seed: w.seed, ended: ended, counts: map[string]int{}, resent: map[string]int{},
+		records: len(w.recs), requests: len(w.reqs), faults: w.faults}
+	if !ended {
+		res.failf("the run did not end within %d steps", w.maxSteps)
+	}
+	res.failures = append(res.failures, w.idemFailures...)
+	reqOf := func(id int) *wireReq { return w.reqs[id-1] }
+	for l := range w.recs {
+		ri := &w.recs[l]
+		switch {
+		case len(ri.written) == 0 && ri.acked && ri.lost == "":
+			sh, why := w.dropShape(lid(l))
+			res.counts[sh.name]++
+			if sh.covered {
+				res.failf("%s (%s) record %s (lid %d) was acknowledged and never written: %s", ri.c.name, ri.c.workload, ri.name, l, why)
+			}
+		case len(ri.written) == 0 && !ri.acked && ri.gaveUp == "":
+			if ended {
+				res.failf("%s (%s) record %s (lid %d) was neither written nor given up at the end", ri.c.name, ri.c.workload, ri.name, l)
+			}
+		}
+		// Every send after a copy reached the log is a resend the proxy
+		// had to catch.
+		for _, sid := range ri.sends {
+			s := reqOf(sid)
+			if s.decided == 0 {
+				continue
+			}
+			e := w.earlierCopy(lid(l), s)
+			if e == nil {
+				continue
+			}
+			sh := w.resendShape(lid(l), s, e)
+			res.resent[sh.name]++
+			if slices.Contains(ri.written, sid) {
+				res.counts[sh.name]++
+				if sh.covered {
+					res.failf("%s (%s) record %s (lid %d) written twice: req %d (%s) repeats req %d: %s", ri.c.name, ri.c.workload, ri.name, l, sid, s.cn.describe(), e.id, sh.name)
+				}
+			}
+		}
+	}
+	w.checkOffsets(res)
+	return res
+}
+
+// earlierCopy returns the first request that wrote l to the log before s
+// was decided, or nil.
+func (w *world) earlierCopy(l lid, s *wireReq) *wireReq {
+	for _, id := range w.recs[l].written {
+		e := w.reqs[id-1]
+		if e.id != s.id && e.handled > 0 && e.handled <= s.decided {
+			return e
+		}
+	}
+	return nil
+}
+
+func (cn *conn) describe() string {
+	return fmt.Sprintf("conn %d to node %d via replica %d", cn.id, cn.node, cn.r.id)
+}
+
+// resendShape says which shape resend s of record l is, e the request
+// whose copy was in the log when s was decided.
+func (w *world) resendShape(l lid, s, e *wireReq) shape {
+	c := s.c
+	rs, re := recIn(s, l), recIn(e, l)
+	switch {
+	case c.lib.idempotent:
+		return shIdempotent
+	case s.acks != -1 || e.acks != -1:
+		return shAcks
+	case s.decided-e.handled >= w.cfg.window:
+		return shAfterWindow
+	case w.shared(c):
+		return shSharedResend
+	case w.tailFailedBetween(s, rs.partition, e.handled):
+		return shTailFailed
+	case s.replica != e.replica:
+		if w.handedOver(e, s) {
+			return shHandover
+		}
+		return shLeaderAcrossRep
+	case s.coreName != e.coreName:
+		if rs.ts != re.ts {
+			return shRestartRestamp
+		}
+		return shRestartID
+	case codeFor(e.answered, e, re.partition) == 0:
+		// Its client read the acknowledgement and sent the records again
+		// all the same: kafkajs's send retried for another broker.
+		return shRepartitioned
+	case c.lib.keepConn && whyIn(s, l) == "timeout":
+		return shSameConn
+	case w.overtook(l, s):
+		return shOvertook
+	case rs.partition != re.partition:
+		return shMoved
+	case rs.ts != re.ts && c.info.software != "" && c.lib.w.legacyEpoch != 0:
+		return shUnrecognised
+	case rs.ts != re.ts:
+		return shRestamped
+	case c.lib.style == resplit:
+		return shResplit
+	}
+	return shIdentical
+}
+
+// overtook: when s was decided, the proxy had written a successful answer
+// carrying l on a connection whose client never read it, and the core had
+// not heard that connection end: to the core the client held it.
+func (w *world) overtook(l lid, s *wireReq) bool {
+	for _, id := range w.recs[l].sends {
+		x := w.reqs[id-1]
+		if x == s || x.delivAt == 0 || x.delivAt > s.decided || x.answered != nil {
+			continue
+		}
+		if codeFor(x.written, x, recIn(x, l).partition) == 0 && (x.cn.toldAt == 0 || x.cn.toldAt > s.decided) {
+			return true
+		}
+	}
+	return false
+}
+
+// tailFailedBetween: a read of partition p's tail for the core that
+// decided s failed after from and before s was decided.
+func (w *world) tailFailedBetween(s *wireReq, p int32, from time.Duration) bool {
+	for _, f := range w.tailFails {
+		if f.core == s.coreName && f.p == p && f.at >= from && f.at <= s.decided {
+			return true
+		}
+	}
+	return false
+}
+
+// handedOver: a node was handed over between e and s.
+func (w *world) handedOver(e, s *wireReq) bool {
+	for _, at := range w.handovers {
+		if at >= e.decided && at <= s.decided {
+			return true
+		}
+	}
+	return false
+}
+
+type recAt struct {
+	partition int32
+	ts        int64
+}
+
+// recIn finds record l in request r.
+func recIn(r *wireReq, l lid) recAt {
+	for _, b := range r.parts {
+		for _, x := range b.recs {
+			if x.lid == l {
+				return recAt{b.partition, x.ts}
+			}
+		}
+	}
+	return recAt{-1, 0}
+}
+
+// shared: another process (not a run of the same one-shot job) is the
+// same client instance as c.
+func (w *world) shared(c *client) bool {
+	for _, o := range w.clients {
+		if o != c && o.info == c.info && !strings.HasPrefix(o.workload, "one-shot") {
+			return true
+		}
+	}
+	return false
+}
+
+// whyIn is why request r carries record l.
+func whyIn(r *wireReq, l lid) string {
+	for i, b := range r.parts {
+		for j, x := range b.recs {
+			if x.lid == l {
+				return r.whys[i][j]
+			}
+		}
+	}
+	return ""
+}
+
+// codeFor is the error code of partition p in answer a to r, -1 if none.
+func codeFor(a []partResult, r *wireReq, p int32) int16 {
+	for i, b := range r.parts {
+		if b.partition == p && i < len(a) {
+			return a[i].code
+		}
+	}
+	return -1
+}
+
+// dropShape says why record l, acknowledged, is not in the log.
+func (w *world) dropShape(l lid) (shape, string) {
+	ri := &w.recs[l]
+	c := ri.c
+	r := w.reqs[ri.sends[len(ri.sends)-1]-1]
+	ts := recIn(r, l).ts
+	restamps := c.lib.w.legacyEpoch == 0 || (c.info.software == "" && c.lib.w.leaderEpoch == -1)
+	last := w.reqs[ri.sends[len(ri.sends)-1]-1].decided
+	var sameInst, sameExact, otherProc, otherAnon bool
+	for m := range w.recs {
+		o := &w.recs[m]
+		if lid(m) == l || o.name != ri.name || len(o.sends) == 0 || w.reqs[o.sends[0]-1].sentAt > last {
+			continue
+		}
+		ots := recIn(w.reqs[o.sends[0]-1], lid(m)).ts
+		if o.c.info == c.info {
+			sameInst = true
+			sameExact = sameExact || ots == ts
+			otherProc = otherProc || o.c != c && !strings.HasPrefix(o.c.workload, "one-shot")
+		} else if ots == ts && o.c.info.principal == 0 {
+			otherAnon = true
+		}
+	}
+	switch {
+	case otherProc:
+		return shDropShared, "another process with the same principal, client id and host sent it"
+	case sameInst && restamps:
+		return shDropContent, "its instance sent the same record before"
+	case sameExact:
+		return shDropOwn, "its instance sent the same record with the same timestamp before"
+	case otherAnon && len(w.restarts) > 0:
+		return shDropRestart, "another producer's identical record was in the log after a restart"
+	}
+	return shDropOther, fmt.Sprintf("last sent in req %d (%s)", r.id, r.cn.describe())
+}
+
+// checkOffsets: every offset a client was answered holds its records
+// (invariant 5); content only, as a restamped retry is answered with its
+// original's offset.
+func (w *world) checkOffsets(res *result) {
+	for _, r := range w.reqs {
+		for i, b := range r.parts {
+			if i >= len(r.answered) {
+				break
+			}
+			a := r.answered[i]
+			if a.code != 0 || a.offset < 0 {
+				continue
+			}
+			for j, x := range b.recs {
+				got, ok := w.broker.at(b.partition, a.offset+int64(j))
+				if !ok || got.name != x.name {
+					res.failf("req %d p%d answered offset %d, but offset %d holds %q, not %q", r.id, b.partition, a.offset, a.offset+int64(j), got.name, x.name)
+					break
+				}
+			}
+		}
+	}
+}
+
+// report is a failing run's account.
+func (res *result) report() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "seed %d: %d records, %d requests; faults:\n", res.seed, res.records, res.requests)
+	for _, f := range res.faults {
+		fmt.Fprintf(&sb, "  - %s\n", f)
+	}
+	for _, f := range res.failures {
+		fmt.Fprintf(&sb, "  FAIL %s\n", f)
+	}
+	return sb.String()
+}
+
+// table sums per shape over runs.
+type table struct {
+	runs           int
+	records        int
+	counts, resent map[string]int
+	seeds          map[string][]uint64 // the first seeds of each shape's counts
+}
+
+func (t *table) add(res *result) {
+	if t.counts == nil {
+		t.counts, t.resent, t.seeds = map[string]int{}, map[string]int{}, map[string][]uint64{}
+	}
+	t.runs++
+	t.records += res.records
+	for k, v := range res.counts {
+		t.counts[k] += v
+		if len(t.seeds[k]) < 5 {
+			t.seeds[k] = append(t.seeds[k], res.seed)
+		}
+	}
+	for k, v := range res.resent {
+		t.resent[k] += v
+	}
+}
+
+func (t *table) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d runs, %d records\n", t.runs, t.records)
+	for _, s := range allShapes {
+		kind := "written twice"
+		if s.drop {
+			kind = "dropped"
+		}
+		cov := "miss"
+		if s.covered {
+			cov = "covered"
+		}
+		fmt.Fprintf(&sb, "  %-95s %-7s resent %6d, %s %5d  seeds %v\n", s.name, cov, t.resent[s.name], kind, t.counts[s.name], t.seeds[s.name])
+	}
+	return sb.String()
+}

@@ -1,0 +1,626 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/dedupproxy/dedupproxy/decide"
+)
+
+// The proxy, as proxy/session.go and proxy/produce.go carry out the core's
+// decisions (docs/produce-path.md), with no sockets and no goroutines:
+// each session's readLoop and responseLoop are state machines stepped by
+// the world's events.
+
+// Timings the proxy's configuration sets (their defaults).
+const (
+	maxDecideRounds = 64               // proxy/produce.go
+	maxInflight     = 256              // max_inflight
+	drainTimeout    = 30 * time.Second // drain_timeout
+	warmTimeout     = 5 * time.Second  // dedup.warm.timeout
+)
+
+// replica is one proxy process and its core.
+type replica struct {
+	w        *world
+	id       int
+	core     *core
+	gen      int  // restarts so far
+	down     bool // restarting: connections are refused
+	stopping bool // draining before a restart
+	sessions []*session
+	// releasing: nodes being handed to the other replica; their requests
+	// are held, then redirected (proxy/handover.go, replicaGate).
+	releasing map[int]bool
+	released  map[int]bool
+}
+
+// session is one client connection at the proxy.
+type session struct {
+	w     *world
+	r     *replica
+	k     *core
+	cn    *conn
+	gone  bool // its process is gone (a crash): nothing of it runs again
+	dconn *decide.Conn
+
+	// readLoop
+	inbox      []*wireReq
+	finIn      bool // the client's end of stream is behind the inbox
+	rstIn      bool // reset: reads fail
+	cur        *deciding
+	blocked    bool // the queue is full
+	readEnded  bool
+	clientLeft bool
+	wakeSet    bool // a wake arrived while nothing waited (the proxy's buffered wake channel)
+	inRead     bool
+	inResp     bool
+
+	// responseLoop
+	queue          []*pending
+	upFailed       bool
+	dead           bool
+	disconnected   bool
+	closed         bool // closeAll
+	respEnded      bool
+	writesAfterFin int
+
+	// The upstream connection: the broker handles its requests in order.
+	upFree    time.Duration
+	upResp    time.Duration
+	upCutAt   time.Duration // the broker connection broke; 0: never
+	drainTick int
+}
+
+// deciding is a request in decideProduce's loop.
+type deciding struct {
+	req        *wireReq
+	dreq       decide.Request
+	pl         *decide.Plan
+	round      int
+	waited     bool
+	held       bool
+	waiting    bool // for a wake or until
+	tails      int  // reads still under way
+	tailsUntil time.Duration
+	gate       bool // held by a node's release
+	token      int  // invalidates stale timers
+}
+
+// pending is a request queued for its answer.
+type pending struct {
+	req     *wireReq
+	pl      *decide.Plan // nil for an answer the replica gate gave
+	local   []partResult // the gate's answer
+	up      bool         // something went upstream
+	sent    []sentPart   // what went upstream
+	resp    []partResult
+	arrived bool
+	failed  bool
+}
+
+// sentPart is one batch as it went upstream.
+type sentPart struct {
+	spec *batchSpec
+	raw  []byte
+	recs []rec // the records it carries (lids), as far as the bytes tell
+}
+
+func (r *replica) newSession(cn *conn) *session {
+	s := &session{w: r.w, r: r, k: r.core, cn: cn}
+	cn.s = s
+	r.sessions = append(r.sessions, s)
+	return s
+}
+
+// arrive: a request reached the proxy.
+func (s *session) arrive(req *wireReq) {
+	if s.rstIn || s.readEnded {
+		return
+	}
+	s.inbox = append(s.inbox, req)
+	s.pumpRead()
+}
+
+// fin: the client's end of stream reached the proxy.
+func (s *session) fin() {
+	s.finIn = true
+	s.pumpRead()
+}
+
+// reset: the connection was reset. Unread requests are lost; the next
+// read, and every write from now on, fails.
+func (s *session) reset() {
+	if s.gone {
+		return
+	}
+	s.rstIn = true
+	for _, req := range s.inbox {
+		s.w.lostAcks0(req, "lost with its connection")
+	}
+	s.inbox = nil
+	s.pumpRead()
+}
+
+// pumpRead runs readLoop as far as it can go now. Called again while it
+// runs (an effect of its own step), it leaves the work to the outer call.
+func (s *session) pumpRead() {
+	if s.inRead {
+		return
+	}
+	s.inRead = true
+	defer func() { s.inRead = false }()
+	for !s.gone && !s.readEnded && s.cur == nil && !s.blocked {
+		if s.closed || s.r.stopping {
+			s.endRead()
+			return
+		}
+		if len(s.inbox) == 0 {
+			if s.finIn || s.rstIn {
+				s.endRead()
+			}
+			return
+		}
+		req := s.inbox[0]
+		s.inbox = s.inbox[1:]
+		s.handle(req)
+	}
+}
+
+// handle is readLoop's work on one Produce request.
+func (s *session) handle(req *wireReq) {
+	d := &deciding{req: req}
+	s.cur = d
+	if req.acks != 0 && (s.r.releasing[s.cn.node] || s.r.released[s.cn.node]) {
+		// replicaGate: held while the node moves, then redirected.
+		d.gate = true
+		if s.r.released[s.cn.node] {
+			s.redirect(d)
+		}
+		return
+	}
+	s.decideProduce(d)
+}
+
+// redirect answers a request of a released node NOT_LEADER_OR_FOLLOWER
+// for every partition (proxy/handover.go, redirect).
+func (s *session) redirect(d *deciding) {
+	p := &pending{req: d.req}
+	for _, b := range d.req.parts {
+		p.local = append(p.local, partResult{partition: b.partition, code: kerr.NotLeaderForPartition.Code, offset: -1, appendTime: -1})
+	}
+	s.w.script.comment("replica %d redirects req=%d: node %d moved", s.r.id, d.req.id, s.cn.node)
+	s.cur = nil
+	s.enqueue(p)
+	s.pumpResp()
+	s.pumpRead()
+}
+
+// coreConn is the connection's state in the core, made at its first
+// decided Produce, after which the instance's other connections whose
+// client already closed them are disconnected (proxy/produce.go).
+func (s *session) coreConn() *decide.Conn {
+	if s.dconn != nil {
+		return s.dconn
+	}
+	w, cn := s.w, s.cn
+	info := cn.c.info
+	s.dconn = s.k.connect(cn.id, info, w.wall())
+	w.script.connect(s)
+	for _, id := range s.k.siblings(s.dconn) {
+		sib := w.conns[id]
+		if sib.s != nil && (sib.s.finIn || sib.s.rstIn) && !sib.s.disconnected && !sib.s.readEnded {
+			w.script.comment("conn %d's first produce finds sibling conn %d closed by its client", cn.id, id)
+			w.script.close(sib.s, "sibling")
+			sib.toldAt = w.now
+			s.k.disconnectSibling(s.dconn, id, w.wall())
+		}
+	}
+	return s.dconn
+}
+
+func (s *session) decideProduce(d *deciding) {
+	req := d.req
+	d.dreq = decide.Request{Conn: s.coreConn(), Version: requestVersion, Acks: req.acks, Timeout: req.timeout}
+	for i, b := range req.parts {
+		var h = headerOf(req.raws[i])
+		d.dreq.Parts = append(d.dreq.Parts, decide.Part{TI: 0, PI: i, Topic: s.k.topic, Partition: b.partition, Header: h, Records: req.raws[i]})
+	}
+	d.pl = &decide.Plan{}
+	s.step(d)
+}
+
+// requestVersion is the Produce version of every request: v9, as in the
+// decide scripts.
+const requestVersion = 9
+
+// step decides d once and follows what the plan says.
+func (s *session) step(d *deciding) {
+	w := s.w
+	for {
+		if s.gone {
+			return
+		}
+		if d.round == maxDecideRounds {
+			d.dreq.GiveUp = true
+		}
+		s.k.decide(&d.dreq, d.pl, w.wall())
+		w.script.decide(s, d)
+		d.round++
+		switch d.pl.Status {
+		case decide.ReadTails:
+			d.held = true
+			s.readTails(d)
+			return
+		case decide.Again:
+			continue
+		case decide.ReadRecords:
+			continue // never: the simulation holds every record
+		case decide.Wait:
+			d.waited, d.held = true, true
+			if s.wakeSet {
+				// The wake channel held one: awaitWake returns at once.
+				s.wakeSet = false
+				if w.now >= d.until() {
+					d.dreq.GiveUp = true
+				}
+				continue
+			}
+			d.waiting = true
+			d.token++
+			tok := d.token
+			w.at(d.until(), func() {
+				if s.cur == d && d.waiting && d.token == tok {
+					d.waiting = false
+					d.dreq.GiveUp = true
+					s.step(d)
+				}
+			})
+			return
+		}
+		break
+	}
+	pl := d.pl
+	if pl.AnyUp && d.req.acks != 0 && (s.k.gone(s.dconn) || d.held && s.clientClosedBehind()) {
+		// Its client gave up on this connection: not forwarded
+		// (docs/produce-path.md, "Deliver").
+		w.script.unsent(s, d.req)
+		s.w.wake(s.k.unsent(pl, w.wall()), s.k)
+		s.cur = nil
+		s.endRead()
+		return
+	}
+	s.cur = nil
+	d.req.decided, d.req.plan, d.req.coreName, d.req.replica = w.now, pl, s.k.name, s.r.id
+	w.checkIdempotent(d)
+	s.sendDecided(d)
+	s.pumpRead()
+}
+
+// told records when the core first heard that the connection ended.
+func (s *session) told() {
+	if s.cn.toldAt == 0 {
+		s.cn.toldAt = s.w.now
+	}
+}
+
+func (d *deciding) until() time.Duration { return d.pl.Until.Sub(base) }
+
+// clientClosedBehind: nothing more of the client is buffered and its end
+// of stream is in the kernel.
+func (s *session) clientClosedBehind() bool {
+	return len(s.inbox) == 0 && (s.finIn || s.rstIn)
+}
+
+// woken: the core named this connection in a wake.
+func (s *session) woken() {
+	if s.gone {
+		return
+	}
+	d := s.cur
+	if d == nil || !d.waiting {
+		s.wakeSet = true
+		return
+	}
+	d.waiting = false
+	if s.w.now >= d.until() {
+		d.dreq.GiveUp = true
+	}
+	s.step(d)
+}
+
+// readTails reads the tails the core asked for, each on its own, and waits
+// for them at most warmTimeout (proxy/produce.go, readTails).
+func (s *session) readTails(d *deciding) {
+	w := s.w
+	d.tails = len(d.pl.Tails)
+	d.tailsUntil = w.now + warmTimeout
+	d.token++
+	tok := d.token
+	for _, t := range d.pl.Tails {
+		p := t.Partition
+		k := s.k
+		w.after(w.between(time.Millisecond, 20*time.Millisecond), func() {
+			if s.gone {
+				return // the process is gone, the read with it
+			}
+			w.readTail(k, p)
+			if s.cur == d && d.token == tok {
+				d.tails--
+				if d.tails == 0 {
+					s.step(d)
+				}
+			}
+		})
+	}
+	w.at(d.tailsUntil, func() {
+		if s.cur == d && d.token == tok && d.tails > 0 {
+			d.token++
+			s.step(d)
+		}
+	})
+}
+
+// sendDecided queues and forwards a decided request.
+func (s *session) sendDecided(d *deciding) {
+	w, pl, req := s.w, d.pl, d.req
+	p := &pending{req: req, pl: pl, up: pl.AnyUp}
+	if pl.AnyUp {
+		for i, b := range req.parts {
+			pp := &pl.Parts[i]
+			switch pp.Act {
+			case decide.Forward:
+				p.sent = append(p.sent, sentPart{spec: b, raw: req.raws[i], recs: b.recs})
+			case decide.Rebuild:
+				raw := pl.Rebuilt[pp.At:pp.End]
+				p.sent = append(p.sent, sentPart{spec: b, raw: append([]byte(nil), raw...), recs: keptRecords(b.recs, raw, w.everWritten)})
+			}
+		}
+	}
+	if req.acks == 0 {
+		if p.up {
+			s.forward(p)
+		}
+		return
+	}
+	s.enqueue(p)
+	if p.up {
+		s.forward(p)
+	}
+	s.pumpResp()
+}
+
+func (s *session) enqueue(p *pending) {
+	s.queue = append(s.queue, p)
+	if len(s.queue) >= maxInflight {
+		s.blocked = true
+	}
+}
+
+// forward sends p's batches upstream: the broker handles the connection's
+// requests in order, each after the one before.
+func (s *session) forward(p *pending) {
+	w := s.w
+	arrive := w.now + w.latency()
+	if s.upCutAt > 0 {
+		// Written to a broken connection: the write fails and readLoop
+		// returns (proxy session.forward).
+		w.lostAcks0(p.req, "its broker connection broke")
+		s.endRead()
+		return
+	}
+	start := max(arrive, s.upFree) + w.between(200*time.Microsecond, 3*time.Millisecond)
+	hold := w.brokerHold(s.cn.node)
+	start += hold
+	s.upFree = start
+	w.at(start, func() {
+		if s.upCutAt > 0 && s.upCutAt <= arrive {
+			w.lostAcks0(p.req, "its broker connection broke")
+			return
+		}
+		res, lag := w.handleProduce(s.cn.node, p)
+		if p.req.acks == 0 {
+			return
+		}
+		at := max(w.now+lag+w.latency(), s.upResp)
+		s.upResp = at
+		w.at(at, func() {
+			if s.gone || (s.upCutAt > 0 && s.upCutAt <= at) {
+				return
+			}
+			p.resp, p.arrived = res, true
+			s.pumpResp()
+		})
+	})
+}
+
+// cutUpstream breaks the broker connection: what was not answered is lost
+// (the broker may have appended it: the log will tell).
+func (s *session) cutUpstream() {
+	if s.upCutAt > 0 || s.gone {
+		return
+	}
+	s.upCutAt = s.w.now
+	s.upFailed = true
+	s.pumpResp()
+}
+
+// pumpResp runs responseLoop as far as it can go now; like pumpRead, it
+// does not run inside itself.
+func (s *session) pumpResp() {
+	if s.inResp {
+		return
+	}
+	s.inResp = true
+	defer func() { s.inResp = false }()
+	w := s.w
+	for !s.gone && len(s.queue) > 0 {
+		p := s.queue[0]
+		switch {
+		case !p.up || p.pl == nil:
+		case s.upFailed:
+			s.fail(p)
+		case !p.arrived:
+			return
+		default:
+			w.script.answer(s, p)
+			w.wake(s.k.outcome(p.pl, requestVersion, p.resp, w.wall()), s.k)
+		}
+		if p.failed && !s.dead {
+			s.dead = true
+			s.closeAll()
+		}
+		told := false
+		if pl := p.pl; pl != nil && !s.dead && !p.failed && !s.clientLeft {
+			told = true
+			p.req.delivAt = w.now
+			w.script.deliver(s, p.req, true)
+			s.k.delivered(pl, true, w.wall())
+		}
+		if !s.dead {
+			s.dead = !s.write(p)
+		}
+		if s.dead && !s.disconnected {
+			s.disconnected = true
+			if s.dconn != nil {
+				w.script.close(s, "write failed")
+				s.told()
+				s.k.disconnect(s.dconn, s.clean(), w.wall())
+			}
+		}
+		if pl := p.pl; pl != nil && !told {
+			ok := !s.dead && !p.failed && !s.clientLeft
+			w.script.deliver(s, p.req, ok)
+			s.k.delivered(pl, ok, w.wall())
+		}
+		s.queue = s.queue[1:]
+		if s.blocked && len(s.queue) < maxInflight {
+			s.blocked = false
+			w.after(0, s.pumpRead)
+		}
+	}
+	if len(s.queue) == 0 && s.readEnded && !s.respEnded {
+		s.respEnded = true
+		s.closeAll()
+	}
+}
+
+// fail: p gets no answer from the broker; its outcome is unknown.
+func (s *session) fail(p *pending) {
+	if p.pl != nil && !p.failed {
+		s.w.script.lost(s, p.req)
+		s.w.wake(s.k.lost(p.pl, s.w.wall()), s.k)
+	}
+	p.failed = true
+}
+
+// write writes p's answer to the client and reports whether the
+// connection can still be written to.
+func (s *session) write(p *pending) bool {
+	cn := s.cn
+	switch {
+	case s.rstIn && !cn.silent:
+		return false
+	case s.finIn:
+		// A closed client's kernel takes the first write and answers it
+		// with a reset; the next write fails.
+		s.writesAfterFin++
+		if s.writesAfterFin > 1 {
+			return false
+		}
+	}
+	res := p.local
+	if p.pl != nil {
+		res = s.answerOf(p)
+	}
+	p.req.written = res
+	cn.answer(p.req, res)
+	return true
+}
+
+// answerOf is the answer the client gets (proxy finishProduce): each part
+// from the broker, or from the proxy (Answer, Rebuild).
+func (s *session) answerOf(p *pending) []partResult {
+	var out []partResult
+	for i, b := range p.req.parts {
+		pp := &p.pl.Parts[i]
+		switch pp.Act {
+		case decide.Answer, decide.Rebuild:
+			out = append(out, partResult{partition: b.partition, code: pp.Local.ErrorCode, offset: pp.Local.BaseOffset, appendTime: pp.Local.LogAppendTime})
+		default:
+			r := partResult{partition: b.partition, code: kerr.RequestTimedOut.Code, offset: -1, appendTime: -1}
+			for _, x := range p.resp {
+				if x.partition == b.partition {
+					r = x
+				}
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// clean: its client closed the connection after its TCP stack received
+// every answer written on it.
+func (s *session) clean() bool {
+	return s.finIn && !s.rstIn && s.cn.received == s.cn.written
+}
+
+// endRead: readLoop returned. The core hears the connection end at once;
+// responseLoop drains what was forwarded, at most drainTimeout.
+func (s *session) endRead() {
+	if s.readEnded || s.gone {
+		return
+	}
+	w := s.w
+	s.readEnded, s.clientLeft = true, true
+	s.cur = nil
+	for _, req := range s.inbox {
+		w.lostAcks0(req, "never read: its connection ended")
+	}
+	s.inbox = nil
+	if s.dconn != nil && !s.disconnected {
+		s.disconnected = true
+		w.script.close(s, "read ended")
+		s.told()
+		s.k.disconnect(s.dconn, s.clean(), w.wall())
+	}
+	s.drainTick++
+	tick := s.drainTick
+	w.after(drainTimeout, func() {
+		if s.drainTick == tick && !s.respEnded && !s.gone {
+			s.upFailed = true
+			s.pumpResp()
+		}
+	})
+	s.pumpResp()
+}
+
+// closeAll closes both connections: the client reads the end, a waiting
+// request gives up.
+func (s *session) closeAll() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	s.cn.proxyClosed()
+	if d := s.cur; d != nil && !d.gate {
+		if d.waiting {
+			// awaitWake returns false: errClientGone, nothing forwarded.
+			s.cur = nil
+			s.endRead()
+			return
+		}
+		if d.tails > 0 {
+			// readTails returns on close; the next decision finds the
+			// reads under way and waits, which returns at once.
+			d.token++
+			d.tails = 0
+			s.cur = nil
+			s.endRead()
+			return
+		}
+	}
+	s.pumpRead()
+}

@@ -1,0 +1,227 @@
+package sim
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// recorder writes what the core was told, in the datadriven format of
+// decide/testdata (decide/script_test.go), so that a run replays against
+// the core alone. Commands are written without their expected output: the
+// script runner's -rewrite fills it in. A nil recorder records nothing (a
+// run records only when it is replayed to print a failure).
+type recorder struct {
+	w    *world
+	b    strings.Builder
+	sent map[int]bool
+}
+
+func (r *recorder) line(cmd string) {
+	fmt.Fprintf(&r.b, "%s at=%s\n----\n\n", cmd, r.w.now)
+}
+
+func (r *recorder) comment(format string, a ...any) {
+	if r == nil {
+		return
+	}
+	fmt.Fprintf(&r.b, "# "+format+"\n", a...)
+}
+
+func (r *recorder) header() {
+	if r == nil {
+		return
+	}
+	r.sent = map[int]bool{}
+	w := r.w
+	fmt.Fprintf(&r.b, "# The simulation's seed %d (go test ./sim -run TestSimulation -args -seed=%d -seeds=1 -v).\n", w.seed, w.seed)
+	fmt.Fprintf(&r.b, "# Fill in the expected output with: go test ./decide -run TestScripts -args -rewrite\n")
+	fmt.Fprintf(&r.b, "case name=sim-seed-%d warm=true match=auto\n----\n\n", w.seed)
+}
+
+func (r *recorder) connect(s *session) {
+	if r == nil {
+		return
+	}
+	cn := s.cn
+	info := cn.c.info
+	cmd := fmt.Sprintf("connect conn=%d client=%s principal=%d host=%s", cn.id, info.id, info.principal, info.host)
+	if info.software != "" {
+		cmd += " software=" + info.software
+	}
+	r.line(cmd + " core=" + s.k.name)
+}
+
+// specPart writes one batch as a part or tail batch: NAME,...|ts=...
+// (ms after the base time), and its producer fields if it has some.
+func specPart(prefix string, b *batchSpec) string {
+	var sb strings.Builder
+	sb.WriteString(prefix)
+	ts := make([]string, len(b.recs))
+	same := true
+	for i, x := range b.recs {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(x.name)
+		ts[i] = strconv.FormatInt(x.ts-base.UnixMilli(), 10)
+		same = same && ts[i] == ts[0]
+	}
+	if same {
+		ts = ts[:1]
+	}
+	sb.WriteString("|ts=" + strings.Join(ts, ","))
+	if b.pid >= 0 {
+		fmt.Fprintf(&sb, "|pid=%d|epoch=%d|seq=%d", b.pid, b.epoch, b.seq)
+	} else {
+		switch {
+		case b.w.legacyEpoch == 0:
+			sb.WriteString("|writer=kafkajs")
+		case b.w.leaderEpoch == -1:
+			sb.WriteString("|writer=kafka-go")
+		}
+	}
+	return sb.String()
+}
+
+func (r *recorder) decide(s *session, d *deciding) {
+	if r == nil {
+		return
+	}
+	req := d.req
+	if !r.sent[req.id] {
+		r.sent[req.id] = true
+		var parts []string
+		for _, b := range req.parts {
+			parts = append(parts, specPart(fmt.Sprintf("%d:", b.partition), b))
+		}
+		c := req.c
+		r.comment("%s (%s, %s) sends req %d on conn %d: %s", c.name, c.lib.name, c.workload, req.id, req.cn.id, whyOf(req))
+		r.line(fmt.Sprintf("send req=%d conn=%d parts=%s acks=%d timeout=%s", req.id, s.cn.id, strings.Join(parts, ";"), req.acks, req.timeout))
+		return
+	}
+	cmd := fmt.Sprintf("decide req=%d", req.id)
+	if d.dreq.GiveUp {
+		cmd += " giveup"
+	}
+	r.line(cmd)
+}
+
+// whyOf says why each record of req is sent.
+func whyOf(req *wireReq) string {
+	var out []string
+	for i, b := range req.parts {
+		for j, x := range b.recs {
+			if w := req.whys[i][j]; w != "new" {
+				out = append(out, fmt.Sprintf("%s|ts=%d to p%d again (%s)", x.name, x.ts-base.UnixMilli(), b.partition, w))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "new records"
+	}
+	return strings.Join(out, ", ")
+}
+
+func (r *recorder) unsent(s *session, req *wireReq) {
+	if r == nil {
+		return
+	}
+	r.line(fmt.Sprintf("unsent req=%d", req.id))
+}
+
+func (r *recorder) answer(s *session, p *pending) {
+	if r == nil {
+		return
+	}
+	cmd := fmt.Sprintf("answer req=%d", p.req.id)
+	for _, x := range p.resp {
+		if x.code != 0 {
+			cmd += fmt.Sprintf(" %d=error:%d", x.partition, x.code)
+			continue
+		}
+		cmd += fmt.Sprintf(" %d=offset:%d", x.partition, x.offset)
+		if x.appendTime >= 0 {
+			cmd += fmt.Sprintf(":%d", x.appendTime-base.UnixMilli())
+		}
+	}
+	r.line(cmd)
+}
+
+func (r *recorder) lost(s *session, req *wireReq) {
+	if r == nil {
+		return
+	}
+	r.line(fmt.Sprintf("lost req=%d", req.id))
+}
+
+func (r *recorder) deliver(s *session, req *wireReq, ok bool) {
+	if r == nil {
+		return
+	}
+	cmd := fmt.Sprintf("deliver req=%d", req.id)
+	if !ok {
+		cmd += " ok=false"
+	}
+	r.line(cmd)
+}
+
+func (r *recorder) close(s *session, why string) {
+	if r == nil {
+		return
+	}
+	r.comment("conn %d ends at the proxy: %s", s.cn.id, why)
+	r.line(fmt.Sprintf("close conn=%d", s.cn.id))
+}
+
+func (r *recorder) tail(k *core, p int32, failed bool) {
+	if r == nil {
+		return
+	}
+	cmd := fmt.Sprintf("tail p=%d core=%s", p, k.name)
+	if failed {
+		r.line(cmd + " failed")
+		return
+	}
+	var bs []string
+	for _, lb := range r.w.broker.logs[p].batches {
+		h := headerOf(lb.raw)
+		spec := batchSpec{recs: lb.recs, pid: h.ProducerID, epoch: h.ProducerEpoch, seq: h.BaseSequence}
+		if h.ProducerID < 0 {
+			spec.w = writer{legacyEpoch: -1} // a log batch's writer does not matter to the core
+		}
+		bs = append(bs, specPart(fmt.Sprintf("%d:", lb.base), &spec))
+	}
+	if len(bs) > 0 {
+		cmd += " batches=" + strings.Join(bs, ";")
+	}
+	r.line(cmd)
+}
+
+func (r *recorder) rewarm(k *core, p int32) {
+	if r == nil {
+		return
+	}
+	r.line(fmt.Sprintf("rewarm p=%d core=%s", p, k.name))
+}
+
+func (r *recorder) handoff(from, to *core, parts []int32) {
+	if r == nil {
+		return
+	}
+	ps := make([]string, len(parts))
+	for i, p := range parts {
+		ps[i] = strconv.Itoa(int(p))
+	}
+	if len(ps) == 0 {
+		ps = []string{"-"}
+	}
+	r.line(fmt.Sprintf("handoff from=%s to=%s p=%s", from.name, to.name, strings.Join(ps, ",")))
+}
+
+func (r *recorder) restart(rp *replica) {
+	if r == nil {
+		return
+	}
+	r.comment("replica %d restarted: core %s, a new one", rp.id, rp.core.name)
+}
