@@ -38,17 +38,29 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 // key, value and headers; r[1..3] is r1,r2,r3):
 //
 //	case name=N [window=2m] [scope=instance|client_id] [warm=true]
-//	     [mode=enforce|observe|off] [match=records|exact|off] [keys=HEADER]
-//	connect conn=C [client=ID] [principal=P] [host=ADDR]
+//	     [mode=enforce|observe|off] [match=auto|records|exact|off] [keys=HEADER]
+//	connect conn=C [client=ID] [principal=P] [host=ADDR] [software=S] [core=old|NAME]
 //	send req=R conn=C|none parts=P:r1,r2,...[;P:...] [acks=-1] [ts=T|T1,...]
-//	     [pid=N epoch=E seq=S] [compressed] [timeout=5s] [at=D]
+//	     [pid=N epoch=E seq=S] [writer=kafkajs|kafka-go] [compressed] [timeout=5s] [at=D]
 //	decide req=R [giveup] [at=D]        decide a waiting request again
-//	answer req=R P=offset:O|P=error:E ... [at=D]   the broker's answer
+//	answer req=R P=offset:O[:T]|P=error:E ... [at=D]   the broker's answer
+//	                                    (T: its log append time, ms)
 //	lost req=R [at=D]                   the broker connection broke
+//	unsent req=R [at=D]                 a decided request never forwarded
 //	deliver req=R [ok=false] [at=D]     the answer was written (or not)
 //	close conn=C [at=D]
-//	tail p=P [batches=O:r1,r2;O:...] [ts=T] [compressed] [failed] [at=D]
+//	tail p=P [core=NAME] [batches=O:r1,r2;O:...] [ts=T] [compressed] [failed] [at=D]
+//	handoff                             the node moves to a new core
+//	handoff from=NAME to=NAME p=P,...   partitions P move between named cores
+//	rewarm p=P [core=NAME]              the partition's tail is read again first
 //	held                                the legacy records remembered
+//
+// A part of send, or a batch of tail, may carry its own fields after its
+// records, each as |key=value: ts, pid, epoch, seq, writer (a part of
+// send only), e.g. parts=0:a,b|ts=1000,1001;1:c|ts=1002. A named core
+// (core=NAME) is made on first use with tables of its own: another
+// replica, or the proxy after a restart (the simulation in sim/ writes
+// its cores so).
 //
 // at=D sets the clock to a fixed base time plus D and stays set; record
 // timestamps (ts, ms) count from the same base. Topic "t" has 4
@@ -174,6 +186,7 @@ type scriptReq struct {
 type runner struct {
 	core  *Core
 	old   *Core // before the last handoff
+	named map[string]*Core
 	cfg   Config
 	owner map[*Conn]*Core // the core each connection is of
 	topic seqstate.TopicID
@@ -254,7 +267,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 				t.Fatal(err)
 			}
 		}
-		*rp = &runner{core: New(cfg, s), cfg: cfg, owner: map[*Conn]*Core{}, topic: topic, now: ddBase, conns: map[int]*Conn{}, reqs: map[int]*scriptReq{}}
+		*rp = &runner{core: New(cfg, s), cfg: cfg, named: map[string]*Core{}, owner: map[*Conn]*Core{}, topic: topic, now: ddBase, conns: map[int]*Conn{}, reqs: map[int]*scriptReq{}}
 		return ""
 	}
 	r := *rp
@@ -282,10 +295,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		if cl.Software == "-" {
 			cl.Software = ""
 		}
-		core := r.core
-		if args["core"] == "old" {
-			core = r.old
-		}
+		core := r.coreOf(t, args["core"])
 		conn := core.Connect(ConnID(num("conn", "")), cl, r.now)
 		r.conns[int(num("conn", ""))], r.owner[conn] = conn, core
 		return ""
@@ -314,17 +324,25 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		}
 		sr.req.Timeout = d
 		for pi, spec := range strings.Split(get("parts", ""), ";") {
+			spec, opts := partOptions(t, spec, args)
 			ps, recs, ok := strings.Cut(spec, ":")
 			if !ok {
 				fail("part %q: want P:r1,r2", spec)
 			}
 			part, _ := strconv.Atoi(ps)
 			names := recordNames(t, recs)
-			raw := scriptBatch(names, tsList(t, get("ts", "1000"), len(names)), num("pid", "-1"), int16(num("epoch", "0")), int32(num("seq", "0")), args["compressed"] == "true")
+			optNum := func(k, def string) int64 {
+				v, err := strconv.ParseInt(opts(k, def), 0, 64)
+				if err != nil {
+					fail("%s: %v", k, err)
+				}
+				return v
+			}
+			raw := scriptBatch(names, tsList(t, opts("ts", "1000"), len(names)), optNum("pid", "-1"), int16(optNum("epoch", "0")), int32(optNum("seq", "0")), args["compressed"] == "true")
 			// A client's own way of writing a batch without a producer id
 			// (docs/clients.md): kafkajs writes epoch 0, kafka-go
 			// partition leader epoch -1.
-			switch get("writer", "-") {
+			switch opts("writer", "-") {
 			case "kafkajs":
 				binary.BigEndian.PutUint16(raw[51:], 0) // producer epoch
 				raw = fixCRC(raw)
@@ -362,7 +380,15 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 			rp := kmsg.NewProduceResponseTopicPartition()
 			rp.Partition, rp.LogAppendTime, rp.LogStartOffset = p.Partition, -1, 0
 			kind, val, _ := strings.Cut(v, ":")
+			val, at, timed := strings.Cut(val, ":")
 			n, _ := strconv.ParseInt(val, 10, 64)
+			if timed {
+				ms, err := strconv.ParseInt(at, 10, 64)
+				if err != nil {
+					fail("answer %q: %v", v, err)
+				}
+				rp.LogAppendTime = ddBase.UnixMilli() + ms
+			}
 			switch kind {
 			case "offset":
 				rp.BaseOffset = n
@@ -392,6 +418,24 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		sr.core.Delivered(&sr.plan, get("ok", "true") == "true", r.now)
 		return ""
 	case "handoff":
+		if from, ok := args["from"]; ok {
+			// Partitions p move from one named core to another (a node
+			// changing replicas).
+			var parts []int32
+			for _, ps := range strings.Split(get("p", ""), ",") {
+				if ps == "-" {
+					continue
+				}
+				p, err := strconv.Atoi(ps)
+				if err != nil {
+					fail("p: %v", err)
+				}
+				parts = append(parts, int32(p))
+			}
+			want := func(_ seqstate.TopicID, p int32) bool { return slices.Contains(parts, p) }
+			hs := r.coreOf(t, from).HandOff(want, r.now, nil)
+			return fmt.Sprintf("handed %d batches", r.coreOf(t, get("to", "")).TakeOver(hs, r.now))
+		}
 		// The node moves to another replica: a new core takes what this
 		// one hands off; connections made from now on are the new one's
 		// (core=old makes one of the old).
@@ -400,29 +444,93 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		n := next.TakeOver(hs, r.now)
 		r.old, r.core = r.core, next
 		return fmt.Sprintf("handed %d batches", n)
+	case "rewarm":
+		r.coreOf(t, args["core"]).Rewarm(r.topic, int32(num("p", "")))
+		return ""
 	case "held":
 		held, _ := r.core.LegacyRecords()
 		return fmt.Sprintf("held %d records", held)
 	case "tail":
 		k := TailKey{Topic: r.topic, Partition: int32(num("p", ""))}
+		core := r.coreOf(t, args["core"])
 		if args["failed"] == "true" {
-			return printWake(r.core.TailFailed(k, r.now, nil))
+			return printWake(core.TailFailed(k, r.now, nil))
 		}
 		var records []byte
 		if spec := get("batches", "-"); spec != "-" {
 			for _, bs := range strings.Split(spec, ";") {
+				bs, opts := partOptions(t, bs, args)
 				os, recs, _ := strings.Cut(bs, ":")
 				off, _ := strconv.ParseInt(os, 10, 64)
 				names := recordNames(t, recs)
-				raw := scriptBatch(names, tsList(t, get("ts", "1000"), len(names)), -1, 0, 0, args["compressed"] == "true")
+				optNum := func(k, def string) int64 {
+					v, err := strconv.ParseInt(opts(k, def), 0, 64)
+					if err != nil {
+						fail("%s: %v", k, err)
+					}
+					return v
+				}
+				raw := scriptBatch(names, tsList(t, opts("ts", "1000"), len(names)), optNum("pid", "-1"), int16(optNum("epoch", "0")), int32(optNum("seq", "0")), args["compressed"] == "true")
 				binary.BigEndian.PutUint64(raw, uint64(off))
 				records = append(records, raw...)
 			}
 		}
-		return printWake(r.core.TailRead(k, records, r.now, nil))
+		return printWake(core.TailRead(k, records, r.now, nil))
 	}
 	fail("unknown command %q", verb)
 	return ""
+}
+
+// partOptions splits a part of send, or a batch of tail, into its spec
+// (P:records) and its own fields (|key=value), which take the place of the
+// command's: opts(key, def) reads one.
+func partOptions(t *testing.T, spec string, args map[string]string) (string, func(k, def string) string) {
+	fields := strings.Split(spec, "|")
+	own := map[string]string{}
+	for _, f := range fields[1:] {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			t.Fatalf("part %q: want |key=value", spec)
+		}
+		own[k] = v
+	}
+	return fields[0], func(k, def string) string {
+		if v, ok := own[k]; ok {
+			return v
+		}
+		if v, ok := args[k]; ok {
+			return v
+		}
+		return def
+	}
+}
+
+// coreOf returns the core a command names: the case's (""), the one before
+// the last plain handoff ("old"), or a named one, made on first use with
+// tables of its own (another replica, or a restarted proxy).
+func (r *runner) coreOf(t *testing.T, name string) *Core {
+	switch name {
+	case "":
+		return r.core
+	case "old":
+		return r.old
+	}
+	if c, ok := r.named[name]; ok {
+		return c
+	}
+	tab, err := seqstate.New(seqstate.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab.InternTopics([]seqstate.TopicRef{{Name: scriptTopic, Partitions: 4}})
+	if topic, _ := tab.LookupTopic([]byte(scriptTopic)); topic != r.topic {
+		t.Fatalf("core %s numbers topic %s %d, not %d", name, scriptTopic, topic, r.topic)
+	}
+	cfg := r.cfg
+	cfg.Table = tab
+	c := New(cfg, r.core.Settings())
+	r.named[name] = c
+	return c
 }
 
 // recordNames reads a list of record names; NAME[A..B] stands for NAMEA,

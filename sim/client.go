@@ -172,6 +172,8 @@ type wireReq struct {
 	answered []partResult  // what the client got, nil if nothing
 	js       *jsSendState
 	node     int
+	timedOut bool // the client gave up waiting for its answer
+	lost     bool // the proxy told the core its answer will never come
 }
 
 func (w *world) newClient(name string, info clientInfo, lib library, acks int16, workload string) *client {
@@ -502,6 +504,7 @@ func (c *client) requeue(req *wireReq, i int, why string) {
 
 // timedOut: no answer within the request timeout.
 func (c *client) timedOut(cn *conn, req *wireReq) {
+	req.timedOut = true
 	if c.lib.keepConn {
 		// kafkajs keeps the connection: the send is retried, down it.
 		i := slices.Index(cn.inflight, req)

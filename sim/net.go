@@ -32,6 +32,8 @@ type conn struct {
 	loseNext  bool          // the next answer is lost, and the connection with it
 	toProxy   time.Duration // FIFO: the last arrival scheduled at the proxy
 	toClient  time.Duration
+	// finAt: when its end (the client's, or a reset) reached the proxy.
+	finAt time.Duration
 	// toldAt: when the core was told it ended (0: not yet).
 	toldAt time.Duration
 	// Answers the proxy wrote, and those the client's TCP stack received

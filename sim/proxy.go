@@ -126,6 +126,9 @@ func (s *session) arrive(req *wireReq) {
 // fin: the client's end of stream reached the proxy.
 func (s *session) fin() {
 	s.finIn = true
+	if s.cn.finAt == 0 {
+		s.cn.finAt = s.w.now
+	}
 	s.pumpRead()
 }
 
@@ -136,6 +139,9 @@ func (s *session) reset() {
 		return
 	}
 	s.rstIn = true
+	if s.cn.finAt == 0 {
+		s.cn.finAt = s.w.now
+	}
 	for _, req := range s.inbox {
 		s.w.lostAcks0(req, "lost with its connection")
 	}
@@ -247,6 +253,7 @@ func (s *session) step(d *deciding) {
 		}
 		s.k.decide(&d.dreq, d.pl, w.wall())
 		w.script.decide(s, d)
+		w.script.expect(d)
 		d.round++
 		switch d.pl.Status {
 		case decide.ReadTails:
@@ -376,6 +383,11 @@ func (s *session) sendDecided(d *deciding) {
 				raw := pl.Rebuilt[pp.At:pp.End]
 				p.sent = append(p.sent, sentPart{spec: b, raw: append([]byte(nil), raw...), recs: keptRecords(b.recs, raw, w.everWritten)})
 			}
+		}
+	}
+	for _, sp := range p.sent {
+		for _, r := range sp.recs {
+			w.recs[r.lid].upstream = true
 		}
 	}
 	if req.acks == 0 {
@@ -509,6 +521,7 @@ func (s *session) pumpResp() {
 // fail: p gets no answer from the broker; its outcome is unknown.
 func (s *session) fail(p *pending) {
 	if p.pl != nil && !p.failed {
+		p.req.lost = true
 		s.w.script.lost(s, p.req)
 		s.w.wake(s.k.lost(p.pl, s.w.wall()), s.k)
 	}

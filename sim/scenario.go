@@ -447,6 +447,7 @@ func (w *world) readTail(k *core, p int32) {
 		w.wake(k.tailFailed(p, w.wall()), k)
 		return
 	}
+	w.tailReads = append(w.tailReads, tailFail{k.name, p, w.now})
 	w.script.tail(k, p, false)
 	w.wake(k.tailRead(p, w.broker.tail(p), w.wall()), k)
 }

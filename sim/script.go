@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/dedupproxy/dedupproxy/decide"
 )
 
 // recorder writes what the core was told, in the datadriven format of
@@ -34,8 +36,9 @@ func (r *recorder) header() {
 	}
 	r.sent = map[int]bool{}
 	w := r.w
-	fmt.Fprintf(&r.b, "# The simulation's seed %d (go test ./sim -run TestSimulation -args -seed=%d -seeds=1 -v).\n", w.seed, w.seed)
-	fmt.Fprintf(&r.b, "# Fill in the expected output with: go test ./decide -run TestScripts -args -rewrite\n")
+	fmt.Fprintf(&r.b, "# The simulation's seed %d (go test ./sim -run TestSimulation -args -seed=%d -seeds=1 -script -v).\n", w.seed, w.seed)
+	fmt.Fprintf(&r.b, "# Saved as decide/testdata/sim_seed_%d.txt, its expected output is filled in by\n", w.seed)
+	fmt.Fprintf(&r.b, "# go test ./decide -run TestScripts/sim_seed_%d -args -rewrite\n", w.seed)
 	fmt.Fprintf(&r.b, "case name=sim-seed-%d warm=true match=auto\n----\n\n", w.seed)
 }
 
@@ -82,6 +85,31 @@ func specPart(prefix string, b *batchSpec) string {
 		}
 	}
 	return sb.String()
+}
+
+// expect writes, for a decision that is Ready, what the simulation saw it
+// decide, in the script runner's words (acts only).
+func (r *recorder) expect(d *deciding) {
+	if r == nil || d.pl.Status != decide.Ready {
+		return
+	}
+	var acts []string
+	for i, b := range d.req.parts {
+		pp := &d.pl.Parts[i]
+		switch pp.Act {
+		case decide.Forward:
+			acts = append(acts, fmt.Sprintf("p%d forward", b.partition))
+		case decide.Answer:
+			a := fmt.Sprintf("p%d answer offset=%d", b.partition, pp.Local.BaseOffset)
+			if pp.Local.ErrorCode != 0 {
+				a = fmt.Sprintf("p%d answer error=%d", b.partition, pp.Local.ErrorCode)
+			}
+			acts = append(acts, a)
+		case decide.Rebuild:
+			acts = append(acts, fmt.Sprintf("p%d rebuild", b.partition))
+		}
+	}
+	r.comment("sim: %s", strings.Join(acts, "; "))
 }
 
 func (r *recorder) decide(s *session, d *deciding) {

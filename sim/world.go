@@ -30,16 +30,16 @@ type world struct {
 	owner    []int // node → replica serving it
 	clients  []*client
 
-	recs   []recInfo // by lid
-	reqs   []*wireReq
-	conns  []*conn
-	script *recorder
+	recs     []recInfo // by lid
+	reqs     []*wireReq
+	conns    []*conn
+	script   *recorder
 	faults   []string // what the scenario injected, for the report
 	tailFail float64  // the chance a tail read fails
 	// restarts and handovers: when each happened.
-	restarts, handovers []time.Duration
-	idemFailures        []string
-	tailFails           []tailFail
+	restarts, handovers  []time.Duration
+	idemFailures         []string
+	tailFails, tailReads []tailFail
 	// endAt: no new records, faults or reconnects after it; the run then
 	// drains until every client is done.
 	endAt time.Duration
@@ -47,14 +47,15 @@ type world struct {
 
 // recInfo is what the simulation knows of one logical record.
 type recInfo struct {
-	c       *client
-	name    string
-	fresh   time.Duration // when the client made it
-	acked   bool          // the client was told it is written
-	gaveUp  string        // why the client gave up on it, "" if it did not
-	lost    string        // acks=0: lost where the client cannot know (the network, the broker)
-	sends   []int         // requests that carried it
-	written []int         // requests whose batch put it in the log
+	c        *client
+	name     string
+	fresh    time.Duration // when the client made it
+	acked    bool          // the client was told it is written
+	gaveUp   string        // why the client gave up on it, "" if it did not
+	lost     string        // acks=0: lost where the client cannot know (the network, the broker)
+	sends    []int         // requests that carried it
+	written  []int         // requests whose batch put it in the log
+	upstream bool          // the proxy forwarded it at least once
 	// keyless: kafkajs partitions it afresh on each attempt.
 }
 
