@@ -59,18 +59,24 @@ func (k *core) connect(id decide.ConnID, cl clientInfo, now time.Time) *decide.C
 
 // disconnect: the connection closed or broke. clean says whether its
 // client closed it with every answer written on it received by its TCP
-// stack (the core does not take it yet).
+// stack (decide.Clean), as the proxy reads it from the socket.
 func (k *core) disconnect(conn *decide.Conn, clean bool, now time.Time) {
-	_ = clean
-	k.c.Disconnect(conn, now)
+	k.c.Disconnect(conn, closeOf(clean), now)
+}
+
+func closeOf(clean bool) decide.Close {
+	if clean {
+		return decide.Clean
+	}
+	return decide.Broken
 }
 
 func (k *core) gone(conn *decide.Conn) bool { return k.c.Gone(conn) }
 
 func (k *core) siblings(conn *decide.Conn) []decide.ConnID { return k.c.Siblings(conn, nil) }
 
-func (k *core) disconnectSibling(conn *decide.Conn, id decide.ConnID, now time.Time) {
-	k.c.DisconnectSibling(conn, id, now)
+func (k *core) disconnectSibling(conn *decide.Conn, id decide.ConnID, clean bool, now time.Time) {
+	k.c.DisconnectSibling(conn, id, closeOf(clean), now)
 }
 
 func (k *core) decide(req *decide.Request, pl *decide.Plan, now time.Time) { k.c.Decide(req, pl, now) }

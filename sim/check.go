@@ -57,6 +57,9 @@ var (
 	shSharedResend      = shape{name: "resend by a process sharing its instance with another"}
 	shIdenticalInResend = shape{name: "resend holding identical records, by a client whose identity is content only, re-partitioned"}
 	shRestartLate       = shape{name: "resend across a restart of a record appended after the new proxy read the log"}
+	shContentOnlyTaken  = shape{name: "resend by a content-only client whose new identical record took its original first"}
+	shMovedAcrossRep    = shape{name: "kafkajs resend moved to a partition another replica decides"}
+	shMiddlebox         = shape{name: "resend after a middlebox took its answer and closed cleanly (clean_close: read)"}
 	shRestartExposure   = shape{name: "resend across a restart, another instance's identical record and timestamp in the log"}
 	// Records dropped by design (documented), and what no design allows.
 	shDropContent      = shape{name: "identical record of a restamping client's instance (content-only identity)", drop: true}
@@ -71,7 +74,7 @@ var (
 )
 
 var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent,
-	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend,
+	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend, shMiddlebox, shMovedAcrossRep, shContentOnlyTaken,
 	shDropContent, shDropShared, shDropRestart, shDropOwn, shDropUnknownOther, shDropOther, shWrongOffset}
 
 // result is what one run found.
@@ -257,6 +260,19 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 		return shSharedResend
 	case w.tailFailedBetween(s, rs.partition, e.handled):
 		return shTailFailed
+	case w.behindMiddlebox(l, s):
+		return shMiddlebox
+	case s.sentAt < e.sentAt:
+		// s is the older copy, decided after a resend of it was written
+		// (its connection's reader was held): to be dropped, the proxy
+		// must know its client left that connection.
+		switch {
+		case s.cn.silent:
+			return shSilentCut
+		case s.cn.finAt > 0 && s.cn.finAt <= s.decided:
+			return shAfterFin
+		}
+		return shOvertook
 	case w.ackedBefore(l, s):
 		// Its client read an acknowledgement of it and sent it again all
 		// the same: kafkajs's send retried for another part.
@@ -267,7 +283,12 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 		return shUnrecognised
 	case c.contentOnly() && sameNameTwice(s, l):
 		return shIdenticalInResend
+	case c.contentOnly() && w.identicalBetween(l, e.sentAt, s.sentAt):
+		return shContentOnlyTaken
 	case s.replica != e.replica:
+		if rs.partition != re.partition {
+			return shMovedAcrossRep
+		}
 		if w.handedOver(e, s) {
 			return shHandover
 		}
@@ -398,15 +419,27 @@ func recIn(r *wireReq, l lid) recAt {
 	return recAt{-1, 0}
 }
 
-// shared: another process (not a run of the same one-shot job) is the
-// same client instance as c.
+// shared: another process is the same client instance as c and ran at
+// the same time (runs of a one-shot job that do not overlap are one
+// instance on fresh connections, not two processes).
 func (w *world) shared(c *client) bool {
 	for _, o := range w.clients {
-		if o != c && o.info == c.info && !strings.HasPrefix(o.workload, "one-shot") {
+		if o != c && o.info == c.info && overlap(o, c) {
 			return true
 		}
 	}
 	return false
+}
+
+func overlap(a, b *client) bool {
+	aEnd, bEnd := a.diedAt, b.diedAt
+	if aEnd == 0 {
+		aEnd = 1 << 62
+	}
+	if bEnd == 0 {
+		bEnd = 1 << 62
+	}
+	return a.bornAt < bEnd && b.bornAt < aEnd
 }
 
 // sameNameTwice: request r carries another record with l's content.
@@ -427,6 +460,34 @@ func sameNameTwice(r *wireReq, l lid) bool {
 		}
 	}
 	return n > 1
+}
+
+// behindMiddlebox: an answer carrying l went to a middlebox that
+// acknowledged it and passed nothing on, before s.
+func (w *world) behindMiddlebox(l lid, s *wireReq) bool {
+	for _, id := range w.recs[l].sends {
+		x := w.reqs[id-1]
+		if x != s && x.delivAt > 0 && x.delivAt <= s.decided && x.cn.middlebox {
+			return true
+		}
+	}
+	return false
+}
+
+// identicalBetween: l's instance sent another record with l's content
+// for the first time between from and to.
+func (w *world) identicalBetween(l lid, from, to time.Duration) bool {
+	ri := &w.recs[l]
+	for m := range w.recs {
+		o := &w.recs[m]
+		if lid(m) == l || o.name != ri.name || o.c.info != ri.c.info || len(o.sends) == 0 {
+			continue
+		}
+		if at := w.reqs[o.sends[0]-1].sentAt; at > from && at < to {
+			return true
+		}
+	}
+	return false
 }
 
 // ackedBefore: an answer its client read before sending s said l was
@@ -486,7 +547,7 @@ func (w *world) dropShape(l lid) (shape, string) {
 			if o.c.info == c.info {
 				sameInst = true
 				sameExact = sameExact || ots == ts
-				otherProc = otherProc || o.c != c && !strings.HasPrefix(o.c.workload, "one-shot")
+				otherProc = otherProc || o.c != c && overlap(o.c, c)
 			} else if ots == ts && o.c.info.principal == 0 {
 				otherAnon = true
 			}

@@ -146,6 +146,8 @@ type client struct {
 	// closeAfter: close a connection once nothing is in flight on it
 	// (a clean close).
 	closeAfter map[*conn]bool
+	// bornAt, diedAt: when the process started and exited (0: it did not).
+	bornAt, diedAt time.Duration
 }
 
 // wireReq is one Produce request a client sent.
@@ -179,7 +181,7 @@ type wireReq struct {
 func (w *world) newClient(name string, info clientInfo, lib library, acks int16, workload string) *client {
 	c := &client{w: w, n: len(w.clients), name: name, info: info, lib: lib, acks: acks, workload: workload,
 		timeout: w.between(400*time.Millisecond, 2*time.Second), skew: int64(w.intn(5)) - 2, nparts: maxPartitions,
-		conns: make([]*conn, w.nodes), closeAfter: map[*conn]bool{}}
+		conns: make([]*conn, w.nodes), closeAfter: map[*conn]bool{}, bornAt: w.now}
 	c.meta = w.broker.leader
 	c.backoff = w.between(50*time.Millisecond, 250*time.Millisecond)
 	if lib.idempotent {
@@ -568,7 +570,7 @@ func (c *client) refreshMeta() {
 // cleanly.
 func (c *client) end() {
 	c.onIdle = func() {
-		c.ended = true
+		c.ended, c.diedAt = true, c.w.now
 		for _, cn := range c.conns {
 			if cn != nil && cn.usable() {
 				cn.close()

@@ -218,9 +218,12 @@ func (s *session) coreConn() *decide.Conn {
 		sib := w.conns[id]
 		if sib.s != nil && (sib.s.finIn || sib.s.rstIn) && !sib.s.disconnected && !sib.s.readEnded {
 			w.script.comment("conn %d's first produce finds sibling conn %d closed by its client", cn.id, id)
-			w.script.close(sib.s, "sibling")
-			sib.toldAt = w.now
-			s.k.disconnectSibling(s.dconn, id, w.wall())
+			clean := sib.s.clean()
+			w.script.close(sib.s, "sibling", clean)
+			if sib.toldAt == 0 {
+				sib.toldAt = w.now
+			}
+			s.k.disconnectSibling(s.dconn, id, clean, w.wall())
 		}
 	}
 	return s.dconn
@@ -496,9 +499,10 @@ func (s *session) pumpResp() {
 		if s.dead && !s.disconnected {
 			s.disconnected = true
 			if s.dconn != nil {
-				w.script.close(s, "write failed")
+				clean := s.clean()
+				w.script.close(s, "write failed", clean)
 				s.told()
-				s.k.disconnect(s.dconn, s.clean(), w.wall())
+				s.k.disconnect(s.dconn, clean, w.wall())
 			}
 		}
 		if pl := p.pl; pl != nil && !told {
@@ -574,8 +578,10 @@ func (s *session) answerOf(p *pending) []partResult {
 	return out
 }
 
-// clean: its client closed the connection after its TCP stack received
-// every answer written on it.
+// clean: its client closed the connection (its own end of stream, no
+// reset) and its TCP stack had received every answer written on it, as
+// the proxy reads it from the socket (proxy howClosed). A client that
+// closes with answers unread, or receives one after its close, resets.
 func (s *session) clean() bool {
 	return s.finIn && !s.rstIn && s.cn.received == s.cn.written
 }
@@ -595,9 +601,10 @@ func (s *session) endRead() {
 	s.inbox = nil
 	if s.dconn != nil && !s.disconnected {
 		s.disconnected = true
-		w.script.close(s, "read ended")
+		clean := s.clean()
+		w.script.close(s, "read ended", clean)
 		s.told()
-		s.k.disconnect(s.dconn, s.clean(), w.wall())
+		s.k.disconnect(s.dconn, clean, w.wall())
 	}
 	s.drainTick++
 	tick := s.drainTick

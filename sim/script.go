@@ -194,12 +194,16 @@ func (r *recorder) deliver(s *session, req *wireReq, ok bool) {
 	r.line(cmd)
 }
 
-func (r *recorder) close(s *session, why string) {
+func (r *recorder) close(s *session, why string, clean bool) {
 	if r == nil {
 		return
 	}
 	r.comment("conn %d ends at the proxy: %s", s.cn.id, why)
-	r.line(fmt.Sprintf("close conn=%d", s.cn.id))
+	cmd := fmt.Sprintf("close conn=%d", s.cn.id)
+	if clean {
+		cmd += " clean"
+	}
+	r.line(cmd)
 }
 
 func (r *recorder) tail(k *core, p int32, failed bool) {
