@@ -42,6 +42,7 @@ var (
 	shRestartID  = shape{name: "identical resend across a proxy restart", covered: true}
 	shHandover   = shape{name: "resend across a node handover", covered: true}
 	shIdempotent = shape{name: "idempotent resend", covered: true}
+	shIdemEpoch  = shape{name: "idempotent resend under a bumped epoch (Kafka dedupes within an epoch only)"}
 	// Resent records the rule documents as misses (written twice).
 	shSameConn          = shape{name: "kafkajs resend after a request timeout, its original in flight on the connection kafkajs keeps"}
 	shRepartitioned     = shape{name: "kafkajs resend of records another broker acknowledged"}
@@ -57,7 +58,8 @@ var (
 	shSharedResend      = shape{name: "resend by a process sharing its instance with another"}
 	shIdenticalInResend = shape{name: "resend holding identical records, by a client whose identity is content only, re-partitioned"}
 	shRestartLate       = shape{name: "resend across a restart of a record appended after the new proxy read the log"}
-	shContentOnlyTaken  = shape{name: "resend by a content-only client whose new identical record took its original first"}
+	shContentOnlyTaken  = shape{name: "resend by a content-only client with identical records in flight (one took its original's match)"}
+	shHandoverUnsettled = shape{name: "resend across a handover of a batch whose outcome the log had to settle (REQUEST_TIMED_OUT, a broken broker connection)"}
 	shMovedAcrossRep    = shape{name: "kafkajs resend moved to a partition another replica decides"}
 	shMiddlebox         = shape{name: "resend after a middlebox took its answer and closed cleanly (clean_close: read)"}
 	shRestartExposure   = shape{name: "resend across a restart, another instance's identical record and timestamp in the log"}
@@ -73,8 +75,8 @@ var (
 	shWrongOffset = shape{name: "answered with the offset of another record of the same content"}
 )
 
-var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent,
-	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend, shMiddlebox, shMovedAcrossRep, shContentOnlyTaken,
+var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent, shIdemEpoch,
+	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend, shMiddlebox, shMovedAcrossRep, shContentOnlyTaken, shHandoverUnsettled,
 	shDropContent, shDropShared, shDropRestart, shDropOwn, shDropUnknownOther, shDropOther, shWrongOffset}
 
 // result is what one run found.
@@ -251,6 +253,9 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 	rs, re := recIn(s, l), recIn(e, l)
 	switch {
 	case c.lib.idempotent:
+		if epochIn(s, l) != epochIn(e, l) {
+			return shIdemEpoch
+		}
 		return shIdempotent
 	case s.acks != -1 || e.acks != -1:
 		return shAcks
@@ -283,13 +288,18 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 		return shUnrecognised
 	case c.contentOnly() && sameNameTwice(s, l):
 		return shIdenticalInResend
-	case c.contentOnly() && w.identicalBetween(l, e.sentAt, s.sentAt):
+	case c.contentOnly() && w.identicalBetween(l, e.sentAt, s.decided):
 		return shContentOnlyTaken
 	case s.replica != e.replica:
 		if rs.partition != re.partition {
 			return shMovedAcrossRep
 		}
 		if w.handedOver(e, s) {
+			if e.lost || codeFor(e.answered, e, re.partition) == kerr.RequestTimedOut.Code || codeFor(e.written, e, re.partition) == kerr.RequestTimedOut.Code {
+				// HandOff leaves a batch whose outcome the log must still
+				// settle with the core that decided it.
+				return shHandoverUnsettled
+			}
 			return shHandover
 		}
 		return shLeaderAcrossRep
@@ -392,6 +402,10 @@ func (w *world) readBefore(core string, p int32, t time.Duration) bool {
 	return false
 }
 
+// logRead: some core kept the legacy records of a tail it read (after a
+// restart, a takeover, or a leader that moved away and back).
+func (w *world) logRead() bool { return len(w.restarts)+len(w.handovers)+w.rewarms > 0 }
+
 // handedOver: a node was handed over between e and s.
 func (w *world) handedOver(e, s *wireReq) bool {
 	for _, at := range w.handovers {
@@ -475,16 +489,19 @@ func (w *world) behindMiddlebox(l lid, s *wireReq) bool {
 }
 
 // identicalBetween: l's instance sent another record with l's content
-// for the first time between from and to.
+// between from and to: a client whose identity is content only cannot
+// have them told apart.
 func (w *world) identicalBetween(l lid, from, to time.Duration) bool {
 	ri := &w.recs[l]
 	for m := range w.recs {
 		o := &w.recs[m]
-		if lid(m) == l || o.name != ri.name || o.c.info != ri.c.info || len(o.sends) == 0 {
+		if lid(m) == l || o.name != ri.name || o.c.info != ri.c.info {
 			continue
 		}
-		if at := w.reqs[o.sends[0]-1].sentAt; at > from && at < to {
-			return true
+		for _, id := range o.sends {
+			if at := w.reqs[id-1].sentAt; at >= from && at < to {
+				return true
+			}
 		}
 	}
 	return false
@@ -500,6 +517,18 @@ func (w *world) ackedBefore(l lid, s *wireReq) bool {
 		}
 	}
 	return false
+}
+
+// epochIn is the producer epoch of the batch of r that carries l.
+func epochIn(r *wireReq, l lid) int16 {
+	for _, b := range r.parts {
+		for _, x := range b.recs {
+			if x.lid == l {
+				return b.epoch
+			}
+		}
+	}
+	return -2
 }
 
 // whyIn is why request r carries record l.
@@ -532,7 +561,7 @@ func (w *world) dropShape(l lid) (shape, string) {
 	ts := recIn(r, l).ts
 	restamps := c.contentOnly()
 	last := w.reqs[ri.sends[len(ri.sends)-1]-1].decided
-	var sameInst, sameExact, otherProc, otherAnon bool
+	var sameInst, sameExact, otherProc, otherAnon, otherInst bool
 	for m := range w.recs {
 		o := &w.recs[m]
 		if lid(m) == l || o.name != ri.name {
@@ -548,8 +577,9 @@ func (w *world) dropShape(l lid) (shape, string) {
 				sameInst = true
 				sameExact = sameExact || ots == ts
 				otherProc = otherProc || o.c != c && overlap(o.c, c)
-			} else if ots == ts && o.c.info.principal == 0 {
-				otherAnon = true
+			} else if ots == ts {
+				otherInst = true
+				otherAnon = otherAnon || o.c.info.principal == 0
 			}
 		}
 	}
@@ -584,13 +614,16 @@ func (w *world) dropShape(l lid) (shape, string) {
 		switch {
 		case unknown:
 			return shDropUnknownOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.id, off, w.recs[got.lid].c.name)
-		case len(w.restarts) > 0:
-			return shDropRestart, "another producer's identical record was in the log after a restart"
+		case w.logRead():
+			return shDropRestart, "another producer's identical record was in the log read after a restart or a takeover"
 		}
 		return shDropOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.id, off, w.recs[got.lid].c.name)
 	}
-	if otherAnon && len(w.restarts) > 0 {
-		return shDropRestart, "another producer's identical record was in the log after a restart"
+	if unknown && otherInst {
+		return shDropUnknownOther, "an unknown outcome of it, and another instance's identical record and timestamp"
+	}
+	if otherAnon && w.logRead() {
+		return shDropRestart, "another producer's identical record was in the log read after a restart or a takeover"
 	}
 	return shDropOther, fmt.Sprintf("last sent in req %d (%s)", r.id, r.cn.describe())
 }

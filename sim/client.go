@@ -184,6 +184,7 @@ func (w *world) newClient(name string, info clientInfo, lib library, acks int16,
 		conns: make([]*conn, w.nodes), closeAfter: map[*conn]bool{}, bornAt: w.now}
 	c.meta = w.broker.leader
 	c.backoff = w.between(50*time.Millisecond, 250*time.Millisecond)
+	c.epoch = 0
 	if lib.idempotent {
 		c.pid = int64(1000 + c.n)
 	} else {
@@ -310,14 +311,17 @@ func (c *client) buildRequest(cn *conn, node int) *wireReq {
 		case len(q.recs) > 0:
 			n := min(len(q.recs), c.lib.maxBatch)
 			c.batchN++
-			b = &cbatch{n: c.batchN, part: p, recs: slices.Clone(q.recs[:n]), seq: -1, epoch: c.epoch}
+			b = &cbatch{n: c.batchN, part: p, recs: slices.Clone(q.recs[:n]), seq: -1, epoch: -1}
 			q.recs = q.recs[n:]
-			if c.lib.idempotent {
-				b.seq = c.nextSeq[p]
-				c.nextSeq[p] += int32(n)
-			}
 		default:
 			continue
+		}
+		if c.lib.idempotent && b.epoch != c.epoch {
+			// Sequence numbers are given at the first send under the
+			// producer's epoch: after a bump, failed batches are numbered
+			// again from 0 in their order.
+			b.epoch, b.seq = c.epoch, c.nextSeq[p]
+			c.nextSeq[p] += int32(len(b.recs))
 		}
 		q.flight++
 		c.addPart(req, b)
@@ -442,6 +446,12 @@ func (c *client) onAnswer(cn *conn, req *wireReq, res []partResult) {
 		default:
 			if r.code == kerr.NotLeaderForPartition.Code {
 				refresh = true
+			}
+			if c.lib.idempotent && (r.code == kerr.OutOfOrderSequenceNumber.Code || r.code == kerr.InvalidProducerEpoch.Code) && s.epoch == c.epoch {
+				// franz-go: the producer id is failed and its epoch bumped;
+				// every partition's sequences start again at 0.
+				c.epoch++
+				c.nextSeq = [maxPartitions]int32{}
 			}
 			c.requeue(req, i, fmt.Sprintf("error %d", r.code))
 		}

@@ -26,13 +26,13 @@ type brokerFault struct {
 	timeout  float64       // chance a part is answered REQUEST_TIMED_OUT after its append
 }
 
-// newWorld generates the scenario of seed.
-func newWorld(seed uint64, rec bool) *world {
+// newWorld generates the scenario of seed, its cores configured with cfg.
+func newWorld(seed uint64, cfg coreConfig, rec bool) *world {
 	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), maxSteps: 2_000_000}
 	if rec {
 		w.script = &recorder{w: w}
 	}
-	w.cfg = coreConfig{window: decide.DefaultWindow, scope: decide.ScopeInstance, match: decide.MatchAuto}
+	w.cfg = cfg
 	w.nodes = 1 + w.intn(3)
 	for p := range w.broker.leader {
 		w.broker.leader[p] = p % w.nodes
@@ -381,6 +381,7 @@ func (w *world) moveLeader() {
 		// serve and forgets its warm-up: should the leadership come back,
 		// it reads the tail first (docs/replicas.md, "Leader moves").
 		r := w.replicas[w.owner[from]]
+		w.rewarms++
 		w.script.rewarm(r.core, p)
 		r.core.rewarm(p)
 	}

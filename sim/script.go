@@ -39,7 +39,12 @@ func (r *recorder) header() {
 	fmt.Fprintf(&r.b, "# The simulation's seed %d (go test ./sim -run TestSimulation -args -seed=%d -seeds=1 -script -v).\n", w.seed, w.seed)
 	fmt.Fprintf(&r.b, "# Saved as decide/testdata/sim_seed_%d.txt, its expected output is filled in by\n", w.seed)
 	fmt.Fprintf(&r.b, "# go test ./decide -run TestScripts/sim_seed_%d -args -rewrite\n", w.seed)
-	fmt.Fprintf(&r.b, "case name=sim-seed-%d warm=true match=auto\n----\n\n", w.seed)
+	match := map[decide.Match]string{decide.MatchAuto: "auto", decide.MatchRecords: "records", decide.MatchExact: "exact", decide.MatchOff: "off"}[w.cfg.match]
+	scope := "instance"
+	if w.cfg.scope == decide.ScopeClientID {
+		scope = "client_id"
+	}
+	fmt.Fprintf(&r.b, "case name=sim-seed-%d warm=true match=%s scope=%s window=%s\n----\n\n", w.seed, match, scope, w.cfg.window)
 }
 
 func (r *recorder) connect(s *session) {

@@ -1,9 +1,15 @@
 package sim
 
-// runSeed generates and runs the scenario of seed and checks it. With
-// record, the run also writes its script.
-func runSeed(seed uint64, record bool) (*result, *world) {
-	w := newWorld(seed, record)
+import "github.com/dedupproxy/dedupproxy/decide"
+
+// defaultConfig is the proxy's default configuration of the legacy rule:
+// a 2-minute window, client instances, match auto.
+var defaultConfig = coreConfig{window: decide.DefaultWindow, scope: decide.ScopeInstance, match: decide.MatchAuto}
+
+// runSeed generates and runs the scenario of seed with cores configured
+// with cfg, and checks it. With record, the run also writes its script.
+func runSeed(seed uint64, cfg coreConfig, record bool) (*result, *world) {
+	w := newWorld(seed, cfg, record)
 	ended := w.run()
 	return w.check(ended), w
 }
