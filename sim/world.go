@@ -39,6 +39,7 @@ type world struct {
 	// restarts and handovers: when each happened.
 	restarts, handovers  []time.Duration
 	idemFailures         []string
+	rewarms              int
 	tailFails, tailReads []tailFail
 	// endAt: no new records, faults or reconnects after it; the run then
 	// drains until every client is done.
