@@ -49,7 +49,7 @@ var (
 	shRestartRestamp    = shape{name: "restamped resend across a proxy restart"}
 	shUnrecognised      = shape{name: "restamped resend by a client the core takes to keep timestamps (sarama)"}
 	shOvertook          = shape{name: "resend decided before the proxy heard the old connection end"}
-	shAfterFin          = shape{name: "resend of a record answered on a connection whose end had reached the proxy (reader held)"}
+	shAfterFin          = shape{name: "copy answered or decided on a connection whose end had reached the proxy (reader held)"}
 	shSilentCut         = shape{name: "resend after a silent cut (the proxy never hears the old connection end)"}
 	shAcks              = shape{name: "acks=0/1 resend"}
 	shAfterWindow       = shape{name: "resend after the window"}
@@ -66,13 +66,13 @@ var (
 	// Records dropped by design (documented), and what no design allows.
 	shDropContent      = shape{name: "identical record of a restamping client's instance (content-only identity)", drop: true}
 	shDropShared       = shape{name: "identical record of another process sharing the instance", drop: true}
-	shDropRestart      = shape{name: "identical record and timestamp of another anonymous producer after a restart", drop: true}
+	shDropRestart      = shape{name: "identical record and timestamp of another anonymous producer in the log read after a restart or a takeover", drop: true}
 	shDropOwn          = shape{name: "identical record and timestamp of the same instance", drop: true}
 	shDropUnknownOther = shape{name: "unknown outcome settled by another instance's identical record and timestamp in the log", drop: true}
 	shDropOther        = shape{name: "dropped for no documented reason", covered: true, drop: true}
 	// An answer's offset holding a record the rule can tell from the one
 	// answered (invariant 5), per record.
-	shWrongOffset = shape{name: "answered with the offset of another record of the same content"}
+	shWrongOffset = shape{name: "answered with the offset of another record of the same content (an unknown outcome settled from the log)"}
 )
 
 var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent, shIdemEpoch,
@@ -529,18 +529,6 @@ func epochIn(r *wireReq, l lid) int16 {
 		}
 	}
 	return -2
-}
-
-// whyIn is why request r carries record l.
-func whyIn(r *wireReq, l lid) string {
-	for i, b := range r.parts {
-		for j, x := range b.recs {
-			if x.lid == l {
-				return r.whys[i][j]
-			}
-		}
-	}
-	return ""
 }
 
 // codeFor is the error code of partition p in answer a to r, -1 if none.

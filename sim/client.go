@@ -41,8 +41,6 @@ const (
 	jsSend
 )
 
-var styleNames = [...]string{"same-batch", "restamp-batch", "resplit", "requeue-restamp", "kafkajs-send"}
-
 // library is a real client's behaviour.
 type library struct {
 	name     string
@@ -161,7 +159,6 @@ type wireReq struct {
 	raws    [][]byte
 	whys    [][]string
 	batches []*cbatch // fixed styles: the batch of each part
-	qrecs   [][]qrec  // the queued records of each part
 	sentAt  time.Duration
 	// The proxy's side, for the checks.
 	replica  int

@@ -59,12 +59,8 @@ func newWorld(seed uint64, cfg coreConfig, rec bool) *world {
 
 func (r *replica) coreName() string { return fmt.Sprintf("r%d.%d", r.id, r.gen) }
 
-// hosts: client machines; nat is the one address several share.
-var (
-	hostA = netip.MustParseAddr("10.0.0.1")
-	hostB = netip.MustParseAddr("10.0.0.2")
-	nat   = netip.MustParseAddr("192.0.2.1")
-)
+// nat is the one address several client machines share.
+var nat = netip.MustParseAddr("192.0.2.1")
 
 func hostN(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, 1, byte(n)}) }
 
