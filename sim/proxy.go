@@ -579,11 +579,12 @@ func (s *session) answerOf(p *pending) []partResult {
 }
 
 // clean: its client closed the connection (its own end of stream, no
-// reset) and its TCP stack had received every answer written on it, as
-// the proxy reads it from the socket (proxy howClosed). A client that
+// reset) with nothing outstanding — every request the session took in
+// answered — and its TCP stack had received every answer written on it,
+// as the proxy reads it from the socket (proxy howClosed). A client that
 // closes with answers unread, or receives one after its close, resets.
 func (s *session) clean() bool {
-	return s.finIn && !s.rstIn && s.cn.received == s.cn.written
+	return s.finIn && !s.rstIn && len(s.queue) == 0 && s.cn.received == s.cn.written
 }
 
 // endRead: readLoop returned. The core hears the connection end at once;
