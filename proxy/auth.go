@@ -315,15 +315,6 @@ func oauthSubject(msg []byte, claim string) (string, bool) {
 	return "User:" + sub, true
 }
 
-// tlsPrincipal is Kafka's default principal for a TLS client certificate:
-// its subject's distinguished name (ssl.principal.mapping.rules DEFAULT).
-func tlsPrincipal(st tls.ConnectionState) (string, bool) {
-	if len(st.PeerCertificates) == 0 {
-		return "", false
-	}
-	return "User:" + st.PeerCertificates[0].Subject.String(), true
-}
-
 // principals numbers the principals seen, so that state keys hold a
 // uint32. Bounded: principals come only from exchanges the broker accepted.
 type principals struct {
@@ -468,14 +459,26 @@ func (c *session) preAuthentication() bool {
 }
 
 // noteTLSPrincipal scopes a connection whose client presented a
-// certificate (tls.client_ca) by its subject, unless SASL names another.
+// certificate (tls.client_ca) by the principal Kafka would derive from its
+// subject (certprincipal.go), unless SASL names another. A subject that
+// does not parse, or that no mapping rule applies to (Kafka refuses such a
+// connection), leaves the connection relayed undecided.
 func (c *session) noteTLSPrincipal(st tls.ConnectionState) {
-	name, ok := tlsPrincipal(st)
-	if !ok {
+	if len(st.PeerCertificates) == 0 {
 		return
 	}
-	c.tlsName = name
-	if c.tlsID, ok = c.s.principals.id(name); !ok {
+	dn, err := subjectName(st.PeerCertificates[0].RawSubject)
+	name, ok := "", false
+	if err == nil {
+		name, ok = c.s.certPrincipals.name(dn)
+	}
+	if !ok {
+		c.unscoped.Store(true)
+		c.log.Warn("no principal for the client certificate (no tls.principal_mapping_rules rule applies, or its subject does not parse): its requests are relayed undecided", "subject", dn, "err", err)
+		return
+	}
+	c.tlsName = "User:" + name
+	if c.tlsID, ok = c.s.principals.id(c.tlsName); !ok {
 		c.unscoped.Store(true)
 	}
 }

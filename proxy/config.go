@@ -233,6 +233,12 @@ type TLSConfig struct {
 	ClientCA string `yaml:"client_ca"`
 	// MinVersion is the oldest TLS version accepted: 1.2 (default) or 1.3.
 	MinVersion string `yaml:"min_version"`
+	// PrincipalMappingRules maps a client certificate's subject to the
+	// principal that scopes its state, in the syntax of Kafka's
+	// ssl.principal.mapping.rules (docs/security.md, "The certificate
+	// principal"): give it the brokers' value. Empty: DEFAULT, the subject
+	// as Kafka prints it. Client listeners (tls) only.
+	PrincipalMappingRules string `yaml:"principal_mapping_rules"`
 }
 
 // Enabled reports whether the listener speaks TLS.
@@ -807,6 +813,17 @@ func (c TLSConfig) validate(name string) error {
 	}
 	if !validTLSVersion(c.MinVersion) {
 		return fmt.Errorf("%s.min_version %q: want 1.2 or 1.3", name, c.MinVersion)
+	}
+	if c.PrincipalMappingRules != "" {
+		if name != "tls" {
+			return fmt.Errorf("%s.principal_mapping_rules: only the client listeners (tls) have principals", name)
+		}
+		if c.ClientCA == "" {
+			return fmt.Errorf("%s.principal_mapping_rules needs client_ca: without client certificates there is no subject to map", name)
+		}
+		if _, err := parsePrincipalMappingRules(c.PrincipalMappingRules); err != nil {
+			return fmt.Errorf("%s.principal_mapping_rules: %w", name, err)
+		}
 	}
 	return nil
 }

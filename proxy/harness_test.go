@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -168,10 +169,14 @@ func (r *rawConn) recv(req kmsg.Request, corr int32) kmsg.Response {
 // abort closes the connection with a reset, as a client's kernel does when
 // it closes a socket with answers left unread (a lost acknowledgement).
 func (r *rawConn) abort() {
-	if tc, ok := r.conn.(*net.TCPConn); ok {
+	conn := r.conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn() // no close_notify: the connection breaks
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
 		tc.SetLinger(0)
 	}
-	r.conn.Close()
+	conn.Close()
 }
 
 func (r *rawConn) roundTrip(req kmsg.Request) kmsg.Response {

@@ -77,9 +77,12 @@ type Server struct {
 	// listener's certificates, TLS to brokers, and every certificate
 	// source that ReloadTLS re-reads.
 	clientTLS *certFiles
-	adminTLS  *certFiles
-	upTLS     *upstreamTLS
-	certs     []*certFiles
+	// certPrincipals maps client certificate subjects to principals
+	// (tls.principal_mapping_rules, certprincipal.go).
+	certPrincipals *principalMapper
+	adminTLS       *certFiles
+	upTLS          *upstreamTLS
+	certs          []*certFiles
 
 	// stop is closed, and dialCtx cancelled, once by the first Shutdown:
 	// background loops end and dials in progress are abandoned.

@@ -186,6 +186,11 @@ type upstreamTLS struct {
 // setupTLS loads every certificate the configuration names. Called by Start.
 func (s *Server) setupTLS() error {
 	cfg := &s.Config
+	m, err := parsePrincipalMappingRules(cfg.TLS.PrincipalMappingRules)
+	if err != nil {
+		return fmt.Errorf("tls.principal_mapping_rules: %w", err)
+	}
+	s.certPrincipals = m
 	if cfg.TLS.Enabled() {
 		f, err := s.newServerCert("tls", cfg.TLS)
 		if err != nil {

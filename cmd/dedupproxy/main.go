@@ -253,6 +253,8 @@ func newFlags() *flags {
 	f.def("tls-key", "PEM private key `file` of --tls-cert", func(c *proxy.Config, v string) { c.TLS.Key = v })
 	f.def("tls-client-ca", "PEM CA `file`: clients must present a certificate it issued (mutual TLS)",
 		func(c *proxy.Config, v string) { c.TLS.ClientCA = v })
+	f.def("tls-principal-mapping-rules", "the brokers' ssl.principal.mapping.rules `rules`: how a client certificate's subject becomes the principal that scopes its state (default DEFAULT)",
+		func(c *proxy.Config, v string) { c.TLS.PrincipalMappingRules = v })
 	f.def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
 		func(c *proxy.Config, v string) { c.AdminTLS.Cert = v })
 	f.def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })

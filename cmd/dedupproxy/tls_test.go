@@ -32,6 +32,7 @@ func TestTLSFlags(t *testing.T) {
 	}
 	cfg, err := loadConfig([]string{"--config", path,
 		"--tls-cert", "p.crt", "--tls-key", "p.key", "--tls-client-ca", "clients.pem",
+		"--tls-principal-mapping-rules", "RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/,DEFAULT",
 		"--upstream-tls-ca", "brokers.pem", "--upstream-tls-cert", "me.crt", "--upstream-tls-key", "me.key",
 		"--upstream-tls-server-name", "kafka.internal",
 		"--upstream-sasl-mechanism", "scram-sha-512", "--upstream-sasl-user", "proxy", "--upstream-sasl-password-file", "pw",
@@ -40,7 +41,8 @@ func TestTLSFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := proxy.Config{
-		TLS:          proxy.TLSConfig{Cert: "p.crt", Key: "p.key", ClientCA: "clients.pem", MinVersion: "1.3"},
+		TLS: proxy.TLSConfig{Cert: "p.crt", Key: "p.key", ClientCA: "clients.pem", MinVersion: "1.3",
+			PrincipalMappingRules: "RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/,DEFAULT"},
 		UpstreamTLS:  proxy.UpstreamTLSConfig{Enabled: true, CA: "brokers.pem", Cert: "me.crt", Key: "me.key", ServerName: "kafka.internal", MinVersion: "1.2"},
 		UpstreamSASL: proxy.SASLConfig{Mechanism: "SCRAM-SHA-512", User: "proxy", PasswordFile: "pw"},
 		AdminTLS:     proxy.TLSConfig{Cert: "a.crt", Key: "a.key", MinVersion: "1.2"},
@@ -58,6 +60,11 @@ func TestTLSFlags(t *testing.T) {
 	}
 	if _, err := loadConfig([]string{"--tls-cert", "p.crt"}); err == nil || !strings.Contains(err.Error(), "cert and key go together") {
 		t.Fatalf("--tls-cert alone: %v", err)
+	}
+	_, err = loadConfig([]string{"--upstream", "a:1", "--tls-cert", "p.crt", "--tls-key", "p.key", "--tls-client-ca", "c.pem",
+		"--tls-principal-mapping-rules", "RULE:^CN=(.*?)$/$1/L/U"})
+	if err == nil || !strings.Contains(err.Error(), "tls.principal_mapping_rules: rule 1") {
+		t.Fatalf("invalid mapping rules: %v, want an error naming the key and the rule", err)
 	}
 	if code := run(context.Background(), []string{"--upstream-tls", "--listen", "127.0.0.1:0", "--admin", "off"}, io.Discard, io.Discard); code != 2 {
 		t.Fatalf("--upstream-tls with the embedded cluster: exit %d, want 2", code)

@@ -107,6 +107,9 @@ type Opts struct {
 	Client bool
 	// NotBefore and NotAfter default to an hour ago and a day from now.
 	NotBefore, NotAfter time.Time
+	// RawSubject, when set, is the DER subject, in place of the common
+	// name alone.
+	RawSubject []byte
 }
 
 // Leaf is an issued certificate and its key.
@@ -132,6 +135,7 @@ func (ca *CA) Issue(cn string, o Opts) (*Leaf, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: nextSerial(),
 		Subject:      pkix.Name{CommonName: cn},
+		RawSubject:   o.RawSubject,
 		NotBefore:    o.NotBefore,
 		NotAfter:     o.NotAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
