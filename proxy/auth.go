@@ -27,12 +27,15 @@ import (
 //   - OAUTHBEARER: an answer with error 0 and no challenge (KIP-255: an
 //     invalid token is answered error 0 with a JSON error challenge).
 //   - Any other mechanism (GSSAPI, custom): never. Its connections are
-//     relayed and counted, and the proxy says so once per mechanism.
+//     relayed and counted, and the proxy says so once per mechanism; only
+//     the pre-authentication request limit ends once the broker accepted
+//     the exchange and served the next request (authState.served).
 //
 // The principal is who the broker authenticated: the PLAIN or SCRAM user
-// name, the OAUTHBEARER token's subject claim, else the TLS client
-// certificate's subject, else ANONYMOUS (a cluster that needs no
-// authentication). All state is scoped by it.
+// name, the OAUTHBEARER token's subject claim, else the principal Kafka
+// derives from the TLS client certificate (certprincipal.go), else
+// ANONYMOUS (a cluster that needs no authentication). All state is scoped
+// by it.
 
 // Mechanism names as SaslHandshake carries them.
 const (

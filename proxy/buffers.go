@@ -106,6 +106,9 @@ func readPooledFrame(r io.Reader, maxSize int32) (bp *[]byte, body []byte, err e
 type requestBuffer struct {
 	buf   []byte
 	small int // consecutive requests under a quarter of cap(buf)
+	// limit, when set, is the largest request size, asked once a
+	// request's size has arrived (in place of read's maxSize).
+	limit func() int32
 
 	pool  *requestPool
 	large []byte // the request being handled, when it is large
@@ -149,6 +152,9 @@ func (rb *requestBuffer) read(r *bufio.Reader, maxSize int32, done <-chan struct
 	}
 	if _, err := io.ReadFull(r, rb.buf[:4]); err != nil {
 		return nil, err
+	}
+	if rb.limit != nil {
+		maxSize = rb.limit()
 	}
 	size, err := protocol.CheckSize(rb.buf[:4], maxSize, protocol.RequestMinSize)
 	if err != nil {

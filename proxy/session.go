@@ -251,6 +251,17 @@ func (c *session) readLoop() {
 	}
 	c.req = &rb
 	defer rb.release()
+	// Asked when a request's size has arrived, not before waiting for it:
+	// the answer that authenticated the connection may be read meanwhile.
+	rb.limit = func() int32 {
+		if c.preAuthentication() {
+			// Kafka's sasl.server.max.receive.size: before the broker
+			// knows who the client is, it may not make anyone buffer
+			// 100 MiB.
+			return min(cfg.MaxFrameBytes, cfg.UnauthenticatedMaxFrameBytes)
+		}
+		return cfg.MaxFrameBytes
+	}
 	// Buffered reads take a small request's size prefix and body, and often
 	// the next request too, in one syscall; large bodies bypass the buffer.
 	client := bufio.NewReaderSize(c.client, readBufferSize)
@@ -264,14 +275,7 @@ func (c *session) readLoop() {
 			return
 		}
 		rb.holesOK = rb.src != nil && !c.s.keysOn()
-		maxFrame := cfg.MaxFrameBytes
-		if c.preAuthentication() {
-			// Kafka's sasl.server.max.receive.size: before the broker
-			// knows who the client is, it may not make anyone buffer
-			// 100 MiB.
-			maxFrame = min(maxFrame, cfg.UnauthenticatedMaxFrameBytes)
-		}
-		body, err := rb.read(client, maxFrame, c.closed)
+		body, err := rb.read(client, cfg.MaxFrameBytes, c.closed)
 		if err != nil {
 			c.readErr = err
 			c.readFailed(err)
