@@ -81,6 +81,7 @@ type batch struct {
 	until      int64 // ns: append time plus the window (0 while in flight)
 	hold       int64 // ns: kept with its connection until then once answered (see keepRequests)
 	appendTime int64 // the broker's log append time, -1 for CreateTime
+	after      int64 // the highest offset answered for its partition before it was sent: it lies past it
 	recs       []rec
 }
 
@@ -97,6 +98,7 @@ type Conn struct {
 	principal uint32
 	inst      *instance
 	named     bool // its client named its software (Client.Software)
+	restamps  bool // and that software stamps a resend anew (restampingSoftware)
 	open      bool
 	gone      atomic.Bool // Disconnect was called: read without the instance lock (Gone)
 	reqs      uint64      // requests that registered batches
@@ -214,7 +216,7 @@ func (ls *legacyStore) connect(id ConnID, cl Client, now int64) *Conn {
 	defer in.mu.Unlock()
 	in.conns++
 	in.lastSeen = now
-	conn := &Conn{id: id, principal: cl.Principal, inst: in, named: cl.Software != "", open: true}
+	conn := &Conn{id: id, principal: cl.Principal, inst: in, named: cl.Software != "", restamps: restampingSoftware[cl.Software], open: true}
 	in.open = append(in.open, conn)
 	return conn
 }

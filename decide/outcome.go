@@ -113,11 +113,24 @@ func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartitio
 			pp.Local = c.rebuiltAnswer(pl, i, pr, appended)
 		}
 	}
-	if pr.LogStartOffset >= 0 {
+	if pr.LogStartOffset >= 0 || pr.ErrorCode == 0 && pr.BaseOffset >= 0 {
 		p, sh := c.parts.get(k)
-		p.logStart = pr.LogStartOffset
+		if pr.LogStartOffset >= 0 {
+			p.logStart = pr.LogStartOffset
+		}
+		if pr.ErrorCode == 0 {
+			p.seen = max(p.seen, pr.BaseOffset)
+		}
 		sh.mu.Unlock()
 	}
+}
+
+// seenOf returns the highest base offset answered for a partition so far,
+// -1 if none: a batch sent now lies past it in the log.
+func (c *Core) seenOf(topic seqstate.TopicID, partition int32) int64 {
+	p, sh := c.parts.get(partKeyOf(topic, partition))
+	defer sh.mu.Unlock()
+	return p.seen
 }
 
 // rebuiltAnswer is the answer to a part the proxy forwarded without the

@@ -16,6 +16,7 @@ type partition struct {
 	version  uint64   // bumped by every event that may wake a waiter
 	waiters  []ConnID // requests waiting on an event here
 	logStart int64    // -1 unknown
+	seen     int64    // the highest base offset answered for it, -1 none
 	// log holds the legacy records read back from the tail, in log order,
 	// for a restart (docs/legacy.md, "After a restart"); logIdx indexes
 	// them by hash.
@@ -88,7 +89,7 @@ func (ps *partitions) get(k seqstate.Key) (*partition, *partShard) {
 				}
 			}
 		}
-		p = &partition{logStart: -1}
+		p = &partition{logStart: -1, seen: -1}
 		sh.m[k] = p
 	}
 	return p, sh

@@ -102,19 +102,30 @@ func exactIdentity(m Match, conn *Conn, h *protocol.BatchHeader) bool {
 }
 
 // restamps reports whether a legacy batch comes from a client known to
-// stamp a resent record anew (docs/clients.md §3), by what it writes on
-// the wire: kafkajs writes producer epoch 0 into a batch without a
-// producer id, where every other client writes -1; kafka-go names no
-// software in ApiVersions and writes partition leader epoch -1, which no
-// other client that names none writes. Any other client is taken to keep
-// its timestamps: a resend that restamps is then missed (a duplicate), never
-// a new record dropped.
+// stamp a resent record anew (docs/clients.md §3), by what it says or
+// writes on the wire: sarama names itself in ApiVersions and stamps a
+// record that has no timestamp of its own each time it adds it to a
+// batch, a retry included; kafkajs writes producer epoch 0 into a batch
+// without a producer id, where every other client writes -1; kafka-go
+// names no software in ApiVersions and writes partition leader epoch -1,
+// which no other client that names none writes. Any other client is taken
+// to keep its timestamps: a resend that restamps is then missed (a
+// duplicate), never a new record dropped.
 func restamps(conn *Conn, h *protocol.BatchHeader) bool {
-	if h.ProducerEpoch == 0 {
+	switch {
+	case h.ProducerEpoch == 0:
+		return true
+	case conn == nil:
+		return false
+	case conn.restamps:
 		return true
 	}
-	return conn != nil && !conn.named && h.PartitionLeaderEpoch == -1
+	return !conn.named && h.PartitionLeaderEpoch == -1
 }
+
+// restampingSoftware are the client software names (ApiVersions v3+) of
+// clients known to stamp a resent record anew.
+var restampingSoftware = map[string]bool{"sarama": true}
 
 // mixTS mixes a timestamp into a record hash. Never 0.
 func mixTS(h uint64, ts int64) uint64 {
@@ -443,6 +454,10 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 		if pp.Act != Answer {
 			f := c.newBatch(in, conn, p, st, whole, len(ids)-int(st.dropped))
 			f.phase, f.appendTime = inFlight, -1
+			// Another client's batch of the same records may be in the log
+			// before it: looking for it there starts past what was
+			// answered before it was sent (settleLocked).
+			f.after = c.seenOf(p.Topic, p.Partition)
 			for j := range ids {
 				if pp.Act == Rebuild && ms[j].kind == matchDrop {
 					continue
@@ -471,6 +486,7 @@ func (c *Core) newBatch(in *instance, conn *Conn, p *Part, st *partState, whole 
 	}
 	b.inst, b.conn, b.req = in, conn, conn.reqs
 	b.topic, b.part, b.whole, b.exact = p.Topic, p.Partition, whole, st.exact
+	b.after = -1
 	return b
 }
 

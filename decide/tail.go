@@ -190,6 +190,9 @@ func (c *Core) settleLocked(b *batch, batches []logBatch, read bool, ns int64) {
 	search:
 		for bi := range batches {
 			lb := &batches[bi]
+			if lb.base <= b.after {
+				continue // appended before b was sent: another's
+			}
 			k := 0
 			for _, r := range b.recs {
 				if !want(r) {

@@ -122,7 +122,9 @@ func franzIdempotentClient() legacyClient {
 // +2 then, +1798 with a 20 ms linger on 10,000).
 func saramaClient() legacyClient {
 	return legacyClient{
-		name: "sarama", clientID: "e2e-sarama", retries: true, dropAt: 10, available: goAvailable,
+		// sarama stamps a record without a timestamp of its own each time
+		// it adds it to a batch, a retry included (produceSet.add).
+		name: "sarama", clientID: "e2e-sarama", retries: true, restampsResends: true, dropAt: 10, available: goAvailable,
 		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
 			cfg := sarama.NewConfig()
 			cfg.ClientID = "e2e-sarama"

@@ -223,11 +223,11 @@ func (w *world) check(ended bool) *result {
 }
 
 // contentOnly: the core leaves the timestamp out of this client's record
-// identities (decide/rule.go, restamps): kafkajs writes producer epoch 0
-// into a legacy batch; kafka-go names no software and writes partition
-// leader epoch -1.
+// identities (decide/rule.go, restamps): sarama names itself and restamps
+// its retries; kafkajs writes producer epoch 0 into a legacy batch;
+// kafka-go names no software and writes partition leader epoch -1.
 func (c *client) contentOnly() bool {
-	return c.lib.w.legacyEpoch == 0 || c.info.software == "" && c.lib.w.leaderEpoch == -1
+	return c.info.software == "sarama" || c.lib.w.legacyEpoch == 0 || c.info.software == "" && c.lib.w.leaderEpoch == -1
 }
 
 // earlierCopy returns the first request that wrote l to the log before s
