@@ -40,7 +40,7 @@ func newSteady(tb testing.TB, n, records int) *steady {
 func steadyOn(tb testing.TB, c *Core, id ConnID, n, records int) *steady {
 	topic, _ := c.table.LookupTopic([]byte(scriptTopic))
 	s := &steady{c: c, topic: topic, now: ddBase}
-	s.conn = s.c.Connect(id, Client{ID: "bench", Host: netip.MustParseAddr("127.0.0.1")}, s.now)
+	s.conn = s.c.connect(id, Client{ID: "bench", Host: netip.MustParseAddr("127.0.0.1")}, s.now)
 	ts := make([]int64, records)
 	for i := range n {
 		req := Request{Conn: s.conn, Version: 9, Acks: -1, Timeout: 5 * time.Second}
@@ -75,14 +75,14 @@ func steadyOn(tb testing.TB, c *Core, id ConnID, n, records int) *steady {
 // after the previous one (so that answered batches pass their hold).
 func (s *steady) one(tb testing.TB, i int) {
 	s.now = s.now.Add(100 * time.Millisecond)
-	s.c.Decide(&s.reqs[i], &s.pl, s.now)
+	s.c.decide(&s.reqs[i], &s.pl, s.now)
 	if s.pl.Status != Ready || s.pl.AnyLocal {
 		tb.Fatalf("request %d: status %d, local %v", i, s.pl.Status, s.pl.AnyLocal)
 	}
-	if _, err := s.c.Outcome(&s.pl, &s.sc, s.resps[i], s.now, nil); err != nil {
+	if _, err := s.c.outcome(&s.pl, &s.sc, s.resps[i], s.now, nil); err != nil {
 		tb.Fatal(err)
 	}
-	s.c.Delivered(&s.pl, true, s.now)
+	s.c.delivered(&s.pl, true, s.now)
 }
 
 // TestLegacyNoAllocs pins zero allocations per request on the core's
@@ -142,12 +142,12 @@ func BenchmarkLegacyMemory(b *testing.B) {
 			for i := range s.reqs {
 				s.one(b, i)
 			}
-			s.c.Disconnect(s.conn, Broken, s.now)
+			s.c.disconnect(s.conn, Broken, s.now)
 		}
 		// A request of the same instance looks its records up, which
 		// builds the index of the disowned ones: counted too.
 		probe := steadyOn(b, first.c, ConnID(conns+2), 1, 100)
-		probe.c.Decide(&probe.reqs[0], &probe.pl, probe.now)
+		probe.c.decide(&probe.reqs[0], &probe.pl, probe.now)
 		b.StopTimer()
 		probe.reqs, probe.resps = nil, nil
 		for _, s := range all {
@@ -180,7 +180,7 @@ func BenchmarkInstanceMemory(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		b.StartTimer()
 		for i, id := range ids {
-			conns = append(conns, first.c.Connect(ConnID(i+10), Client{ID: id, Host: netip.MustParseAddr("10.0.0.1")}, first.now))
+			conns = append(conns, first.c.connect(ConnID(i+10), Client{ID: id, Host: netip.MustParseAddr("10.0.0.1")}, first.now))
 		}
 		b.StopTimer()
 		runtime.GC()
@@ -202,7 +202,7 @@ func BenchmarkDecideLegacyAfterReconnect(b *testing.B) {
 	for i := range old.reqs {
 		old.one(b, i)
 	}
-	old.c.Disconnect(old.conn, Broken, old.now)
+	old.c.disconnect(old.conn, Broken, old.now)
 	s := steadyOn(b, old.c, 2, n, 10)
 	s.now = old.now
 	b.ReportAllocs()

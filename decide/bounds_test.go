@@ -40,22 +40,22 @@ func TestUnknownOutcomesBounded(t *testing.T) {
 		}
 		return Part{Topic: topic, Partition: 0, Header: h, Records: raw}
 	}
-	conn := c.Connect(1, cl, now)
+	conn := c.connect(1, cl, now)
 	var pl Plan
 	for i := range maxUnknown + 1 {
 		req := &Request{Conn: conn, Version: 9, Acks: -1, Timeout: time.Second, Parts: []Part{part(i)}}
-		c.Decide(req, &pl, now)
+		c.decide(req, &pl, now)
 		if pl.Status != Ready || pl.Parts[0].Act != Forward {
 			t.Fatalf("batch %d: status %d act %d", i, pl.Status, pl.Parts[0].Act)
 		}
-		c.Lost(&pl, now, nil)
-		c.Delivered(&pl, false, now)
+		c.lost(&pl, now, nil)
+		c.delivered(&pl, false, now)
 	}
-	c.Disconnect(conn, Broken, now)
-	retry := c.Connect(2, cl, now)
+	c.disconnect(conn, Broken, now)
+	retry := c.connect(2, cl, now)
 	decide := func(i int) *Plan {
 		var rp Plan
-		c.Decide(&Request{Conn: retry, Version: 9, Acks: -1, Timeout: time.Second, Parts: []Part{part(i)}}, &rp, now)
+		c.decide(&Request{Conn: retry, Version: 9, Acks: -1, Timeout: time.Second, Parts: []Part{part(i)}}, &rp, now)
 		return &rp
 	}
 	if rp := decide(maxUnknown); rp.Status != Ready || rp.Parts[0].Act != Forward {
@@ -65,7 +65,7 @@ func TestUnknownOutcomesBounded(t *testing.T) {
 	if rp.Status != ReadTails {
 		t.Fatalf("the retry of the first batch: status %d, want a read of its tail", rp.Status)
 	}
-	c.TailRead(rp.Tails[0], scriptBatch([]string{"record 0"}, []int64{now.UnixMilli()}, -1, 0, 0, false), now, nil)
+	c.tailRead(rp.Tails[0], scriptBatch([]string{"record 0"}, []int64{now.UnixMilli()}, -1, 0, 0, false), now, nil)
 	if rp = decide(0); rp.Status != Ready || rp.Parts[0].Act != Answer || rp.Parts[0].Local.BaseOffset != 0 {
 		t.Fatalf("the retry of the first batch after the read: status %d act %d answer %+v, want answered offset 0", rp.Status, rp.Parts[0].Act, rp.Parts[0].Local)
 	}

@@ -74,7 +74,7 @@ func New(cfg Config, s *Settings) *Core {
 }
 
 // SetSettings replaces the settings (SIGHUP).
-func (c *Core) SetSettings(s *Settings) { c.settings.Store(s) }
+func (c *Core) setSettings(s *Settings) { c.settings.Store(s) }
 
 // Settings returns the settings in force.
 func (c *Core) Settings() *Settings { return c.settings.Load() }
@@ -90,7 +90,7 @@ func (c *Core) LegacyRecords() (held int64, evicted uint64) {
 
 // Connect returns the state of a client connection, whose client the
 // broker has authenticated. Call Disconnect when it closes.
-func (c *Core) Connect(id ConnID, cl Client, now time.Time) *Conn {
+func (c *Core) connect(id ConnID, cl Client, now time.Time) *Conn {
 	return c.legacy.connect(id, cl, now.UnixNano())
 }
 
@@ -99,7 +99,7 @@ func (c *Core) Connect(id ConnID, cl Client, now time.Time) *Conn {
 // from now on one whose acknowledgement its client may not hold (batches
 // in flight become so when their outcome arrives) — except, after a Clean
 // close, those whose answer was written: their client read it.
-func (c *Core) Disconnect(conn *Conn, how Close, now time.Time) {
+func (c *Core) disconnect(conn *Conn, how Close, now time.Time) {
 	in := conn.inst
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -142,7 +142,7 @@ func (c *Core) Siblings(conn *Conn, dst []ConnID) []ConnID {
 
 // DisconnectSibling is Disconnect for the open connection id of conn's
 // client instance, if it is one.
-func (c *Core) DisconnectSibling(conn *Conn, id ConnID, how Close, now time.Time) {
+func (c *Core) disconnectSibling(conn *Conn, id ConnID, how Close, now time.Time) {
 	in := conn.inst
 	in.mu.Lock()
 	var sib *Conn
@@ -153,7 +153,7 @@ func (c *Core) DisconnectSibling(conn *Conn, id ConnID, how Close, now time.Time
 	}
 	in.mu.Unlock()
 	if sib != nil {
-		c.Disconnect(sib, how, now)
+		c.disconnect(sib, how, now)
 	}
 }
 
@@ -182,7 +182,22 @@ func (c *Core) topicSettings(s *Settings, topic seqstate.TopicID) (Mode, Match, 
 
 // Decide decides req into pl. Time is now. See Plan.Status for what
 // follows.
-func (c *Core) Decide(req *Request, pl *Plan, now time.Time) {
+func (c *Core) decide(req *Request, pl *Plan, now time.Time) {
+	// What the request was about to wait for may happen between looking
+	// and registering as a waiter: then it is decided again, here.
+	for range 4 {
+		c.decideOnce(req, pl, now)
+		if pl.Status != again {
+			return
+		}
+	}
+	// Raced four times: a wait that ends at once, and its caller decides
+	// it again.
+	pl.Status, pl.Until = Wait, now
+}
+
+// decideOnce is one decision of req.
+func (c *Core) decideOnce(req *Request, pl *Plan, now time.Time) {
 	if req.Arrived.IsZero() {
 		req.Arrived = now
 	}
@@ -476,7 +491,7 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
 		if c.table.Decide(op.Key, op.Batch, now).Decision != seqstate.InFlight {
 			c.unwait(req.Conn.id, pl.waitOn)
 			pl.waitOn = pl.waitOn[:0]
-			pl.Status, pl.Until = Again, time.Time{}
+			pl.Status, pl.Until = again, time.Time{}
 			return true
 		}
 	}

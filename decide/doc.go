@@ -5,16 +5,15 @@
 // producers by one record-level rule scoped to the client instance
 // (docs/legacy.md).
 //
-// Sessions feed it events and carry out what it returns
-// (docs/produce-path.md, "Events in, effects out"): Connect and Disconnect
-// for connections; Decide for a scanned request, which returns a Plan whose
-// Status says to carry it out (Ready), wait for a wake (Wait), read
-// partition tails from the log (ReadTails), read record bytes held in pipes
-// (ReadRecords) or decide again at once (Again); Outcome, Lost and
-// Delivered for what became of a forwarded request and of its answer,
-// Unsent for a decided one never forwarded; HandOff and TakeOver for a
-// node moving between replicas; TailRead and TailFailed for the log. Every
-// event that may unblock a waiting request returns the connections to wake.
+// It has one entry point, Core.Step (docs/produce-path.md, "Events in,
+// effects out"): sessions tell it facts (an Event: a connection
+// authenticated or ended, a request scanned, the broker's answer or its
+// loss, an answer about to be written, a log read, a node handed over) and
+// carry out what it returns (Effects, and for a request the Plan, whose
+// Status says to carry it out, wait for a wake, read partitions' logs, or
+// read record bytes held in pipes). Every event that may unblock a waiting
+// request names the connections to wake. The same events in the same order
+// at the same times give the same effects.
 //
 // # Contract
 //

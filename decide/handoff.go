@@ -33,7 +33,7 @@ type Handed struct {
 // where it went, so that no record answers for two. Call it once the
 // node's requests in flight have been answered: batches still in flight,
 // or whose outcome the log must settle, stay (a miss at worst).
-func (c *Core) HandOff(want func(topic seqstate.TopicID, partition int32) bool, now time.Time, dst []Handed) []Handed {
+func (c *Core) handOff(want func(topic seqstate.TopicID, partition int32) bool, now time.Time, dst []Handed) []Handed {
 	ns := now.UnixNano()
 	for i := range c.legacy.shards {
 		for _, in := range c.legacy.shards[i].all() {
@@ -70,7 +70,7 @@ func (c *Core) HandOff(want func(topic seqstate.TopicID, partition int32) bool, 
 // client instance whose acknowledgement the client may not hold, matchable
 // by a retry until its window ends. Past Config.MaxRecords a batch is not
 // taken (counted as evicted: a miss). It returns how many were taken.
-func (c *Core) TakeOver(hs []Handed, now time.Time) int {
+func (c *Core) takeOver(hs []Handed, now time.Time) int {
 	ns := now.UnixNano()
 	taken := 0
 	for i := range hs {

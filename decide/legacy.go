@@ -92,7 +92,7 @@ type batchRef struct {
 
 func (r batchRef) live() bool { return r.b != nil && r.b.gen == r.gen }
 
-// Conn is a client connection's legacy state. Get one with Core.Connect.
+// Conn is a client connection's legacy state. Get one with an `EvConnect` step.
 type Conn struct {
 	id        ConnID
 	principal uint32
@@ -145,7 +145,7 @@ type instance struct {
 	sweepAt  int64 // ns: no disowned batch's window ends before
 	lastSeen int64
 	open     []*Conn  // its open connections
-	free     []*batch // released batches kept for reuse
+	free     []*batch // forgotten batches kept for reuse
 	// live indexes the records of undelivered batches, built when a young
 	// connection looks one up (see youngRequests) and the batches changed
 	// since; entries of batches answered since are skipped.
@@ -297,7 +297,7 @@ func (sh *legacyShard) evictIdle(now int64) {
 	victim.mu.Lock()
 	for _, b := range victim.disowned {
 		b.inDisowned = false
-		victim.release(b)
+		victim.forget(b)
 	}
 	victim.disowned, victim.disownedRecs = nil, 0
 	victim.free = nil
@@ -316,9 +316,9 @@ func (in *instance) newBatch() *batch {
 	return &batch{}
 }
 
-// release frees b once nothing refers to it; call with the instance
+// forget frees b once nothing refers to it; call with the instance
 // locked.
-func (in *instance) release(b *batch) {
+func (in *instance) forget(b *batch) {
 	if b.inFifo || b.inDisowned {
 		return
 	}
@@ -421,7 +421,7 @@ func (in *instance) dropUndelivered(b *batch) {
 	in.undelivered[k] = l // kept when empty: the partition's next batch reuses it
 }
 
-// sweep releases the disowned batches whose window has ended, once one
+// sweep forgets the disowned batches whose window has ended, once one
 // may have (lookups skip them meanwhile: sweeping only frees memory). A
 // batch settled after it was disowned is swept at most a window late.
 func (in *instance) sweep(now int64, window int64) {
@@ -434,7 +434,7 @@ func (in *instance) sweep(now int64, window int64) {
 		if b.phase == appended && b.until <= now {
 			b.inDisowned = false
 			in.disownedRecs -= len(b.recs)
-			in.release(b)
+			in.forget(b)
 			continue
 		}
 		if b.phase == appended {

@@ -41,15 +41,15 @@ func randomOps(t *testing.T, seed uint64) {
 		now = now.Add(time.Duration(r.IntN(500)) * time.Millisecond)
 		switch op := r.IntN(6); {
 		case op == 0 || len(conns) == 0:
-			conns = append(conns, &open{conn: c.Connect(nextID, cl, now)})
+			conns = append(conns, &open{conn: c.connect(nextID, cl, now)})
 			nextID++
 		case op == 1:
 			i := r.IntN(len(conns))
 			o := conns[i]
-			c.Disconnect(o.conn, Broken, now)
+			c.disconnect(o.conn, Broken, now)
 			for _, pl := range o.pend {
-				c.Lost(pl, now, nil)
-				c.Delivered(pl, false, now)
+				c.lost(pl, now, nil)
+				c.delivered(pl, false, now)
 			}
 			conns = append(conns[:i], conns[i+1:]...)
 		case op == 2 || op == 3:
@@ -69,7 +69,7 @@ func randomOps(t *testing.T, seed uint64) {
 			part := int32(r.IntN(2))
 			pl := &Plan{}
 			req := &Request{Conn: o.conn, Version: 9, Acks: -1, Timeout: time.Second, Parts: []Part{{Topic: topic, Partition: part, Header: h, Records: raw}}}
-			c.Decide(req, pl, now)
+			c.decide(req, pl, now)
 			if pl.Status == Ready {
 				o.pend = append(o.pend, pl)
 			}
@@ -94,12 +94,12 @@ func randomOps(t *testing.T, seed uint64) {
 				rt.Partitions = append(rt.Partitions, rp)
 				resp.Topics = append(resp.Topics, rt)
 				if r.IntN(8) == 0 {
-					c.Lost(pl, now, nil)
-				} else if _, err := c.Outcome(pl, &sc, resp.AppendTo(nil), now, nil); err != nil {
+					c.lost(pl, now, nil)
+				} else if _, err := c.outcome(pl, &sc, resp.AppendTo(nil), now, nil); err != nil {
 					t.Fatal(err)
 				}
 			}
-			c.Delivered(pl, r.IntN(6) != 0, now)
+			c.delivered(pl, r.IntN(6) != 0, now)
 		}
 		for _, o := range conns {
 			in := o.conn.inst

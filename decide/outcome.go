@@ -15,12 +15,12 @@ import (
 // released; a part the answer does not mention is handled as Lost. It
 // appends to wake the connections whose waiting requests may now be
 // decided.
-func (c *Core) Outcome(pl *Plan, sc *protocol.ProduceResponseScanner, body []byte, now time.Time, wake []ConnID) ([]ConnID, error) {
+func (c *Core) outcome(pl *Plan, sc *protocol.ProduceResponseScanner, body []byte, now time.Time, wake []ConnID) ([]ConnID, error) {
 	if pl.settled {
 		return wake, nil
 	}
 	if err := sc.Reset(body, pl.version); err != nil {
-		return c.Lost(pl, now, wake), err
+		return c.lost(pl, now, wake), err
 	}
 	if cap(pl.done) < len(pl.Parts) {
 		pl.done = make([]bool, len(pl.Parts))
@@ -267,7 +267,7 @@ func (c *Core) settleIdempotent(pl *Plan, now time.Time) {
 // connection broke, or was never written to): idempotent batches are
 // released, and legacy ones become unknown — the partition's log will tell
 // whether they were appended (docs/warm.md, "Unknown outcomes").
-func (c *Core) Lost(pl *Plan, now time.Time, wake []ConnID) []ConnID {
+func (c *Core) lost(pl *Plan, now time.Time, wake []ConnID) []ConnID {
 	if pl.settled || pl.Status != Ready {
 		return wake
 	}
@@ -286,7 +286,7 @@ func (c *Core) Lost(pl *Plan, now time.Time, wake []ConnID) []ConnID {
 // left while it waited): nothing of it is in the log. Its idempotent
 // batches are released and its legacy ones settled as not written, so
 // that nothing waits on them.
-func (c *Core) Unsent(pl *Plan, now time.Time, wake []ConnID) []ConnID {
+func (c *Core) unsent(pl *Plan, now time.Time, wake []ConnID) []ConnID {
 	if pl.settled || pl.Status != Ready {
 		return wake
 	}
@@ -336,7 +336,7 @@ func (c *Core) lostPart(pl *Plan, i int, now time.Time) {
 // go out, or whose connection has closed,
 // are ones their client may not hold the acknowledgement of; the records a
 // retry repeated, answered here, are this connection's from now on.
-func (c *Core) Delivered(pl *Plan, ok bool, now time.Time) {
+func (c *Core) delivered(pl *Plan, ok bool, now time.Time) {
 	conn := pl.conn
 	if conn == nil || pl.Status != Ready {
 		return

@@ -13,7 +13,6 @@ import (
 type partition struct {
 	warm     warmState
 	warmed   bool     // its first read since start is done (or failed)
-	version  uint64   // bumped by every event that may wake a waiter
 	waiters  []ConnID // requests waiting on an event here
 	logStart int64    // -1 unknown
 	seen     int64    // the highest base offset answered for it, -1 none
@@ -108,10 +107,8 @@ func (p *partition) await(conn ConnID) {
 	p.waiters = append(p.waiters, conn)
 }
 
-// event bumps p's version and appends its waiters to wake; call with p's
-// shard locked.
+// event appends p's waiters to wake; call with p's shard locked.
 func (p *partition) event(wake []ConnID) []ConnID {
-	p.version++
 	wake = append(wake, p.waiters...)
 	clear(p.waiters)
 	p.waiters = p.waiters[:0]
@@ -150,7 +147,7 @@ func (c *Core) LogStart(topic seqstate.TopicID, partition int32) int64 {
 
 // SetLogStart records a partition's log start offset, for the answers the
 // proxy gives (Kafka's carry the current one).
-func (c *Core) SetLogStart(topic seqstate.TopicID, partition int32, v int64) {
+func (c *Core) setLogStart(topic seqstate.TopicID, partition int32, v int64) {
 	if v < 0 {
 		return
 	}
@@ -163,7 +160,7 @@ func (c *Core) SetLogStart(topic seqstate.TopicID, partition int32, v int64) {
 // as on its first since start: its leadership moved to a broker another
 // proxy decides for, and batches written meanwhile are known only to the
 // log. A read under way is left to finish.
-func (c *Core) Rewarm(topic seqstate.TopicID, partition int32) {
+func (c *Core) rewarm(topic seqstate.TopicID, partition int32) {
 	p, sh := c.parts.get(partKeyOf(topic, partition))
 	if p.warm == warm {
 		p.warm, p.warmed = cold, false

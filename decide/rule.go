@@ -536,7 +536,7 @@ func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 			break
 		}
 		b.inFifo = false
-		conn.inst.release(b)
+		conn.inst.forget(b)
 		n++
 	}
 	if n > 0 {
@@ -557,7 +557,7 @@ func (conn *Conn) letGoRead() {
 		if b.conn == conn && (!b.delivered || b.late) {
 			in.disown(b)
 		}
-		in.release(b)
+		in.forget(b)
 	}
 	clear(conn.fifo)
 	conn.fifo = conn.fifo[:0]
@@ -572,7 +572,7 @@ func (conn *Conn) letGo() {
 		if b.conn == conn {
 			in.disown(b)
 		}
-		in.release(b)
+		in.forget(b)
 	}
 	clear(conn.fifo)
 	conn.fifo = conn.fifo[:0]

@@ -296,7 +296,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 			cl.Software = ""
 		}
 		core := r.coreOf(t, args["core"])
-		conn := core.Connect(ConnID(num("conn", "")), cl, r.now)
+		conn := core.connect(ConnID(num("conn", "")), cl, r.now)
 		r.conns[int(num("conn", ""))], r.owner[conn] = conn, core
 		return ""
 	case "close":
@@ -305,7 +305,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		if args["clean"] == "true" {
 			how = Clean
 		}
-		r.owner[conn].Disconnect(conn, how, r.now)
+		r.owner[conn].disconnect(conn, how, r.now)
 		return ""
 	case "send":
 		sr := &scriptReq{core: r.core}
@@ -356,12 +356,12 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 			}
 			sr.req.Parts = append(sr.req.Parts, Part{TI: 0, PI: pi, Topic: r.topic, Partition: int32(part), Header: h, Records: raw})
 		}
-		sr.core.Decide(&sr.req, &sr.plan, r.now)
+		sr.core.decide(&sr.req, &sr.plan, r.now)
 		return r.printPlan(sr)
 	case "decide":
 		sr := reqOf()
 		sr.req.GiveUp = args["giveup"] == "true"
-		sr.core.Decide(&sr.req, &sr.plan, r.now)
+		sr.core.decide(&sr.req, &sr.plan, r.now)
 		return r.printPlan(sr)
 	case "answer":
 		sr := reqOf()
@@ -402,20 +402,20 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		resp.Topics = append(resp.Topics, rt)
 		body := resp.AppendTo(nil)
 		var sc protocol.ProduceResponseScanner
-		wake, err := sr.core.Outcome(&sr.plan, &sc, body, r.now, nil)
+		wake, err := sr.core.outcome(&sr.plan, &sc, body, r.now, nil)
 		if err != nil {
 			fail("outcome: %v", err)
 		}
 		return r.printAnswers(sr) + printWake(wake)
 	case "lost":
 		sr := reqOf()
-		return printWake(sr.core.Lost(&sr.plan, r.now, nil))
+		return printWake(sr.core.lost(&sr.plan, r.now, nil))
 	case "unsent":
 		sr := reqOf()
-		return printWake(sr.core.Unsent(&sr.plan, r.now, nil))
+		return printWake(sr.core.unsent(&sr.plan, r.now, nil))
 	case "deliver":
 		sr := reqOf()
-		sr.core.Delivered(&sr.plan, get("ok", "true") == "true", r.now)
+		sr.core.delivered(&sr.plan, get("ok", "true") == "true", r.now)
 		return ""
 	case "handoff":
 		if from, ok := args["from"]; ok {
@@ -433,19 +433,19 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 				parts = append(parts, int32(p))
 			}
 			want := func(_ seqstate.TopicID, p int32) bool { return slices.Contains(parts, p) }
-			hs := r.coreOf(t, from).HandOff(want, r.now, nil)
-			return fmt.Sprintf("handed %d batches", r.coreOf(t, get("to", "")).TakeOver(hs, r.now))
+			hs := r.coreOf(t, from).handOff(want, r.now, nil)
+			return fmt.Sprintf("handed %d batches", r.coreOf(t, get("to", "")).takeOver(hs, r.now))
 		}
 		// The node moves to another replica: a new core takes what this
 		// one hands off; connections made from now on are the new one's
 		// (core=old makes one of the old).
 		next := New(r.cfg, r.core.Settings())
-		hs := r.core.HandOff(func(seqstate.TopicID, int32) bool { return true }, r.now, nil)
-		n := next.TakeOver(hs, r.now)
+		hs := r.core.handOff(func(seqstate.TopicID, int32) bool { return true }, r.now, nil)
+		n := next.takeOver(hs, r.now)
 		r.old, r.core = r.core, next
 		return fmt.Sprintf("handed %d batches", n)
 	case "rewarm":
-		r.coreOf(t, args["core"]).Rewarm(r.topic, int32(num("p", "")))
+		r.coreOf(t, args["core"]).rewarm(r.topic, int32(num("p", "")))
 		return ""
 	case "held":
 		held, _ := r.core.LegacyRecords()
@@ -454,7 +454,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 		k := TailKey{Topic: r.topic, Partition: int32(num("p", ""))}
 		core := r.coreOf(t, args["core"])
 		if args["failed"] == "true" {
-			return printWake(core.TailFailed(k, r.now, nil))
+			return printWake(core.tailFailed(k, r.now, nil))
 		}
 		var records []byte
 		if spec := get("batches", "-"); spec != "-" {
@@ -475,7 +475,7 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 				records = append(records, raw...)
 			}
 		}
-		return printWake(core.TailRead(k, records, r.now, nil))
+		return printWake(core.tailRead(k, records, r.now, nil))
 	}
 	fail("unknown command %q", verb)
 	return ""
@@ -740,7 +740,7 @@ func FuzzTailRead(f *testing.F) {
 	c := New(Config{Table: tab, Warm: true}, &Settings{})
 	f.Fuzz(func(t *testing.T, records []byte) {
 		k := TailKey{Topic: topic}
-		c.TailRead(k, records, ddBase, nil)
+		c.tailRead(k, records, ddBase, nil)
 		p, sh := c.parts.get(partKeyOf(topic, 0))
 		w := p.warm
 		sh.mu.Unlock()

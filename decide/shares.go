@@ -176,7 +176,7 @@ func (in *instance) evict(want int64) int64 {
 			}
 			b.inDisowned = false
 			in.disownedRecs -= len(b.recs)
-			in.release(b)
+			in.forget(b)
 		}
 		clear(in.disowned[len(kept):])
 		in.disowned = kept

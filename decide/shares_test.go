@@ -35,7 +35,7 @@ func newHarness(t *testing.T, maxRecords int) *harness {
 }
 
 func (h *harness) connect(id ConnID, client string, principal uint32) *Conn {
-	return h.c.Connect(id, Client{Principal: principal, ID: client, Host: netip.MustParseAddr("127.0.0.1")}, h.now)
+	return h.c.connect(id, Client{Principal: principal, ID: client, Host: netip.MustParseAddr("127.0.0.1")}, h.now)
 }
 
 // send decides one batch of values to partition p on conn.
@@ -53,7 +53,7 @@ func (h *harness) send(conn *Conn, p int32, values []string) *Plan {
 	req := &Request{Conn: conn, Version: 9, Acks: -1, Timeout: 5 * time.Second,
 		Parts: []Part{{Topic: h.topic, Partition: p, Header: bh, Records: raw}}}
 	pl := &Plan{}
-	h.c.Decide(req, pl, h.now)
+	h.c.decide(req, pl, h.now)
 	if pl.Status != Ready {
 		h.t.Fatalf("status %d, want ready", pl.Status)
 	}
@@ -81,11 +81,11 @@ func (h *harness) answer(pl *Plan, delivered bool) {
 		}
 		resp.Topics = append(resp.Topics, rt)
 		var sc protocol.ProduceResponseScanner
-		if _, err := h.c.Outcome(pl, &sc, resp.AppendTo(nil), h.now, nil); err != nil {
+		if _, err := h.c.outcome(pl, &sc, resp.AppendTo(nil), h.now, nil); err != nil {
 			h.t.Fatal(err)
 		}
 	}
-	h.c.Delivered(pl, delivered, h.now)
+	h.c.delivered(pl, delivered, h.now)
 }
 
 func values(prefix string, n int) []string {
@@ -109,7 +109,7 @@ func (h *harness) fill(id ConnID, client string, principal uint32, n int) {
 	for _, pl := range pls {
 		h.answer(pl, true)
 	}
-	h.c.Disconnect(conn, Broken, h.now)
+	h.c.disconnect(conn, Broken, h.now)
 }
 
 // lostAndRetried sends a batch whose answer never reaches its client on one
@@ -119,7 +119,7 @@ func (h *harness) lostAndRetried(client string, principal uint32, id ConnID) Act
 	conn := h.connect(id, client, principal)
 	vs := values(client+"-order", 10)
 	h.answer(h.send(conn, 0, vs), false)
-	h.c.Disconnect(conn, Broken, h.now)
+	h.c.disconnect(conn, Broken, h.now)
 	retry := h.connect(id+1, client, principal)
 	pl := h.send(retry, 0, vs)
 	h.answer(pl, true)
@@ -165,7 +165,7 @@ func TestFairShareOverShareEvictsOnlyItself(t *testing.T) {
 	conn := h.connect(10, "victim", 0)
 	vs := values("victim-order", 10)
 	h.answer(h.send(conn, 0, vs), false)
-	h.c.Disconnect(conn, Broken, h.now)
+	h.c.disconnect(conn, Broken, h.now)
 	h.fill(1, "filler", 0, 16384)
 	retry := h.connect(11, "victim", 0)
 	pl := h.send(retry, 0, vs)
@@ -194,7 +194,7 @@ func TestIdenticalRecordsBoundedWork(t *testing.T) {
 	for range reqs {
 		h.answer(h.send(conn, 0, same), true)
 	}
-	h.c.Disconnect(conn, Broken, h.now)
+	h.c.disconnect(conn, Broken, h.now)
 	in := conn.inst
 	base := in.index.steps
 	retry := h.connect(2, "a", 0)

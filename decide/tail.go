@@ -26,7 +26,7 @@ type logBatch struct {
 // caller after Decide asked (ReadTails): records holds whole record
 // batches in log order. It appends to wake the connections waiting on the
 // partition.
-func (c *Core) TailRead(k TailKey, records []byte, now time.Time, wake []ConnID) []ConnID {
+func (c *Core) tailRead(k TailKey, records []byte, now time.Time, wake []ConnID) []ConnID {
 	pk := partKeyOf(k.Topic, k.Partition)
 	_, match, header := c.topicSettings(c.settings.Load(), k.Topic)
 	ns := now.UnixNano()
@@ -150,7 +150,7 @@ func (c *Core) tailDone(k seqstate.Key, wake []ConnID) []ConnID {
 // batches are decided without it, and batches whose outcome only it could
 // tell are taken as not written (a retry of them is forwarded: at worst a
 // duplicate, as without the proxy).
-func (c *Core) TailFailed(k TailKey, now time.Time, wake []ConnID) []ConnID {
+func (c *Core) tailFailed(k TailKey, now time.Time, wake []ConnID) []ConnID {
 	pk := partKeyOf(k.Topic, k.Partition)
 	p, sh := c.parts.get(pk)
 	p.warmed = true

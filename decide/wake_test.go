@@ -39,9 +39,9 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 	now := ddBase.Add(time.Duration(round) * time.Second)
 	id := ConnID(2*round + 1)
 	cl := Client{ID: fmt.Sprintf("client %d", round), Host: host}
-	orig, retry := c.Connect(id, cl, now), c.Connect(id+1, cl, now)
-	defer c.Disconnect(orig, Broken, now)
-	defer c.Disconnect(retry, Broken, now)
+	orig, retry := c.connect(id, cl, now), c.connect(id+1, cl, now)
+	defer c.disconnect(orig, Broken, now)
+	defer c.disconnect(retry, Broken, now)
 	pid := int64(1000 + round)
 	if legacy {
 		pid = -1
@@ -56,14 +56,14 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 		return &Request{Conn: conn, Version: 9, Acks: -1, Timeout: 100 * time.Millisecond, Parts: []Part{part}}
 	}
 	var pl Plan
-	c.Decide(req(orig), &pl, now)
+	c.decide(req(orig), &pl, now)
 	if pl.Status != Ready || pl.Parts[0].Act != Forward {
 		t.Fatalf("round %d: the original: status %d, act %d", round, pl.Status, pl.Parts[0].Act)
 	}
 	if legacy {
 		// Its client gave up on the connection: whenever the retry comes,
 		// before the outcome or after, it is one.
-		c.Disconnect(orig, Broken, now)
+		c.disconnect(orig, Broken, now)
 	}
 	resp := kmsg.NewPtrProduceResponse()
 	resp.SetVersion(9)
@@ -81,7 +81,7 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 	go func() {
 		defer wg.Done()
 		var sc protocol.ProduceResponseScanner
-		woken, err := c.Outcome(&pl, &sc, body, now, nil)
+		woken, err := c.outcome(&pl, &sc, body, now, nil)
 		if err != nil {
 			t.Error(err)
 		}
@@ -93,7 +93,7 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 				}
 			}
 		}
-		c.Delivered(&pl, true, now)
+		c.delivered(&pl, true, now)
 	}()
 	defer wg.Wait()
 	var rpl Plan
@@ -102,10 +102,8 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 		if step == 16 {
 			t.Fatalf("round %d: the retry was decided %d times", round, step)
 		}
-		c.Decide(r, &rpl, now)
+		c.decide(r, &rpl, now)
 		switch rpl.Status {
-		case Again:
-			continue
 		case Wait:
 			select {
 			case <-wake:
@@ -123,5 +121,5 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 	if pp.Act != Answer || pp.Local.ErrorCode != 0 || pp.Local.BaseOffset != int64(round) {
 		t.Fatalf("round %d: the retry: act %d, answer %+v, want the original's offset %d", round, pp.Act, pp.Local, round)
 	}
-	c.Delivered(&rpl, true, now)
+	c.delivered(&rpl, true, now)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -51,7 +52,7 @@ func (c *session) decideSettle(t testing.TB, body, response []byte) *producePlan
 		// Each answer is delivered 100 ms after the previous one, as at
 		// ten requests a second: answered batches pass their hold (the
 		// request's timeout plus a margin) and are let go in steady state.
-		c.s.core.Delivered(&pl.Plan, true, time.Now().Add(time.Duration(deliverTick.Add(1))*100*time.Millisecond))
+		c.s.step(&decide.Event{Kind: decide.EvWritten, Plan: &pl.Plan, OK: true}, time.Now().Add(time.Duration(deliverTick.Add(1))*100*time.Millisecond), nil)
 	}
 	return pl
 }

@@ -250,7 +250,7 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 	s.setDedupMu.Lock()
 	defer s.setDedupMu.Unlock()
 	old := s.core.Settings()
-	s.core.SetSettings(next)
+	s.step(&decide.Event{Kind: decide.EvSettings, Settings: next}, s.now(), nil)
 	var oldCounters map[string]*topicCounter
 	if p := s.topicCounters.Load(); p != nil {
 		oldCounters = *p

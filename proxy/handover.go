@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -404,7 +405,7 @@ func (s *Server) rewarm(keys []seqstate.Key) int {
 		return 0
 	}
 	for _, k := range keys {
-		s.core.Rewarm(k.Topic, k.Partition)
+		s.step(&decide.Event{Kind: decide.EvRewarm, Topic: k.Topic, Partition: k.Partition}, s.now(), nil)
 	}
 	s.replicas.m.rewarmed.Add(float64(len(keys)))
 	return len(keys)

@@ -20,7 +20,7 @@ import (
 // partitions whose acknowledgement their client may not hold. Without
 // them it knows those batches only from the log, where a retry stamped
 // anew (kafka-go, kafkajs) matches nothing and is written again. The
-// decision core's two halves of it are decide.Core.HandOff (the giver's)
+// decision core's two halves of it are the core's `EvHandOff` step (the giver's)
 // and TakeOver (the taker's).
 
 // legacyRequest names the node moving and its partitions.
@@ -109,7 +109,9 @@ func (rs *replicaSet) serveLegacy(w http.ResponseWriter, r *http.Request) {
 				want[seqstate.Key{Topic: id, Partition: p}] = true
 			}
 		}
-		hs := s.core.HandOff(func(t seqstate.TopicID, p int32) bool { return want[seqstate.Key{Topic: t, Partition: p}] }, s.now(), nil)
+		var fx decide.Effects
+		s.step(&decide.Event{Kind: decide.EvHandOff, Want: func(t seqstate.TopicID, p int32) bool { return want[seqstate.Key{Topic: t, Partition: p}] }}, s.now(), &fx)
+		hs := fx.Handed
 		for _, h := range hs {
 			principal, ok1 := s.principals.name(h.Principal)
 			topic, ok2 := s.table.TopicName(h.Topic)
@@ -192,7 +194,9 @@ func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
 		}
 		hs = append(hs, h)
 	}
-	taken := s.core.TakeOver(hs, s.now())
+	var fx decide.Effects
+	s.step(&decide.Event{Kind: decide.EvTakeOver, Handed: hs}, s.now(), &fx)
+	taken := fx.Taken
 	rs.log.Info("took the legacy state of a node from the peer that decided it", "node", node, "peer", from, "batches", taken)
 }
 

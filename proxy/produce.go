@@ -135,17 +135,15 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	waited := false // waited for an outcome
 	held := false   // waited for an outcome or a tail
 	for round := 0; ; round++ {
-		now := time.Now()
+		now := c.s.now()
 		if round == maxDecideRounds {
 			req.GiveUp = true
 		}
-		core.Decide(req, &pl.Plan, now)
+		c.s.step(&decide.Event{Kind: decide.EvRequest, Req: req, Plan: &pl.Plan}, now, nil)
 		switch pl.Status {
 		case decide.ReadTails:
 			held = true
 			c.readTails(pl.Tails)
-			continue
-		case decide.Again:
 			continue
 		case decide.ReadRecords:
 			if !c.fillRequest() {
@@ -192,7 +190,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		// written (docs/produce-path.md); the connection ends, and
 		// nothing may wait on its batches.
 		// Not c.wakeBuf: responseLoop uses it meanwhile.
-		c.s.wakeConns(core.Unsent(&pl.Plan, time.Now(), nil))
+		c.s.stepWake(&decide.Event{Kind: decide.EvUnsent, Plan: &pl.Plan}, nil)
 		putPlan(pl)
 		return nil, errClientGone
 	}
@@ -216,10 +214,12 @@ func (c *session) coreConn() *decide.Conn {
 	}
 	if c.dconn == nil || c.dconnPrincipal != who.id {
 		if c.dconn != nil {
-			c.s.core.Disconnect(c.dconn, decide.Broken, time.Now())
+			c.s.step(&decide.Event{Kind: decide.EvClose, Conn: c.dconn, How: decide.Broken}, c.s.now(), nil)
 		}
 		cl := decide.Client{Principal: who.id, ID: c.clientID, Host: remoteIP(c.client), Software: c.software}
-		c.dconn, c.dconnPrincipal = c.s.core.Connect(decide.ConnID(c.id), cl, time.Now()), who.id
+		var fx decide.Effects
+		c.s.step(&decide.Event{Kind: decide.EvConnect, ID: decide.ConnID(c.id), Client: cl}, c.s.now(), &fx)
+		c.dconn, c.dconnPrincipal = fx.Conn, who.id
 		c.sharedConn.Store(c.dconn)
 		c.s.disconnectGoneSiblings(c.dconn)
 	}
@@ -240,7 +240,7 @@ func (s *Server) disconnectGoneSiblings(conn *decide.Conn) {
 		if sib := v.(*session); peerClosed(sib.client) {
 			// Its end of stream is in the kernel: it closed cleanly if its
 			// answers are all acknowledged and it did not reset.
-			s.core.DisconnectSibling(conn, id, sib.howClosed(io.EOF), time.Now())
+			s.step(&decide.Event{Kind: decide.EvSiblingClosed, Conn: conn, ID: id, How: sib.howClosed(io.EOF)}, s.now(), nil)
 		}
 	}
 }
@@ -292,7 +292,7 @@ func (c *session) readTails(tails []decide.TailKey) {
 	for _, k := range tails {
 		if !c.warmSlot(timer.C) {
 			c.s.Metrics.warmups[warmTimedOut].Inc()
-			c.s.wakeConns(c.s.core.TailFailed(k, time.Now(), nil))
+			c.s.stepWake(&decide.Event{Kind: decide.EvTailFailed, Tail: k}, nil)
 			continue
 		}
 		name, _ := c.s.table.TopicName(k.Topic)
@@ -489,22 +489,42 @@ func (c *session) rewriteRequest(pl *producePlan, h protocol.RequestHeader, body
 	return out
 }
 
+// step carries an event to the core (decide.Core.Step, the decisions'
+// one entry point) at now; fx, when not nil, gets its effects.
+func (s *Server) step(ev *decide.Event, now time.Time, fx *decide.Effects) {
+	if fx == nil {
+		var local decide.Effects
+		fx = &local
+	}
+	s.core.Step(ev, now, fx)
+}
+
+// stepWake is step at the server's clock, then the wake-ups it asks for.
+func (s *Server) stepWake(ev *decide.Event, fx *decide.Effects) {
+	if fx == nil {
+		var local decide.Effects
+		fx = &local
+	}
+	s.core.Step(ev, s.now(), fx)
+	s.wakeConns(fx.Wake)
+}
+
 // settleResponse hands the broker's answer (body after its header) to the
 // core and wakes whoever waited on it.
 func (c *session) settleResponse(pl *producePlan, body []byte) error {
 	c.settled(pl)
-	wake, err := c.s.core.Outcome(&pl.Plan, &c.respScan, body, time.Now(), c.wakeBuf[:0])
-	c.s.wakeConns(wake)
-	c.wakeBuf = wake[:0]
-	return err
+	fx := decide.Effects{Wake: c.wakeBuf}
+	c.s.stepWake(&decide.Event{Kind: decide.EvAnswered, Plan: &pl.Plan, Scanner: &c.respScan, Body: body}, &fx)
+	c.wakeBuf = fx.Wake[:0]
+	return fx.Err
 }
 
 // lose tells the core that pl's answer will never come.
 func (c *session) lose(pl *producePlan) {
 	c.settled(pl)
-	wake := c.s.core.Lost(&pl.Plan, time.Now(), c.wakeBuf[:0])
-	c.s.wakeConns(wake)
-	c.wakeBuf = wake[:0]
+	fx := decide.Effects{Wake: c.wakeBuf}
+	c.s.stepWake(&decide.Event{Kind: decide.EvLost, Plan: &pl.Plan}, &fx)
+	c.wakeBuf = fx.Wake[:0]
 }
 
 // finishProduce builds the response of a Produce request the proxy answered
@@ -553,10 +573,10 @@ func (s *Server) warmPartition(topic string, k decide.TailKey) {
 		if ok, suppressed := s.warmLog.allow(time.Now()); ok {
 			s.Logger.Warn("cannot read partition tail; deciding its batches without it", "topic", topic, "partition", k.Partition, "err", err, "suppressed", suppressed)
 		}
-		s.wakeConns(s.core.TailFailed(k, time.Now(), nil))
+		s.stepWake(&decide.Event{Kind: decide.EvTailFailed, Tail: k}, nil)
 		return
 	}
-	s.wakeConns(s.core.TailRead(k, records, time.Now(), nil))
+	s.stepWake(&decide.Event{Kind: decide.EvTailRead, Tail: k, Records: records}, nil)
 	s.Metrics.warmups[warmOK].Inc()
 	s.Metrics.warmBytes.Add(float64(len(records)))
 	s.Metrics.warmSeconds.Observe(time.Since(start).Seconds())

@@ -157,7 +157,7 @@ func (c *session) run() {
 	// has to another broker, before the responses still due drain
 	// (docs/legacy.md, "The rule").
 	if c.dconn != nil {
-		c.s.core.Disconnect(c.dconn, c.howClosed(c.readErr), time.Now())
+		c.s.step(&decide.Event{Kind: decide.EvClose, Conn: c.dconn, How: c.howClosed(c.readErr)}, c.s.now(), nil)
 	}
 	<-done
 	c.closeAll()
@@ -496,7 +496,7 @@ func (c *session) responseLoop() {
 			// new data. Should the write fail, Disconnect below makes the
 			// answer one the client may not hold.
 			told = true
-			c.s.core.Delivered(&pl.Plan, true, time.Now())
+			c.s.step(&decide.Event{Kind: decide.EvWritten, Plan: &pl.Plan, OK: true}, c.s.now(), nil)
 		}
 		if !dead && !p.relayed {
 			dead = !c.writeResponse(p)
@@ -515,11 +515,11 @@ func (c *session) responseLoop() {
 			// a wait), so the core hears it now, not when readLoop ends.
 			disconnected = true
 			if conn := c.sharedConn.Load(); conn != nil {
-				c.s.core.Disconnect(conn, decide.Broken, time.Now())
+				c.s.step(&decide.Event{Kind: decide.EvClose, Conn: conn, How: decide.Broken}, c.s.now(), nil)
 			}
 		}
 		if pl := p.plan; pl != nil && !told {
-			c.s.core.Delivered(&pl.Plan, !dead && !p.failed && !c.clientLeft.Load(), time.Now())
+			c.s.step(&decide.Event{Kind: decide.EvWritten, Plan: &pl.Plan, OK: !dead && !p.failed && !c.clientLeft.Load()}, c.s.now(), nil)
 		}
 		c.current = nil
 		c.release(p)
@@ -721,7 +721,7 @@ func (c *session) fail(p *pending) {
 // undelivered tells the core that p's answer did not reach the client.
 func (c *session) undelivered(p *pending) {
 	if pl := p.plan; pl != nil {
-		c.s.core.Delivered(&pl.Plan, false, time.Now())
+		c.s.step(&decide.Event{Kind: decide.EvWritten, Plan: &pl.Plan}, c.s.now(), nil)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -79,7 +80,7 @@ func (s *Server) readTail(ctx context.Context, topic string, partition int32) (r
 	}
 	logStart, end, windowStart := bounds[0], bounds[1], bounds[2]
 	if id, ok := s.table.LookupTopic([]byte(topic)); ok {
-		s.core.SetLogStart(id, partition, logStart)
+		s.step(&decide.Event{Kind: decide.EvLogStart, Topic: id, Partition: partition, LogStart: logStart}, s.now(), nil)
 	}
 	maxBytes := s.Config.Dedup.Warm.MaxBytes
 	// Start far enough back that maxBytes of small records still reaches

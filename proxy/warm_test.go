@@ -278,7 +278,7 @@ func BenchmarkWarmPartition(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				p.core.TailRead(decide.TailKey{Topic: id}, records, time.Now(), nil)
+				p.step(&decide.Event{Kind: decide.EvTailRead, Tail: decide.TailKey{Topic: id}, Records: records}, time.Now(), nil)
 				bytes = len(records)
 			}
 			b.ReportMetric(float64(bytes), "bytes/op")

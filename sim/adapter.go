@@ -53,15 +53,24 @@ type clientInfo struct {
 	software  string // ApiVersions v3+ client software name, "" for none
 }
 
+// step carries one event to the core (decide.Core.Step) and returns its
+// effects.
+func (k *core) step(ev decide.Event, now time.Time) decide.Effects {
+	var fx decide.Effects
+	k.c.Step(&ev, now, &fx)
+	return fx
+}
+
 func (k *core) connect(id decide.ConnID, cl clientInfo, now time.Time) *decide.Conn {
-	return k.c.Connect(id, decide.Client{Principal: cl.principal, ID: cl.id, Host: cl.host, Software: cl.software}, now)
+	return k.step(decide.Event{Kind: decide.EvConnect, ID: id,
+		Client: decide.Client{Principal: cl.principal, ID: cl.id, Host: cl.host, Software: cl.software}}, now).Conn
 }
 
 // disconnect: the connection closed or broke. clean says whether its
 // client closed it with every answer written on it received by its TCP
 // stack (decide.Clean), as the proxy reads it from the socket.
 func (k *core) disconnect(conn *decide.Conn, clean bool, now time.Time) {
-	k.c.Disconnect(conn, closeOf(clean), now)
+	k.step(decide.Event{Kind: decide.EvClose, Conn: conn, How: closeOf(clean)}, now)
 }
 
 func closeOf(clean bool) decide.Close {
@@ -76,10 +85,12 @@ func (k *core) gone(conn *decide.Conn) bool { return k.c.Gone(conn) }
 func (k *core) siblings(conn *decide.Conn) []decide.ConnID { return k.c.Siblings(conn, nil) }
 
 func (k *core) disconnectSibling(conn *decide.Conn, id decide.ConnID, clean bool, now time.Time) {
-	k.c.DisconnectSibling(conn, id, closeOf(clean), now)
+	k.step(decide.Event{Kind: decide.EvSiblingClosed, Conn: conn, ID: id, How: closeOf(clean)}, now)
 }
 
-func (k *core) decide(req *decide.Request, pl *decide.Plan, now time.Time) { k.c.Decide(req, pl, now) }
+func (k *core) decide(req *decide.Request, pl *decide.Plan, now time.Time) {
+	k.step(decide.Event{Kind: decide.EvRequest, Req: req, Plan: pl}, now)
+}
 
 // partResult is the broker's answer for one partition.
 type partResult struct {
@@ -102,29 +113,33 @@ func (k *core) outcome(pl *decide.Plan, version int16, res []partResult, now tim
 		rt.Partitions = append(rt.Partitions, rp)
 	}
 	resp.Topics = append(resp.Topics, rt)
-	wake, err := k.c.Outcome(pl, &k.sc, resp.AppendTo(nil), now, nil)
-	if err != nil {
-		panic(err) // the simulation built the body: a bug here
+	fx := k.step(decide.Event{Kind: decide.EvAnswered, Plan: pl, Scanner: &k.sc, Body: resp.AppendTo(nil)}, now)
+	if fx.Err != nil {
+		panic(fx.Err) // the simulation built the body: a bug here
 	}
-	return wake
+	return fx.Wake
 }
 
-func (k *core) lost(pl *decide.Plan, now time.Time) []decide.ConnID { return k.c.Lost(pl, now, nil) }
+func (k *core) lost(pl *decide.Plan, now time.Time) []decide.ConnID {
+	return k.step(decide.Event{Kind: decide.EvLost, Plan: pl}, now).Wake
+}
 
 func (k *core) unsent(pl *decide.Plan, now time.Time) []decide.ConnID {
-	return k.c.Unsent(pl, now, nil)
+	return k.step(decide.Event{Kind: decide.EvUnsent, Plan: pl}, now).Wake
 }
 
-func (k *core) delivered(pl *decide.Plan, ok bool, now time.Time) { k.c.Delivered(pl, ok, now) }
+func (k *core) delivered(pl *decide.Plan, ok bool, now time.Time) {
+	k.step(decide.Event{Kind: decide.EvWritten, Plan: pl, OK: ok}, now)
+}
 
 func (k *core) tailKey(p int32) decide.TailKey { return decide.TailKey{Topic: k.topic, Partition: p} }
 
 func (k *core) tailRead(p int32, records []byte, now time.Time) []decide.ConnID {
-	return k.c.TailRead(k.tailKey(p), records, now, nil)
+	return k.step(decide.Event{Kind: decide.EvTailRead, Tail: k.tailKey(p), Records: records}, now).Wake
 }
 
 func (k *core) tailFailed(p int32, now time.Time) []decide.ConnID {
-	return k.c.TailFailed(k.tailKey(p), now, nil)
+	return k.step(decide.Event{Kind: decide.EvTailFailed, Tail: k.tailKey(p)}, now).Wake
 }
 
 // handOff moves the legacy state of partitions parts to core to, as two
@@ -139,7 +154,10 @@ func (k *core) handOff(to *core, parts []int32, now time.Time) int {
 		}
 		return false
 	}
-	return to.c.TakeOver(k.c.HandOff(want, now, nil), now)
+	handed := k.step(decide.Event{Kind: decide.EvHandOff, Want: want}, now).Handed
+	return to.step(decide.Event{Kind: decide.EvTakeOver, Handed: handed}, now).Taken
 }
 
-func (k *core) rewarm(p int32) { k.c.Rewarm(k.topic, p) }
+func (k *core) rewarm(p int32) {
+	k.step(decide.Event{Kind: decide.EvRewarm, Topic: k.topic, Partition: p}, time.Time{})
+}

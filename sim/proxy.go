@@ -263,8 +263,6 @@ func (s *session) step(d *deciding) {
 			d.held = true
 			s.readTails(d)
 			return
-		case decide.Again:
-			continue
 		case decide.ReadRecords:
 			continue // never: the simulation holds every record
 		case decide.Wait:
