@@ -37,13 +37,16 @@ type producePlan struct {
 	upstream     *[]byte // the broker's response frame, when AnyUp and AnyLocal
 	upOff        int     // its body offset after the size prefix
 	pending      int     // batches counted in Server.pendingBatches
+	// held: its decision waited (for an outcome or a log read), so its
+	// client may have left meanwhile (see responseLoop).
+	held bool
 }
 
 var planPool = sync.Pool{New: func() any { return &producePlan{} }}
 
 func getPlan() *producePlan {
 	pl := planPool.Get().(*producePlan)
-	pl.skeleton, pl.upstream, pl.pending = pl.skeleton[:0], nil, 0
+	pl.skeleton, pl.upstream, pl.pending, pl.held = pl.skeleton[:0], nil, 0, false
 	return pl
 }
 
@@ -194,6 +197,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		putPlan(pl)
 		return nil, errClientGone
 	}
+	pl.held = held
 	c.countVerdicts(pl, waited)
 	return pl, nil
 }

@@ -487,6 +487,13 @@ func (c *session) responseLoop() {
 			c.closeAll()
 		}
 		told, locked := false, false
+		if pl := p.plan; pl != nil && pl.held && !dead && !p.relayed && !p.failed && peerClosed(c.client) {
+			// Its decision waited, and meanwhile the client closed this
+			// connection (its end of stream is in the kernel): the answer
+			// will not be read, whatever the write says.
+			dead = true
+			c.closeAll()
+		}
 		if pl := p.plan; pl != nil && !dead && !p.relayed && !p.failed && !c.clientLeft.Load() {
 			c.writeMu.Lock()
 			locked = true

@@ -98,6 +98,7 @@ type pending struct {
 	resp    []partResult
 	arrived bool
 	failed  bool
+	held    bool // its decision waited (producePlan.held)
 }
 
 // sentPart is one batch as it went upstream.
@@ -373,7 +374,7 @@ func (s *session) readTails(d *deciding) {
 // sendDecided queues and forwards a decided request.
 func (s *session) sendDecided(d *deciding) {
 	w, pl, req := s.w, d.pl, d.req
-	p := &pending{req: req, pl: pl, up: pl.AnyUp}
+	p := &pending{req: req, pl: pl, up: pl.AnyUp, held: d.held}
 	if pl.AnyUp {
 		for i, b := range req.parts {
 			pp := &pl.Parts[i]
@@ -481,6 +482,12 @@ func (s *session) pumpResp() {
 			w.wake(s.k.outcome(p.pl, requestVersion, p.resp, w.wall()), s.k)
 		}
 		if p.failed && !s.dead {
+			s.dead = true
+			s.closeAll()
+		}
+		if p.pl != nil && p.held && !s.dead && !p.failed && (s.finIn || s.rstIn) {
+			// responseLoop: its decision waited and the client's end of
+			// stream is in the kernel now: the answer will not be read.
 			s.dead = true
 			s.closeAll()
 		}
