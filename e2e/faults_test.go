@@ -77,12 +77,11 @@ func eventually(d time.Duration, cond func() bool) bool {
 // from its host), once the proxy has settled what it left in flight. The
 // broker appended the original and the client never got the answer, so
 // the copy is a retry: it must be answered without error and without being
-// written again (the caller counts the log after this). named: the killed
-// client names its software in ApiVersions, as the replaying client (kgo)
-// does; for one that does not (kafka-go), the replay names none either,
-// so that the proxy sees the same client (docs/legacy.md, "What a record
-// is").
-func replayHeld(t *testing.T, px *testProxy, held *heldProduce, idempotent bool, clientID string, named bool) {
+// written again (the caller counts the log after this). software: the
+// name the killed client gives itself in ApiVersions ("" for none), which
+// the replay gives too, so that the proxy sees the same client
+// (docs/legacy.md, "What a record is").
+func replayHeld(t *testing.T, px *testProxy, held *heldProduce, idempotent bool, clientID, software string) {
 	t.Helper()
 	if !eventually(15*time.Second, func() bool { return px.metric("dedupproxy_produce_pending_batches", "") == 0 }) {
 		t.Errorf("the proxy still holds %v batches pending 15 s after its client was killed",
@@ -96,10 +95,13 @@ func replayHeld(t *testing.T, px *testProxy, held *heldProduce, idempotent bool,
 	// the newest the broker supports, where topics go by id (v13).
 	versions := kversion.Stable()
 	versions.SetMaxKeyVersion(int16(kmsg.Produce), req.GetVersion())
-	if !named {
+	opts := []kgo.Opt{kgo.SeedBrokers(px.addr()), kgo.ClientID(clientID)}
+	if software == "" {
 		versions.SetMaxKeyVersion(int16(kmsg.ApiVersions), 2) // before KIP-511's software name
+	} else {
+		opts = append(opts, kgo.SoftwareNameAndVersion(software, "replay"))
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(px.addr()), kgo.ClientID(clientID), kgo.MaxVersions(versions))
+	cl, err := kgo.NewClient(append(opts, kgo.MaxVersions(versions))...)
 	if err != nil {
 		t.Fatal(err)
 	}
