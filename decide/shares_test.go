@@ -19,8 +19,7 @@ type harness struct {
 	c     *Core
 	topic seqstate.TopicID
 	now   time.Time
-	next  int64 // the broker's next offset, per partition
-	offs  map[int32]int64
+	offs  map[int32]int64 // the broker's next offset, per partition
 }
 
 func newHarness(t *testing.T, maxRecords int) *harness {

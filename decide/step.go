@@ -112,7 +112,7 @@ type Event struct {
 	Plan *Plan    // EvRequest, EvAnswered, EvLost, EvUnsent, EvWritten
 	OK   bool     // EvWritten
 
-	Body    []byte                          // EvAnswered
+	Body    []byte                           // EvAnswered
 	Scanner *protocol.ProduceResponseScanner // EvAnswered
 
 	Tail    TailKey // EvTailRead, EvTailFailed
