@@ -61,6 +61,7 @@ func TestPipelineTiny(t *testing.T) {
 	cfg.RoundTrip = 256
 	cfg.MemProducers = 5
 	cfg.MemPartitions = 4
+	cfg.IdleConns = 100
 	cfg.DedupCostSize = 512
 	cfg.ConsumeMB = 1 // Fetch responses above floorSmall: spliced by the floor
 	if err := cfg.validate(); err != nil {
@@ -149,11 +150,20 @@ func TestPipelineTiny(t *testing.T) {
 	if m.RSSBeforeMiB <= 0 || m.RSSAfterMiB <= 0 || math.IsNaN(m.RSSPerEntry) || math.IsNaN(m.HeapPerEntry) {
 		t.Errorf("memory: %+v", *m)
 	}
+	idle := rep.Idle
+	if idle == nil {
+		t.Fatal("no idle-connection result")
+	}
+	for _, side := range []string{"floor", "proxy"} {
+		if sd := idle.Sides[side]; sd.RSSBeforeMiB <= 0 || sd.RSSAfterMiB <= 0 {
+			t.Errorf("idle connections, %s: %+v", side, sd)
+		}
+	}
 	// Targets: batched (throughput, CPU), consume (throughput, CPU),
 	// roundtrip (p50, p99), dedup cost idempotent and legacy, peak RSS,
-	// memory.
-	if len(rep.Targets) != 10 {
-		t.Errorf("got %d targets, want 10: %+v", len(rep.Targets), rep.Targets)
+	// memory, idle connections.
+	if len(rep.Targets) != 11 {
+		t.Errorf("got %d targets, want 11: %+v", len(rep.Targets), rep.Targets)
 	}
 	for _, tg := range rep.Targets {
 		if tg.Result != "met" && tg.Result != "NOT met" && tg.Result != "reported" {
@@ -170,7 +180,7 @@ func TestPipelineTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"## Targets", "A/A ÷ direct", "floor ÷ direct", "proxy ÷ direct", "proxy CPU ms/MB", "| batched | kfake |",
-		"| consume | kfake-store |", "proxy added p99", "stalled phases", "## What deduplication costs", "## Lost acknowledgements", "## Memory per tracked", "results.svg"} {
+		"| consume | kfake-store |", "proxy added p99", "stalled phases", "## What deduplication costs", "## Lost acknowledgements", "## Memory per tracked", "## Memory per idle client connection", "results.svg"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("results.md lacks %q", want)
 		}

@@ -78,6 +78,7 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.IntVar(&cfg.RoundTrip, "roundtrip-size", cfg.RoundTrip, "record size of the round-trip latency scenario (1 record per ProduceSync, acks=all); 0 skips it")
 	fs.IntVar(&cfg.MemProducers, "mem-producers", cfg.MemProducers, "idempotent producers in the memory scenario (sink upstream); 0 skips it")
 	fs.IntVar(&cfg.MemPartitions, "mem-partitions", cfg.MemPartitions, "partitions each memory-scenario producer writes")
+	fs.IntVar(&cfg.IdleConns, "idle-conns", cfg.IdleConns, "client connections of the idle-connection scenario (one ApiVersions each, then idle), opened to the proxy and to the floor relay; 0 skips it")
 	fs.DurationVar(&cfg.Recovery, "recovery", cfg.Recovery, "kgo retry backoff and metadata min age, how fast producers recover from a lost acknowledgement; 0 keeps kgo's defaults (metadata refresh at most every 5s)")
 	fs.IntVar(&cfg.DedupCostSize, "dedupcost-size", cfg.DedupCostSize, "record size of the dedup-cost scenario (an enforce and an off proxy, same load, alternated); 0 skips it")
 	fs.StringVar(&cfg.DedupCostUpstream, "dedupcost-upstream", cfg.DedupCostUpstream, "upstream of the dedup-cost scenario: sink or kfake")
@@ -92,7 +93,10 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	cfg.Upstreams = strings.Split(*upstreams, ",")
+	cfg.Upstreams = nil // empty: no produce rows
+	if *upstreams != "" {
+		cfg.Upstreams = strings.Split(*upstreams, ",")
+	}
 	cfg.Sizes = nil
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -154,6 +158,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("-dedupcost-upstream %q: want kfake or sink", c.DedupCostUpstream)
 	case c.Reps < 1 || c.Reps > 100:
 		return errors.New("-reps: want 1..100")
+	case c.IdleConns < 0 || c.IdleConns > 8000:
+		return errors.New("-idle-conns: want 0..8000")
 	case c.MemProducers < 0 || c.MemProducers > 100_000 || (c.MemProducers > 0 && c.MemPartitions < 1):
 		return errors.New("-mem-producers: want 0..100000, with -mem-partitions >= 1")
 	}

@@ -63,6 +63,7 @@ const (
 	targetAddedP50      = 40.0 // µs
 	targetAddedP99      = 100.0
 	targetPeakRSSMiB    = 24.0 // under the produce benchmark
+	targetIdleConnKiB   = 16.0 // RSS per idle client connection
 )
 
 func fmtX(s Spread) string {
@@ -158,6 +159,12 @@ func evaluateTargets(r *Report) []Target {
 		ts = append(ts, Target{"proxy RSS growth per tracked (producer, partition)",
 			fmt.Sprintf("sink, %d producers × %d partitions, %.0f entries", m.Producers, m.Partitions, m.Entries),
 			fmt.Sprintf("%.0f B/entry RSS (%.0f B/entry Go heap in use)", m.RSSPerEntry, m.HeapPerEntry), "", "", "report", "reported", ""})
+	}
+	if m := r.Idle; m != nil {
+		px, fl := m.Sides["proxy"], m.Sides["floor"]
+		ts = append(ts, Target{"proxy RSS per idle client connection", fmt.Sprintf("sink, %d connections, one ApiVersions each", m.Conns),
+			fmt.Sprintf("%.1f KiB", px.PerConnKiB), fmt.Sprintf("%.1f KiB", fl.PerConnKiB), "", "≤ 16 KiB",
+			metStr(px.PerConnKiB <= targetIdleConnKiB), ""})
 	}
 	return ts
 }
@@ -303,6 +310,17 @@ func writeMarkdown(w io.Writer, r *Report) {
 			"(expected %d; %.0f at the end).\n\n", m.Producers, m.Partitions, m.ExpectedEntries, m.EntriesTotal)
 		p("| entries added | RSS before MiB | RSS after MiB | RSS bytes/entry | Go heap in use bytes/entry |\n|---|---|---|---|---|\n")
 		p("| %.0f | %.1f | %.1f | %.0f | %.0f |\n", m.Entries, m.RSSBeforeMiB, m.RSSAfterMiB, m.RSSPerEntry, m.HeapPerEntry)
+	}
+	if m := r.Idle; m != nil {
+		p("\n## Memory per idle client connection\n\n")
+		p("%d client connections (in the bench process) each send one ApiVersions (v3), read its answer and stay open, to the floor relay and then to the proxy (dedup enforce), both in front of the sink; "+
+			"each process's VmRSS growth ÷ connections, after %d connections came and went. The proxy holds an upstream connection per client connection; the kernel's socket memory is not in RSS.\n\n", m.Conns, idleWarmConns)
+		p("| process | RSS before MiB | RSS with the connections MiB | KiB per connection |\n|---|---|---|---|\n")
+		for _, name := range []string{"floor", "proxy"} {
+			if sd, ok := m.Sides[name]; ok {
+				p("| %s | %.1f | %.1f | %.1f |\n", name, sd.RSSBeforeMiB, sd.RSSAfterMiB, sd.PerConnKiB)
+			}
+		}
 	}
 }
 

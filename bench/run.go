@@ -48,6 +48,9 @@ type Config struct {
 	RoundTrip     int           `json:"roundtrip_size"`
 	MemProducers  int           `json:"mem_producers"` // memory scenario; 0 skips it
 	MemPartitions int           `json:"mem_partitions"`
+	// IdleConns is how many idle client connections the idle-connection
+	// scenario opens to the proxy and to the floor relay; 0 skips it.
+	IdleConns int `json:"idle_conns"`
 	// DedupCostSize is the record size of the dedup-cost scenario (an
 	// enforce and an off proxy, alternated); 0 skips it.
 	DedupCostSize     int    `json:"dedupcost_size"`
@@ -71,7 +74,7 @@ func defaultConfig() Config {
 		Producers: 4, Topics: 1, Partitions: 6, Linger: 5 * time.Millisecond,
 		BatchBytes: 1_000_012, BufferBytes: 8 << 20, Acks: "all", Idempotent: true,
 		Dedup: "enforce", LostAckRate: 0.05, Duration: 2 * time.Second, Reps: 5,
-		RoundTrip: 1024, MemProducers: 2000, MemPartitions: 100, Recovery: 100 * time.Millisecond,
+		RoundTrip: 1024, MemProducers: 2000, MemPartitions: 100, IdleConns: 4000, Recovery: 100 * time.Millisecond,
 		DedupCostSize: 1024, DedupCostUpstream: "kfake", ConsumeMB: 200, ConsumeSize: 1024,
 	}
 }
@@ -96,6 +99,7 @@ type Report struct {
 	Config  Config        `json:"config"`
 	Rows    []Row         `json:"rows"`
 	Memory  *MemoryResult `json:"memory,omitempty"`
+	Idle    *IdleResult   `json:"idle,omitempty"`
 	Targets []Target      `json:"targets"`
 	Started time.Time     `json:"started"`
 	Took    string        `json:"took"`
@@ -206,6 +210,14 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 			return nil, fmt.Errorf("memory: %w", err)
 		}
 		rep.Memory = m
+	}
+	if cfg.IdleConns > 0 {
+		log.Info("idle connections", "conns", cfg.IdleConns)
+		m, err := runIdle(ctx, cfg, dir)
+		if err != nil {
+			return nil, fmt.Errorf("idle connections: %w", err)
+		}
+		rep.Idle = m
 	}
 	rep.Targets = evaluateTargets(rep)
 	rep.Took = time.Since(rep.Started).Round(time.Second).String()

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"math/bits"
@@ -95,17 +94,17 @@ func readPooledFrame(r io.Reader, maxSize int32) (bp *[]byte, body []byte, err e
 	return bp, frame[4:], nil
 }
 
-// requestBuffer is readLoop's read buffer. Requests up to smallRequest
-// bytes go to the connection's own buffer, reused; it grows to the largest
-// of them and shrinks back once requests have been much smaller for a while
-// (nats' readLoop does the same). A larger request, in practice a Produce of
-// several MB that the proxy must hold whole to decide it, takes a buffer
-// from the server's requestPool and gives it back as soon as it has been
-// forwarded (release): idle connections pin no large buffer, and the bytes
-// held across connections have a budget.
+// requestBuffer is readLoop's read buffer. A request up to smallRequest
+// bytes is read into a buffer of the size-class pools (getFrame), taken
+// when its size prefix has been read and given back once the request has
+// been forwarded (release): an idle connection holds none. A larger
+// request, in practice a Produce of several MB that the proxy must hold
+// whole to decide it, takes a buffer from the server's requestPool, given
+// back the same way; the bytes held across connections have a budget.
 type requestBuffer struct {
-	buf   []byte
-	small int // consecutive requests under a quarter of cap(buf)
+	head  [4]byte // the size prefix of the request being read
+	buf   []byte  // the request being handled, when it is small
+	small *[]byte // buf's pooled buffer
 	// limit, when set, is the largest request size, asked once a
 	// request's size has arrived (in place of read's maxSize).
 	limit func() int32
@@ -135,28 +134,21 @@ type requestBuffer struct {
 	readBack int  // hole bytes read back, not yet counted
 }
 
-const (
-	requestBufferStart = 4 << 10
-	shrinkAfter        = 64
-	// smallRequest is the largest request read into the connection's own
-	// buffer: every request but a big Produce.
-	smallRequest = 64 << 10
-)
+// smallRequest is the largest request read into a buffer of the
+// size-class pools: every request but a big Produce.
+const smallRequest = 64 << 10
 
 // read reads one request frame and returns its body; the whole frame is
 // frame(body). Call release once the request's bytes are no longer needed.
 // done is closed when the connection closes: a wait for budget ends.
-func (rb *requestBuffer) read(r *bufio.Reader, maxSize int32, done <-chan struct{}) ([]byte, error) {
-	if rb.buf == nil {
-		rb.buf = make([]byte, requestBufferStart)
-	}
-	if _, err := io.ReadFull(r, rb.buf[:4]); err != nil {
+func (rb *requestBuffer) read(r *connReader, maxSize int32, done <-chan struct{}) ([]byte, error) {
+	if _, err := io.ReadFull(r, rb.head[:]); err != nil {
 		return nil, err
 	}
 	if rb.limit != nil {
 		maxSize = rb.limit()
 	}
-	size, err := protocol.CheckSize(rb.buf[:4], maxSize, protocol.RequestMinSize)
+	size, err := protocol.CheckSize(rb.head[:], maxSize, protocol.RequestMinSize)
 	if err != nil {
 		return nil, err
 	}
@@ -164,24 +156,13 @@ func (rb *requestBuffer) read(r *bufio.Reader, maxSize int32, done <-chan struct
 	if n > smallRequest {
 		return rb.readLarge(r, n, done)
 	}
-	if n > cap(rb.buf) {
-		// Doubled, not sized to n, so requests of slowly rising size do
-		// not reallocate each time. n is at most smallRequest here: a size
-		// prefix alone cannot make it pin much.
-		grown := make([]byte, max(n, min(2*cap(rb.buf), smallRequest)))
-		copy(grown, rb.buf[:4])
-		rb.buf = grown
-	}
-	rb.buf = rb.buf[:cap(rb.buf)]
+	// n is at most smallRequest here: a size prefix alone cannot make
+	// it pin much.
+	rb.small = getFrame(n)
+	rb.buf = (*rb.small)[:n]
+	copy(rb.buf, rb.head[:])
 	if _, err := io.ReadFull(r, rb.buf[4:n]); err != nil {
 		return nil, bodyErr(err, size)
-	}
-	if cap(rb.buf) > requestBufferStart {
-		if n < cap(rb.buf)/4 {
-			rb.small++
-		} else {
-			rb.small = 0
-		}
 	}
 	return rb.buf[4:n], nil
 }
@@ -202,9 +183,9 @@ func bodyErr(err error, size int32) error {
 	return fmt.Errorf("read frame body of %d bytes: %w", size, err)
 }
 
-// readLarge reads a request of n bytes, its size prefix already in rb.buf,
+// readLarge reads a request of n bytes, its size prefix already in rb.head,
 // into a buffer of the pool.
-func (rb *requestBuffer) readLarge(r *bufio.Reader, n int, done <-chan struct{}) ([]byte, error) {
+func (rb *requestBuffer) readLarge(r *connReader, n int, done <-chan struct{}) ([]byte, error) {
 	if rb.holesOK {
 		// A Produce (API key 0) may leave its records in pipes.
 		if key, err := r.Peek(2); err == nil && key[0] == 0 && key[1] == 0 {
@@ -219,7 +200,7 @@ func (rb *requestBuffer) readLarge(r *bufio.Reader, n int, done <-chan struct{})
 	}
 	rb.large = buf
 	buf = buf[:cap(buf)]
-	copy(buf, rb.buf[:4])
+	copy(buf, rb.head[:])
 	have := 4
 	defer rb.reading.Store(0)
 	for {
@@ -257,9 +238,8 @@ func largeClass(n int) int {
 	return (n + step - 1) &^ (step - 1)
 }
 
-// release gives a large request's buffer back, and drops an oversized own
-// buffer after many small requests. Call it once the request read last has
-// been forwarded and nothing refers to its bytes.
+// release gives the request's buffer back. Call it once the request read
+// last has been forwarded and nothing refers to its bytes.
 func (rb *requestBuffer) release() {
 	switch {
 	case rb.sparse:
@@ -271,8 +251,10 @@ func (rb *requestBuffer) release() {
 		rb.pool.put(rb, rb.large)
 		rb.large, rb.held = nil, 0
 	}
-	if rb.small >= shrinkAfter {
-		rb.buf, rb.small = make([]byte, requestBufferStart), 0
+	if rb.small != nil {
+		*rb.small = (*rb.small)[:0]
+		putFrame(rb.small)
+		rb.small, rb.buf = nil, nil
 	}
 }
 

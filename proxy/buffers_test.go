@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -30,7 +29,7 @@ func requestFrame(n int, b byte) []byte {
 
 func readRequest(t *testing.T, rb *requestBuffer, frame []byte) []byte {
 	t.Helper()
-	body, err := rb.read(bufio.NewReader(bytes.NewReader(frame)), 100<<20, nil)
+	body, err := rb.read(newConnReader(bytes.NewReader(frame), nil, nil), 100<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +91,7 @@ func TestLargeRequestTruncated(t *testing.T) {
 	p := newRequestPool(16<<20, nil)
 	rb := requestBuffer{pool: p}
 	frame := requestFrame(1<<20, 1)
-	_, err := rb.read(bufio.NewReader(bytes.NewReader(frame[:1000])), 100<<20, nil)
+	_, err := rb.read(newConnReader(bytes.NewReader(frame[:1000]), nil, nil), 100<<20, nil)
 	if !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("err %v, want ErrUnexpectedEOF", err)
 	}
@@ -182,7 +181,7 @@ func TestRequestPoolDemotesStalledReader(t *testing.T) {
 	stalled := requestBuffer{pool: p}
 	read := make(chan error, 1)
 	go func() {
-		_, err := stalled.read(bufio.NewReader(cr), 100<<20, nil)
+		_, err := stalled.read(newConnReader(cr, nil, nil), 100<<20, nil)
 		read <- err
 	}()
 	if _, err := cw.Write(frame[:mb]); err != nil { // then nothing

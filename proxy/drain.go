@@ -207,11 +207,17 @@ func newRequestTracker(c net.Conn) *requestTracker {
 
 func (t *requestTracker) Read(p []byte) (int, error) {
 	n, err := t.Conn.Read(p)
-	t.scan(p[:n])
+	t.sawRead(p[:n], err)
+	return n, err
+}
+
+// sawRead follows bytes read from the connection, and the error of that
+// read: through Read, or past it on the raw socket (connReader).
+func (t *requestTracker) sawRead(b []byte, err error) {
+	t.scan(b)
 	if errors.Is(err, io.EOF) {
 		t.hungUp.Store(true)
 	}
-	return n, err
 }
 
 // passed accounts for n body bytes of the frame being read that went past

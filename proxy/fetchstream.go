@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +28,7 @@ import (
 // they name no address.
 type fetchStream struct {
 	c     *session
-	r     *bufio.Reader
+	r     *connReader
 	left  int64  // frame bytes not yet consumed from r
 	out   []byte // consumed, not yet written to the client
 	sent  bool   // the first write (size prefix, correlation id) went out
@@ -45,11 +44,16 @@ var errMalformedFetch = fmt.Errorf("%w: fetch lengths do not match the frame", p
 // fetchStreamFlush is how much copied data is gathered per write.
 const fetchStreamFlush = 32 << 10
 
+// fetchWalkFill is the least a read for the walk's fields asks for: the
+// fields between two record sets (a partition's tags, the next one's
+// header) are about 50 bytes without aborted transactions.
+const fetchWalkFill = 256
+
 // relayFetchStream relays p's response, a frame of frameLen bytes led by
 // its size prefix and correlation id (already checked), as fetchStream
 // describes. It reports whether the client can still be written to, and a
 // broker-side error after which the connection cannot continue.
-func (c *session) relayFetchStream(r *bufio.Reader, p *pending, frameLen int64) (alive bool, err error) {
+func (c *session) relayFetchStream(r *connReader, p *pending, frameLen int64) (alive bool, err error) {
 	s := &c.stream
 	*s = fetchStream{c: c, r: r, left: frameLen, out: s.out[:0], alive: true, mapper: s.mapper}
 	s.pass(4 + 4) // size, correlation id
@@ -96,7 +100,14 @@ func (s *fetchStream) take(n int64) []byte {
 	}
 	start := len(s.out)
 	s.out = append(s.out, make([]byte, n)...)[:start+int(n)]
-	if _, err := io.ReadFull(s.r, s.out[start:]); err != nil {
+	// A fill asks for little more than is taken: what follows may be a
+	// record set to splice, whose first bytes would otherwise come
+	// through user space with the fields before it (a whole buffer of
+	// them per partition).
+	s.r.limit = int(max(n, fetchWalkFill))
+	_, err := io.ReadFull(s.r, s.out[start:])
+	s.r.limit = 0
+	if err != nil {
 		s.err = readErr(err)
 		return nil
 	}

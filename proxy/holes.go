@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"errors"
 	"io"
 	"time"
@@ -48,7 +47,7 @@ type hole struct {
 // readSparse reads a Produce request of n bytes with holes (see above). ok
 // is false, with nothing read, when it cannot (no mapping): the caller reads
 // the request whole.
-func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}) (body []byte, ok bool, err error) {
+func (rb *requestBuffer) readSparse(r *connReader, n int, done <-chan struct{}) (body []byte, ok bool, err error) {
 	buf, dirty := rb.pipes.mapping(n)
 	if buf == nil {
 		return nil, false, nil
@@ -57,7 +56,7 @@ func (rb *requestBuffer) readSparse(r *bufio.Reader, n int, done <-chan struct{}
 	rb.large, rb.sparse = buf, true
 	// Until the read completes, count every page as written.
 	rb.dirty = dirty + pages(0, n)
-	copy(buf, rb.buf[:4])
+	copy(buf, rb.head[:])
 	body = buf[4:n]
 	defer rb.reading.Store(0)
 	progress := func() { rb.reading.Store(time.Now().UnixNano()) }

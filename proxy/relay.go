@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"syscall"
@@ -31,7 +30,7 @@ const spliceMinFrame = 16 << 10
 // alive is false when the client could not be written to; the frame is
 // still consumed whole from upstream, so the responses behind it (a
 // Produce's outcome among them) are still read and committed.
-func (c *session) relayLarge(upstream *bufio.Reader, p *pending) (handled, alive bool, err error) {
+func (c *session) relayLarge(upstream *connReader, p *pending) (handled, alive bool, err error) {
 	if c.rawClient == nil || p.key != int16(kmsg.Fetch) || p.plan != nil {
 		return false, true, nil
 	}
@@ -96,7 +95,7 @@ func (c *session) relayLarge(upstream *bufio.Reader, p *pending) (handled, alive
 
 // skip reads and drops the n bytes left of a frame the client will not
 // get, so the responses behind it are read from their start.
-func (c *session) skip(upstream *bufio.Reader, n int64) error {
+func (c *session) skip(upstream *connReader, n int64) error {
 	for n > 0 {
 		k, err := upstream.Discard(int(min(n, 1<<30)))
 		n -= int64(k)

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"fmt"
@@ -419,7 +418,7 @@ func TestRelayLargeNoAllocs(t *testing.T) {
 			c := newDecisionSession(t)
 			c.client, c.upstream = clientSide, upSide
 			c.rawClient, c.rawUp, _ = rawConns(clientSide, upSide)
-			up := bufio.NewReaderSize(upSide, readBufferSize)
+			up := newConnReader(upSide, tcpRawConn(upSide), nil)
 
 			next := make(chan struct{})
 			go func() {

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -41,9 +40,9 @@ type session struct {
 	client   net.Conn
 	upstream net.Conn
 	log      *slog.Logger
-	in       *bufio.Reader // readLoop's reader of client
+	in       *connReader // readLoop's reader of client
 
-	queue chan *pending
+	queue *pendingQueue
 
 	stopping   atomic.Bool // Shutdown: stop reading, drain, close
 	clientLeft atomic.Bool // readLoop has ended: answers from now on reach no one
@@ -93,10 +92,14 @@ type session struct {
 	// Large Fetch responses are spliced socket to socket (relay.go) when
 	// both legs are plain TCP; nil otherwise.
 	rawClient, rawUp syscall.RawConn
-	tracker          *requestTracker // the client connection's, when it has one
-	req              *requestBuffer  // readLoop's: the request being handled (holes.go)
-	splice           *splicer        // responseLoop's, made on first use
-	stream           fetchStream     // responseLoop's, for Fetch v16+ (fetchstream.go)
+	// The legs' own RawConns when each is plain TCP, whether or not the
+	// other is: connReader reads them without holding a buffer idle.
+	readRawClient, readRawUp syscall.RawConn
+
+	tracker *requestTracker // the client connection's, when it has one
+	req     *requestBuffer  // readLoop's: the request being handled (holes.go)
+	splice  *splicer        // responseLoop's, made on first use
+	stream  fetchStream     // responseLoop's, for Fetch v16+ (fetchstream.go)
 
 	// waitUpstream's hand-shake with readLoop, under upMu.
 	upMu        sync.Mutex
@@ -132,16 +135,17 @@ const maxPooledFrame = 1 << 20
 func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
 	c := &session{
 		s: s, id: id, client: client, upstream: upstream, log: log,
-		queue:     make(chan *pending, s.Config.MaxInflight),
+		queue:     newPendingQueue(s.Config.MaxInflight),
 		closed:    make(chan struct{}),
 		warmSlots: make(chan struct{}, connWarmups),
 		wake:      make(chan struct{}, 1),
 	}
+	inner := client
+	if tr, ok := client.(*requestTracker); ok {
+		inner, c.tracker = tr.Conn, tr
+	}
+	c.readRawClient, c.readRawUp = tcpRawConn(inner), tcpRawConn(upstream)
 	if !s.copyOnly {
-		inner := client
-		if tr, ok := client.(*requestTracker); ok {
-			inner, c.tracker = tr.Conn, tr
-		}
 		c.rawClient, c.rawUp, _ = rawConns(inner, upstream)
 	}
 	return c
@@ -229,7 +233,7 @@ func (c *session) readLoop() {
 			c.upstream.SetReadDeadline(drainAt)
 		}
 		c.upMu.Unlock()
-		close(c.queue)
+		c.queue.close()
 		c.kickResponseLoop()
 	}()
 	defer func() {
@@ -264,8 +268,10 @@ func (c *session) readLoop() {
 	}
 	// Buffered reads take a small request's size prefix and body, and often
 	// the next request too, in one syscall; large bodies bypass the buffer.
-	client := bufio.NewReaderSize(c.client, readBufferSize)
+	client := newConnReader(c.client, c.readRawClient, c.tracker)
+	client.held = &c.s.readBufs
 	c.in = client
+	defer client.close()
 	for {
 		rb.release() // the previous request has been forwarded
 		if cfg.IdleTimeout > 0 {
@@ -436,23 +442,29 @@ func (c *session) responseLoop() {
 			c.undelivered(p)
 			c.release(p)
 		}
-		for p := range c.queue {
+		for {
+			p, ok := c.queue.pop()
+			if !ok {
+				break
+			}
 			c.fail(p)
 			c.undelivered(p)
 			c.release(p)
 		}
 	}()
 	defer c.recoverPanic("response")
-	upstream := bufio.NewReaderSize(c.upstream, readBufferSize)
+	upstream := newConnReader(c.upstream, c.readRawUp, nil)
+	upstream.held = &c.s.readBufs
+	defer upstream.close()
 	// Idle, wait on the broker rather than on the queue (waitUpstream);
 	// only on a plain TCP broker connection (a TLS one is left to the
 	// simpler wait), and not once that connection has failed.
 	_, waitUp := c.upstream.(*net.TCPConn)
 	for {
-		if waitUp && !failed && len(c.queue) == 0 {
+		if waitUp && !failed && c.queue.len() == 0 {
 			waitUp = c.waitUpstream(upstream)
 		}
-		p, ok := <-c.queue
+		p, ok := c.queue.pop()
 		if !ok {
 			break
 		}
@@ -547,9 +559,9 @@ func (c *session) responseLoop() {
 // proxy to answer alone (nothing will arrive from the broker), and the end
 // of the queue, it announces with a kick: a read deadline in the past,
 // which this function undoes under upMu before anything else reads.
-func (c *session) waitUpstream(upstream *bufio.Reader) bool {
+func (c *session) waitUpstream(upstream *connReader) bool {
 	c.upMu.Lock()
-	if len(c.queue) > 0 || c.queueClosed {
+	if c.queue.len() > 0 || c.queueClosed {
 		c.upMu.Unlock()
 		return true
 	}
@@ -769,4 +781,4 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 
 // enqueue queues p for responseLoop (blocking at MaxInflight: the
 // backpressure).
-func (c *session) enqueue(p *pending) { c.queue <- p }
+func (c *session) enqueue(p *pending) { c.queue.push(p) }

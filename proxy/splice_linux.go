@@ -147,3 +147,31 @@ func splice(in, out, n, flags int) (int, error) {
 }
 
 const spliceSupported = true
+
+// tcpRawConn returns the syscall.RawConn of a plain TCP connection, or nil.
+func tcpRawConn(c net.Conn) syscall.RawConn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
+}
+
+// readFD is one read(2) for connReader's raw path: n bytes, or wait true
+// when there is nothing to read yet.
+func readFD(fd uintptr, b []byte) (n int, wait bool, err error) {
+	for {
+		n, err := syscall.Read(int(fd), b)
+		switch err {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return 0, true, nil
+		}
+		return max(n, 0), false, err
+	}
+}

@@ -23,3 +23,8 @@ func (sp *splicer) move(dst, src syscall.RawConn, n int64) (int64, error, error)
 }
 
 const spliceSupported = false
+
+// tcpRawConn is nil here: connReader reads through the connection.
+func tcpRawConn(net.Conn) syscall.RawConn { return nil }
+
+func readFD(uintptr, []byte) (int, bool, error) { return 0, false, errors.ErrUnsupported }

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// IdleResult is what an idle client connection costs the proxy and the
+// floor relay in memory: n connections that each sent one ApiVersions and
+// read its answer, then stay open, measured from outside by RSS.
+type IdleResult struct {
+	Conns int                 `json:"conns"`
+	Sides map[string]IdleSide `json:"sides"` // floor, proxy
+}
+
+// IdleSide is one process's RSS before the connections and with them open.
+type IdleSide struct {
+	RSSBeforeMiB float64 `json:"rss_before_mib"`
+	RSSAfterMiB  float64 `json:"rss_after_mib"`
+	// PerConnKiB is the RSS growth ÷ connections (KiB = 1024 B).
+	PerConnKiB float64 `json:"rss_kib_per_conn"`
+}
+
+// idleWarmConns are opened, used and closed before the "before" figure,
+// so it includes a process that has served connections (pools, listeners,
+// first allocations) rather than one that never has.
+const idleWarmConns = 64
+
+// runIdle opens cfg.IdleConns client connections to the proxy and to the
+// floor relay in front of a sink (each its own process), one ApiVersions
+// each, and reads each process's RSS growth. The clients live in the bench
+// process: only the measured process's memory counts.
+func runIdle(ctx context.Context, cfg Config, dir string) (*IdleResult, error) {
+	up, err := startUpstream(ctx, "sink", []string{"idle"}, 1)
+	if err != nil {
+		return nil, err
+	}
+	defer up.close()
+	res := &IdleResult{Conns: cfg.IdleConns, Sides: map[string]IdleSide{}}
+
+	fl, err := startFloorProc(ctx, up.addrs[0])
+	if err != nil {
+		return nil, err
+	}
+	side, err := measureIdle(ctx, fl.pid, fl.addrs[0], cfg.IdleConns)
+	fl.close()
+	if err != nil {
+		return nil, fmt.Errorf("floor: %w", err)
+	}
+	res.Sides["floor"] = side
+
+	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, "enforce", cfg.proxyExtra()...)
+	if err != nil {
+		return nil, err
+	}
+	side, err = measureIdle(ctx, px.pid, px.bootstrap, cfg.IdleConns)
+	px.stop()
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	res.Sides["proxy"] = side
+	return res, nil
+}
+
+// measureIdle reads pid's RSS after idleWarmConns connections came and
+// went, opens n connections to addr that each send one ApiVersions and read
+// its answer, reads the RSS again with them open, and closes them.
+func measureIdle(ctx context.Context, pid int, addr string, n int) (IdleSide, error) {
+	var side IdleSide
+	warm, err := openIdle(ctx, addr, idleWarmConns)
+	closeAll(warm)
+	if err != nil {
+		return side, err
+	}
+	before, err := readProc(pid)
+	if err != nil {
+		return side, err
+	}
+	conns, err := openIdle(ctx, addr, n)
+	defer closeAll(conns)
+	if err != nil {
+		return side, err
+	}
+	after, err := readProc(pid)
+	if err != nil {
+		return side, err
+	}
+	side.RSSBeforeMiB = float64(before.rss) / (1 << 20)
+	side.RSSAfterMiB = float64(after.rss) / (1 << 20)
+	side.PerConnKiB = float64(after.rss-before.rss) / float64(n) / 1024
+	return side, nil
+}
+
+// openIdle opens n connections to addr, a few at a time, each having sent
+// one ApiVersions (v3, naming its software, as kgo's first request does)
+// and read the whole answer.
+func openIdle(ctx context.Context, addr string, n int) ([]net.Conn, error) {
+	const parallel = 8
+	conns := make([]net.Conn, n)
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	next := make(chan int)
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				c, err := idleConn(ctx, addr, int32(i))
+				if err != nil {
+					once.Do(func() { first = err })
+					continue
+				}
+				conns[i] = c
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return conns, first
+}
+
+func closeAll(conns []net.Conn) {
+	for _, c := range conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// idleConn dials addr and exchanges one ApiVersions.
+func idleConn(ctx context.Context, addr string, corr int32) (net.Conn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	req := kmsg.NewPtrApiVersionsRequest()
+	req.SetVersion(3)
+	req.ClientSoftwareName, req.ClientSoftwareVersion = "bench-idle", "1"
+	frame := apiVersionsFrame(req, corr)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(frame); err != nil {
+		c.Close()
+		return nil, err
+	}
+	var head [8]byte
+	if _, err := io.ReadFull(c, head[:]); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("ApiVersions answer: %w", err)
+	}
+	if got := int32(binary.BigEndian.Uint32(head[4:])); got != corr {
+		c.Close()
+		return nil, errors.New("ApiVersions answer: wrong correlation id")
+	}
+	size := int64(binary.BigEndian.Uint32(head[:4]))
+	if _, err := io.CopyN(io.Discard, c, size-4); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("ApiVersions answer: %w", err)
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// apiVersionsFrame is req as a request frame: size, header v2 (flexible:
+// api key, version, correlation id, client id, no tags), body.
+func apiVersionsFrame(req *kmsg.ApiVersionsRequest, corr int32) []byte {
+	b := make([]byte, 4, 64)
+	b = binary.BigEndian.AppendUint16(b, uint16(req.Key()))
+	b = binary.BigEndian.AppendUint16(b, uint16(req.GetVersion()))
+	b = binary.BigEndian.AppendUint32(b, uint32(corr))
+	clientID := "bench-idle"
+	b = binary.BigEndian.AppendUint16(b, uint16(len(clientID)))
+	b = append(b, clientID...)
+	b = append(b, 0) // no tagged fields
+	b = req.AppendTo(b)
+	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+	return b
+}

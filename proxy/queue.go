@@ -1,0 +1,107 @@
+package proxy
+
+import "sync"
+
+// pendingQueue is a session's FIFO of requests awaiting their responses:
+// readLoop pushes, responseLoop pops, in request order. push blocks while
+// max entries are queued, which is the backpressure (Config.MaxInflight).
+//
+// It behaves as a channel of capacity max would, but its ring grows with
+// what is queued instead of being made at max up front: a channel of 256
+// pointers was 2 KiB of every connection, idle or not, and most
+// connections never have more than a few requests in flight.
+type pendingQueue struct {
+	mu     sync.Mutex
+	ring   []*pending
+	head   int
+	n      int
+	max    int
+	closed bool
+	// Tokens of one: a push that may have ended a pop's wait, a pop that
+	// may have ended a push's wait. A stale token costs a waiter one more
+	// look, never a missed wake-up.
+	notEmpty, notFull chan struct{}
+}
+
+// pendingQueueStart is the ring's first size; an empty ring larger than
+// pendingQueueKeep is dropped (a pipelining client, 5 Produce requests in
+// flight, keeps its ring).
+const (
+	pendingQueueStart = 4
+	pendingQueueKeep  = 16
+)
+
+func newPendingQueue(max int) *pendingQueue {
+	return &pendingQueue{max: max, notEmpty: make(chan struct{}, 1), notFull: make(chan struct{}, 1)}
+}
+
+// push queues p, waiting while the queue is full. It must not be called
+// after close.
+func (q *pendingQueue) push(p *pending) {
+	q.mu.Lock()
+	for q.n >= q.max {
+		q.mu.Unlock()
+		<-q.notFull
+		q.mu.Lock()
+	}
+	if q.n == len(q.ring) {
+		grown := make([]*pending, min(max(pendingQueueStart, 2*len(q.ring)), q.max))
+		for i := range q.n {
+			grown[i] = q.ring[(q.head+i)%len(q.ring)]
+		}
+		q.ring, q.head = grown, 0
+	}
+	q.ring[(q.head+q.n)%len(q.ring)] = p
+	q.n++
+	q.mu.Unlock()
+	select {
+	case q.notEmpty <- struct{}{}:
+	default:
+	}
+}
+
+// pop takes the oldest entry, waiting while the queue is empty; ok is
+// false once the queue is closed and empty.
+func (q *pendingQueue) pop() (p *pending, ok bool) {
+	q.mu.Lock()
+	for q.n == 0 {
+		if q.closed {
+			q.mu.Unlock()
+			return nil, false
+		}
+		q.mu.Unlock()
+		<-q.notEmpty
+		q.mu.Lock()
+	}
+	p = q.ring[q.head]
+	q.ring[q.head] = nil
+	q.head = (q.head + 1) % len(q.ring)
+	q.n--
+	if q.n == 0 && len(q.ring) > pendingQueueKeep {
+		q.ring, q.head = nil, 0 // a rare burst's ring is not kept by an idle connection
+	}
+	q.mu.Unlock()
+	select {
+	case q.notFull <- struct{}{}:
+	default:
+	}
+	return p, true
+}
+
+// len is how many entries are queued.
+func (q *pendingQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
+
+// close ends the queue: pop drains what is queued, then reports !ok.
+func (q *pendingQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.notEmpty <- struct{}{}:
+	default:
+	}
+}
