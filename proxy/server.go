@@ -60,6 +60,7 @@ type Server struct {
 	keys           *seqstate.KeyTable
 	setDedupMu     sync.Mutex                               // serializes SetDedup
 	unknownTopics  atomic.Uint64                            // batches relayed for topics not yet interned
+	drainGaveUp    atomic.Bool                              // a connection stopped by Shutdown gave up on its broker's responses
 	pendingBatches atomic.Int64                             // batches sent upstream, not yet settled
 	byID           sync.Map                                 // session id -> *session, to wake a waiting request
 	openUpstream   atomic.Bool                              // a broker answered a request without authentication (see session.authenticated)
@@ -554,6 +555,9 @@ func (s *Server) upstreamFor(node int32) (string, error) {
 // ctx is final: once it ends, Shutdown closes every listener and connection
 // at once, waits at most a short grace (shutdownGrace) for the connection
 // goroutines to notice, and returns ctx.Err() whether or not they all have.
+// A connection also gives up on its own after drain_timeout; Shutdown then
+// returns [ErrDrainTimedOut] once the others are done: responses were lost
+// either way.
 func (s *Server) Shutdown(ctx context.Context) error {
 	handed := false
 	if rs := s.replicas; rs != nil && ctx.Err() == nil && !s.closing.Load() {
@@ -598,14 +602,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-done:
 		s.pipes.close() // every session has ended
 		s.stopWarm()
-		return nil
+		return s.drainResult()
 	case <-ctx.Done():
 	}
 	select {
 	case <-done: // both ready: the drain finished in time
 		s.pipes.close()
 		s.stopWarm()
-		return nil
+		return s.drainResult()
 	default:
 	}
 	log := s.Logger
@@ -633,6 +637,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	log.Warn("shutdown deadline passed; closed the remaining connections", "connections", open, "err", ctx.Err())
 	return ctx.Err()
+}
+
+// ErrDrainTimedOut is returned by [Server.Shutdown] when a connection gave
+// up waiting for its broker's responses after drain_timeout.
+var ErrDrainTimedOut = errors.New("proxy: drain timed out: a connection gave up waiting for its broker's responses")
+
+func (s *Server) drainResult() error {
+	if s.drainGaveUp.Load() {
+		return ErrDrainTimedOut
+	}
+	return nil
 }
 
 // hostPort joins a host and a port.

@@ -674,6 +674,11 @@ func (c *session) upstreamFailed(err error, p *pending) {
 		c.log.Error("closing connection: bad broker response", "api", kmsg.NameForKey(p.key), "api_version", p.version, "err", err)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		m.brokerError(brokerRead)
+		if c.stopping.Load() {
+			c.s.drainGaveUp.Store(true)
+			c.log.Warn("gave up waiting for broker responses at shutdown", "drain_timeout", c.s.Config.DrainTimeout)
+			return
+		}
 		c.log.Warn("gave up waiting for broker responses after the client left", "drain_timeout", c.s.Config.DrainTimeout)
 	default:
 		m.brokerError(brokerRead)

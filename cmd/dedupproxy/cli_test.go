@@ -39,7 +39,7 @@ func TestHelp(t *testing.T) {
 		if code != 0 || errOut != "" {
 			t.Fatalf("%v: exit %d, stderr %q", args, code, errOut)
 		}
-		for _, want := range []string{"dedupproxy demo", "dedupproxy audit", "dedupproxy version", "dedupproxy help", "embedded"} {
+		for _, want := range []string{"dedupproxy cluster", "dedupproxy demo", "dedupproxy audit", "dedupproxy version", "dedupproxy help", "embedded"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("%v: help lacks %q:\n%s", args, want, out)
 			}
@@ -154,16 +154,23 @@ func TestLogFlags(t *testing.T) {
 	}
 }
 
-// TestConfigExampleServes: config.example.yaml as is starts the proxy (on
-// free ports instead of its fixed ones, which other tests may hold) in
-// front of the embedded cluster, says so loudly, and a client produces
-// through it.
+// TestConfigExampleServes: config.example.yaml as is does not start: its
+// upstream is a placeholder, and the error says so and names the way to a
+// trial (exit 2). With --upstream pointing at dedupproxy cluster, as its
+// header says, it starts the proxy (on free ports instead of its fixed
+// ones, which other tests may hold) and a client produces through it.
 func TestConfigExampleServes(t *testing.T) {
+	code, _, errOut := runOut("--config", "../../config.example.yaml")
+	if code != 2 || !strings.Contains(errOut, "upstream kafka-1.example.invalid:9092 is a placeholder") || !strings.Contains(errOut, "dedupproxy cluster") {
+		t.Errorf("config.example.yaml as is: exit %d, stderr %q; want exit 2 naming the placeholder", code, errOut)
+	}
+
+	cluster := startCluster(t)
 	logs := newLogWatcher()
 	ctx, cancel := context.WithCancel(context.Background())
 	exit := make(chan int, 1)
 	go func() {
-		exit <- run(ctx, []string{"--config", "../../config.example.yaml", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, io.Discard, logs)
+		exit <- run(ctx, []string{"--config", "../../config.example.yaml", "--upstream", cluster, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, io.Discard, logs)
 	}()
 	defer func() {
 		cancel()
@@ -171,10 +178,9 @@ func TestConfigExampleServes(t *testing.T) {
 			t.Errorf("exit %d", code)
 		}
 	}()
-	logs.await(t, `level=WARN msg="EMBEDDED CLUSTER`)
 	logs.await(t, `msg="dedupproxy starting" version=\S+ revision=\S+ go=\S+ config=../../config.example.yaml dedup_mode=enforce`)
 	started := logs.await(t, `(msg=started .*)`)
-	for _, want := range []string{"bootstrap=127.0.0.1:", "nodes=\"node=0 addr=127.0.0.1:", "admin=http://127.0.0.1:", "embedded=true"} {
+	for _, want := range []string{"bootstrap=127.0.0.1:", "nodes=\"node=0 addr=127.0.0.1:", "admin=http://127.0.0.1:", "embedded=false", "upstream=" + cluster} {
 		if !strings.Contains(started, want) {
 			t.Errorf("start-up line lacks %q: %s", want, started)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"reflect"
 	"sort"
@@ -193,6 +194,24 @@ func kindName(n *yaml.Node) string {
 // errNoUpstream: a config file must say which cluster it proxies, so a
 // production config that lost the key cannot accept writes into memory.
 var errNoUpstream = errors.New(`upstream is not set: name the cluster's bootstrap brokers (upstream: kafka-1:9092,kafka-2:9092), or write "upstream: embedded" for the in-memory test cluster`)
+
+// placeholderUpstream refuses an upstream under .invalid, a name that
+// never resolves (RFC 6761): config.example.yaml names its cluster so, and
+// a copy of it left unchanged must fail at once, clearly, rather than
+// start a proxy whose every broker connection fails.
+func placeholderUpstream(upstream []string) error {
+	for _, u := range upstream {
+		host, _, err := net.SplitHostPort(u)
+		if err != nil {
+			continue // Validate has named it
+		}
+		if h := strings.TrimSuffix(strings.ToLower(host), "."); h == "invalid" || strings.HasSuffix(h, ".invalid") {
+			return fmt.Errorf("upstream %s is a placeholder (a name under .invalid never resolves): name your cluster's bootstrap brokers "+
+				"(--upstream or upstream in the config file); to try the proxy out, run dedupproxy cluster and pass --upstream 127.0.0.1:%d", u, defaultClusterPort)
+		}
+	}
+	return nil
+}
 
 // parseOwners reads --replica-owners, NODE=INDEX[,NODE=INDEX...]. A pair
 // it cannot read becomes an entry Validate refuses (index -1), so the

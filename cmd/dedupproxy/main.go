@@ -67,25 +67,34 @@ func tuneGC() bool {
 	return true
 }
 
-// run is main without the process: it returns the exit code. Help and the
-// version go to stdout, errors and logs to stderr.
+// subcommands are the command's subcommands, in the order the help lists
+// them. Each answers --help (and -h) with its own help and runs nothing.
+var subcommands = []struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+	usage         func(w io.Writer)
+}{
+	{"cluster", "run a local in-memory Kafka cluster to try the proxy on", runCluster, func(w io.Writer) { newClusterFlags().usage(w) }},
+	{"demo", "show duplicates prevented, against an embedded cluster", runDemoCommand, demoUsage},
+	{"audit", "count the duplicates a topic already holds", runAudit, func(w io.Writer) { newAuditFlags().usage(w) }},
+	{"version", "print the version and VCS revision (also --version)", runVersion, versionUsage},
+	{"help", "print this help, or a subcommand's (help audit)", nil, nil},
+}
+
+// run is main without the process: it returns the exit code, 0 on
+// success, 2 for a configuration error (a flag, a config key, a file it
+// names, a port it cannot bind: nothing started) and 1 for a failure at
+// run time (docs/operations.md, "Exit codes"). Help and the version go to
+// stdout, errors and logs to stderr.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
-		switch args[0] {
-		case "demo":
-			if err := runDemo(ctx, stdout); err != nil {
-				fmt.Fprintln(stderr, "dedupproxy demo:", err)
-				return 1
+		if args[0] == "help" {
+			return runHelp(args[1:], stdout, stderr)
+		}
+		for _, sc := range subcommands {
+			if sc.name == args[0] {
+				return sc.run(ctx, args[1:], stdout, stderr)
 			}
-			return 0
-		case "audit":
-			return runAudit(ctx, args[1:], stdout, stderr)
-		case "version":
-			fmt.Fprintln(stdout, versionLine())
-			return 0
-		case "help":
-			newFlags().usage(stdout)
-			return 0
 		}
 	}
 	fl := newFlags()
@@ -97,6 +106,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case err == nil && *fl.version:
 		fmt.Fprintln(stdout, versionLine())
 		return 0
+	case errors.Is(err, errUnexpectedArg):
+		fmt.Fprintf(stderr, "dedupproxy: %v (subcommands: %s)\n", err, subcommandNames())
+		fmt.Fprintln(stderr, "Run 'dedupproxy --help' for the subcommands and flags.")
+		return 2
 	case err != nil:
 		fmt.Fprintln(stderr, "dedupproxy:", err)
 		if fl.parseErr {
@@ -147,16 +160,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.Admin != "off" {
 		if adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
 			log.Error("cannot start the admin listener", "addr", cfg.Admin, "err", err)
-			return 1
+			return 2
 		}
 		srv.AdminAddr = adminLn.Addr()
 	}
+	// Start fails only on what it was given: the configuration, the
+	// files it names (certificates), the ports it binds. So its failure
+	// is a configuration error, exit 2, like a bad flag.
 	if err := srv.Start(ctx); err != nil {
 		log.Error("cannot start", "err", err)
 		if adminLn != nil {
 			adminLn.Close()
 		}
-		return 1
+		return 2
 	}
 
 	// SIGHUP reloads what can change safely.
@@ -240,25 +256,25 @@ func newFlags() *flags {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	f := &flags{fs: fs, strFlags: map[string]strFlag{}}
-	f.defineUpstream(fs)
-	f.listen = fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (see node_port_base, node_id_offset in the config file)")
+	f.defineUpstream(fs, "the cluster's bootstrap brokers, `HOST:PORT[,...]`; \"embedded\" (the default without --config) starts an in-memory cluster inside the proxy")
+	f.listen = fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (node_port_base, node_id_offset and nodes in the config file change that); port 0 takes free ports")
 	f.advertise = fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised shifted alike, at port+1+N by default")
-	f.admin = fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz, or \"off\"")
+	f.admin = fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz and /replica, or \"off\"")
 	f.logLevel = fs.String("log-level", "", "`level`: debug, info, warn or error (default info; SIGHUP reloads log_level from the config file)")
 	f.logFormat = fs.String("log-format", "", "log `format`: text or json (default text)")
-	f.dedup = fs.String("dedup-mode", "", "`mode`: enforce (answer retries like Kafka), observe (count, forward everything) or off (default enforce)")
+	f.dedup = fs.String("dedup-mode", "", "`mode`: enforce (answer retries like Kafka), observe (count and log them, forward everything) or off (default enforce; per topic: dedup.topics in the config file)")
 	f.version = fs.Bool("version", false, "print the version and VCS revision, and exit")
-	f.def("tls-cert", "PEM certificate `file` (with its chain) for the client listeners; with --tls-key every listener speaks TLS",
+	f.def("tls-cert", "PEM certificate `file` (with its chain) for the client listeners: every listener speaks TLS",
 		func(c *proxy.Config, v string) { c.TLS.Cert = v })
 	f.def("tls-key", "PEM private key `file` of --tls-cert", func(c *proxy.Config, v string) { c.TLS.Key = v })
 	f.def("tls-client-ca", "PEM CA `file`: clients must present a certificate it issued (mutual TLS)",
 		func(c *proxy.Config, v string) { c.TLS.ClientCA = v })
 	f.def("tls-principal-mapping-rules", "the brokers' ssl.principal.mapping.rules `rules`: how a client certificate's subject becomes the principal that scopes its state (default DEFAULT)",
 		func(c *proxy.Config, v string) { c.TLS.PrincipalMappingRules = v })
-	f.def("admin-tls-cert", "PEM certificate `file` for the admin listener; with --admin-tls-key it serves HTTPS",
+	f.def("admin-tls-cert", "PEM certificate `file` for the admin listener: it serves HTTPS",
 		func(c *proxy.Config, v string) { c.AdminTLS.Cert = v })
 	f.def("admin-tls-key", "PEM private key `file` of --admin-tls-cert", func(c *proxy.Config, v string) { c.AdminTLS.Key = v })
-	f.def("replicas", "every replica's advertised bootstrap `ADDR0,ADDR1,...` in index order, or one with {i} for the index and --replica-count (docs/replicas.md); default: one proxy on its own",
+	f.def("replicas", "every replica's advertised bootstrap `ADDR0,ADDR1,...` in index order, or one with {i} for the index (default: one proxy on its own)",
 		func(c *proxy.Config, v string) { c.Replicas = splitList(v) })
 	f.def("replica-index", "this replica's `index` in --replicas (default: the number ending the host name, as StatefulSet pods are named)",
 		func(c *proxy.Config, v string) {
@@ -268,7 +284,7 @@ func newFlags() *flags {
 			}
 			c.ReplicaIndex = &i
 		})
-	f.def("replica-count", "how many replicas a --replicas address with {i} stands for (`N`)",
+	f.def("replica-count", "how many replicas (`N`) a --replicas address with {i} stands for",
 		func(c *proxy.Config, v string) {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			if err != nil {
@@ -278,10 +294,43 @@ func newFlags() *flags {
 		})
 	f.def("replica-owners", "broker nodes owned by another replica than node id mod the count, `NODE=INDEX[,...]`",
 		func(c *proxy.Config, v string) { c.ReplicaOwners = parseOwners(v) })
-	f.def("replica-admin", "every replica's admin `HOST:PORT,...` (or one with {i}), where peers read /replica (default: each --replicas host at this --admin port)",
+	f.def("replica-admin", "every replica's admin `HOST:PORT,...` in index order (or one with {i}), where peers read /replica (default: each --replicas host at this --admin port)",
 		func(c *proxy.Config, v string) { c.ReplicaAdmin = splitList(v) })
 	f.adminPprof = fs.Bool("admin-pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener")
 	return f
+}
+
+// proxyFlagGroups order the proxy's help by concern, each with what holds
+// between its flags. TestHelp fails when a flag is in no group.
+// NOTE: a new flag goes into the group of its concern here.
+var proxyFlagGroups = []flagGroup{
+	{title: "Config", flags: []string{"config", "version"},
+		note: "Flags win over the config file. A config file must set upstream."},
+	{title: "Listeners", flags: []string{"listen", "advertise"},
+		note: "Clients connect to --listen; each broker node gets a listener of its own beside it. " +
+			"--advertise is needed when --listen binds every address (0.0.0.0)."},
+	{title: "Upstream", flags: []string{"upstream"},
+		note: "Without --upstream and --config the proxy starts an embedded in-memory cluster whose data is lost on exit: " +
+			"for trying it out. For a cluster that outlives the proxy, or that replicas and dedupproxy audit share, " +
+			"run dedupproxy cluster and pass its address."},
+	{title: "TLS and SASL", flags: []string{"tls-cert", "tls-key", "tls-client-ca", "tls-principal-mapping-rules",
+		"upstream-tls", "upstream-tls-ca", "upstream-tls-cert", "upstream-tls-key", "upstream-tls-server-name",
+		"upstream-sasl-mechanism", "upstream-sasl-user", "upstream-sasl-password-file"},
+		note: "--tls-cert and --tls-key go together; --tls-client-ca needs them, and --tls-principal-mapping-rules " +
+			"--tls-client-ca. Every --upstream-tls-* flag implies " +
+			"--upstream-tls; --upstream-tls-cert and --upstream-tls-key go together. --upstream-sasl-mechanism needs " +
+			"--upstream-sasl-user and --upstream-sasl-password-file (clients' own SASL is relayed; this is the proxy's). " +
+			"None of them works with the embedded cluster. Other TLS and SASL keys: the config file."},
+	{title: "Dedup", flags: []string{"dedup-mode"},
+		note: "Per-topic modes, the legacy rule, idempotency keys and the tables' sizes: the dedup keys of the config file."},
+	{title: "Replicas", flags: []string{"replicas", "replica-count", "replica-index", "replica-owners", "replica-admin"},
+		note: "--replicas turns replicas on; the other replica flags need it. --replica-count is required when the " +
+			"address has {i}; --replica-index unless the host name ends with the index. --replica-admin is required " +
+			"when replicas share a host (their admin addresses would collide). --listen must have the port of this " +
+			"replica's entry, --advertise must be empty or the entry, and --admin cannot be off (docs/replicas.md)."},
+	{title: "Admin", flags: []string{"admin", "admin-tls-cert", "admin-tls-key", "admin-pprof"},
+		note: "--admin-tls-cert and --admin-tls-key go together and need --admin. No broker node's port may be the admin port."},
+	{title: "Logging", flags: []string{"log-level", "log-format"}},
 }
 
 // def defines a string flag whose value load sets with set.
@@ -294,45 +343,39 @@ func (f *flags) def(name, usage string, set func(*proxy.Config, string)) {
 // dedupproxy audit share them, so the audit reaches the cluster exactly as
 // the proxy's own connections do. No flag takes a password: it would show
 // in ps and in shell history.
-func (f *flags) defineUpstream(fs *flag.FlagSet) {
-	f.config = fs.String("config", "", "YAML config `file` (see config.example.yaml); it must set upstream")
-	f.upstream = fs.String("upstream", "", "bootstrap brokers of the real cluster, `HOST:PORT[,HOST:PORT...]`, or \"embedded\" for an in-memory test cluster (the default without --config)")
+func (f *flags) defineUpstream(fs *flag.FlagSet, upstreamUsage string) {
+	f.config = fs.String("config", "", "YAML config `file` (every key: config.example.yaml); it must set upstream")
+	f.upstream = fs.String("upstream", "", upstreamUsage)
 	f.upstreamTLS = fs.Bool("upstream-tls", false, "TLS to the brokers, verified against the system roots (or --upstream-tls-ca)")
-	f.def("upstream-tls-ca", "PEM CA `file` that issued the brokers' certificates (implies --upstream-tls; default: the system roots)",
+	f.def("upstream-tls-ca", "PEM CA `file` that issued the brokers' certificates (default: the system roots)",
 		func(c *proxy.Config, v string) { c.UpstreamTLS.CA = v })
-	f.def("upstream-tls-cert", "PEM client certificate `file` presented to brokers (implies --upstream-tls)",
+	f.def("upstream-tls-cert", "PEM client certificate `file` presented to brokers",
 		func(c *proxy.Config, v string) { c.UpstreamTLS.Cert = v })
 	f.def("upstream-tls-key", "PEM private key `file` of --upstream-tls-cert", func(c *proxy.Config, v string) { c.UpstreamTLS.Key = v })
 	f.def("upstream-tls-server-name", "`name` every broker certificate is verified against (default: each broker's own host)",
 		func(c *proxy.Config, v string) { c.UpstreamTLS.ServerName = v })
-	f.def("upstream-sasl-mechanism", "SASL `mechanism` of the proxy's own connections (readiness, discovery): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+	f.def("upstream-sasl-mechanism", "SASL `mechanism` of the proxy's own connections (readiness, discovery, warm-ups): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
 		func(c *proxy.Config, v string) { c.UpstreamSASL.Mechanism = v })
 	f.def("upstream-sasl-user", "SASL `user` of the proxy's own connections", func(c *proxy.Config, v string) { c.UpstreamSASL.User = v })
-	f.def("upstream-sasl-password-file", "`file` holding the SASL password of the proxy's own connections (never on the command line)",
+	f.def("upstream-sasl-password-file", "`file` holding that user's password (no flag takes a password: it would show in ps)",
 		func(c *proxy.Config, v string) { c.UpstreamSASL.PasswordFile = v })
 }
 
-// usage prints the subcommands and every flag.
+// usage prints the subcommands and every flag, by concern.
 func (f *flags) usage(w io.Writer) {
-	fmt.Fprintf(w, `dedupproxy: a Kafka-protocol proxy that stops duplicate Produce writes.
+	fmt.Fprint(w, `dedupproxy: a Kafka-protocol proxy that stops duplicate Produce writes.
 
 Usage:
-  dedupproxy [flags]     run the proxy
-  dedupproxy demo        show duplicates prevented, against an embedded cluster
-  dedupproxy audit       count the duplicates a topic already holds (audit --help)
-  dedupproxy version     print the version and VCS revision (also --version)
-  dedupproxy help        print this help (also --help)
-
-With neither --upstream nor --config the proxy starts an embedded in-memory
-cluster whose data is lost on exit: for trying it out. A config file must set
-upstream (a list, a comma-separated string, or "embedded"). Flags win over
-the file. SIGHUP applies %s from the
-config file and re-reads the certificate files; SIGTERM drains in-flight
-Produce requests (up to drain_timeout) and exits.
-
-Flags:
-`, reloadedKeysText())
-	printFlags(w, f.fs)
+  dedupproxy [flags]             run the proxy
+`)
+	for _, sc := range subcommands {
+		fmt.Fprintf(w, "  dedupproxy %-19s %s\n", sc.name, sc.summary)
+	}
+	fmt.Fprintf(w, "\n%s\n\n", wrap("Each subcommand answers --help. SIGHUP applies "+reloadedKeysText()+
+		" from the config file and re-reads the certificate files; SIGTERM drains in-flight Produce requests "+
+		"(up to drain_timeout) and exits. Exit codes: 0 done, 2 a configuration error (a flag, a key, a file, "+
+		"a port: nothing started), 1 a failure at run time.", "", 78))
+	printFlags(w, f.fs, proxyFlagGroups)
 	fmt.Fprint(w, "\nEvery config key: config.example.yaml. Operating it: docs/operations.md.\n")
 }
 
@@ -349,7 +392,7 @@ func (f *flags) load(args []string) (proxy.Config, error) {
 	}
 	if f.fs.NArg() > 0 {
 		f.parseErr = true
-		return cfg, fmt.Errorf("unexpected argument %q (subcommands: demo, audit, version, help)", f.fs.Arg(0))
+		return cfg, fmt.Errorf("%w %q", errUnexpectedArg, f.fs.Arg(0))
 	}
 	if *f.config != "" {
 		var err error
@@ -388,8 +431,15 @@ func (f *flags) load(args []string) (proxy.Config, error) {
 		return cfg, fmt.Errorf("config %s: %w", *f.config, errNoUpstream)
 	}
 	cfg.EnsureDefaults()
-	return cfg, cfg.Validate()
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, placeholderUpstream(cfg.Upstream)
 }
+
+// errUnexpectedArg: an argument that is not a flag (a subcommand
+// misspelled, a flag's value without its flag).
+var errUnexpectedArg = errors.New("unexpected argument")
 
 // loadConfig parses args (flags over the config file) as run does.
 func loadConfig(args []string) (proxy.Config, error) { return newFlags().load(args) }

@@ -331,7 +331,8 @@ func TestDemo(t *testing.T) {
 // proxy actually binds, not a fixed window. Two set-ups the old 1024-port
 // window refused are valid; a real collision — node 0's listener (listen
 // port + 1) on the admin port — is found when the node's listener binds
-// during start, and the command exits 1 saying whose port it is.
+// during start, and the command exits 2 (a configuration error) saying
+// whose port it is.
 func TestAdminPortCheck(t *testing.T) {
 	for _, args := range [][]string{
 		{"--listen", "127.0.0.1:29092", "--admin", "127.0.0.1:29644"},
@@ -374,8 +375,8 @@ func TestAdminPortCheck(t *testing.T) {
 	code := run(ctx, []string{"--upstream", strings.Join(c.ListenAddrs(), ","),
 		"--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		"--admin", net.JoinHostPort("localhost", strconv.Itoa(port+1))}, io.Discard, logs)
-	if code != 1 {
-		t.Fatalf("exit code %d, want 1", code)
+	if code != 2 {
+		t.Fatalf("exit code %d, want 2", code)
 	}
 	logs.await(t, fmt.Sprintf(`cannot start.*port %d for node 0 is the admin listener's`, port+1))
 }
