@@ -218,7 +218,7 @@ func TestAuditPlantedDuplicates(t *testing.T) {
 	}{
 		{[]string{"--upstream", upstream, "--topic", "nope"}, "no such topic"},
 		{[]string{"--upstream", upstream}, "--topic is required"},
-		{[]string{"--topic", "payments"}, "no cluster to reach"},
+		{[]string{"--topic", "payments"}, "no cluster to read"},
 		{[]string{"--upstream", upstream, "--topic", "payments", "--partitions", "7"}, "has no partition 7"},
 		{[]string{"--upstream", upstream, "--topic", "payments", "--from", "yesterday"}, "neither an RFC 3339 time"},
 		{[]string{"--upstream", upstream, "--topic", "payments", "--windwo", "1m"}, "did you mean --window?"},

@@ -2,11 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"strings"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // defaultClusterPort is dedupproxy cluster's first broker port: away from
@@ -18,6 +24,7 @@ const defaultClusterPort = 19092
 type clusterFlags struct {
 	fs                        *flag.FlagSet
 	port, brokers, partitions *int
+	timeOutOnce               *bool
 }
 
 func newClusterFlags() *clusterFlags {
@@ -29,6 +36,8 @@ func newClusterFlags() *clusterFlags {
 		port:       fs.Int("port", defaultClusterPort, "broker 0 listens on 127.0.0.1:`PORT`, broker N on PORT+N; 0 takes free ports"),
 		brokers:    fs.Int("brokers", 3, "how many brokers (`N`), with node ids 0..N-1"),
 		partitions: fs.Int("partitions", embeddedPartitions, "partitions (`N`) of a topic created on first use"),
+		timeOutOnce: fs.Bool("time-out-once", false, "store every Produce request's records, but answer its first send REQUEST_TIMED_OUT, "+
+			"as a broker whose followers are slow does: the producer sends it again, and a cluster without the proxy stores it twice"),
 	}
 }
 
@@ -36,14 +45,16 @@ func (c *clusterFlags) usage(w io.Writer) {
 	fmt.Fprint(w, `dedupproxy cluster: a local Kafka cluster for trying the proxy out.
 
 Usage:
-  dedupproxy cluster [--port PORT] [--brokers N] [--partitions N]
+  dedupproxy cluster [--port PORT] [--brokers N] [--partitions N] [--time-out-once]
 
 Runs an in-memory Kafka cluster on 127.0.0.1 (franz-go's kfake: the one the
 proxy embeds when it has no upstream) and prints its bootstrap address.
 Point the proxy, its replicas and dedupproxy audit at it as at a real cluster
 (--upstream 127.0.0.1:19092) to try them on one machine. A topic is created
 when a client first uses it. No TLS, no SASL; everything written is in memory
-and lost on exit. It runs until SIGINT (Ctrl-C) or SIGTERM.
+and lost on exit. It runs until SIGINT (Ctrl-C) or SIGTERM. With
+--time-out-once its brokers lose the answer to every first send, so
+producers retry: the fault the proxy exists for.
 
 `)
 	printFlags(w, c.fs, nil)
@@ -80,6 +91,9 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return 2
 	}
 	defer cluster.Close()
+	if *c.timeOutOnce {
+		timeOutFirstSends(cluster)
+	}
 	addrs := cluster.ListenAddrs()
 	fmt.Fprintf(stdout, "dedupproxy cluster: %d in-memory Kafka brokers (franz-go kfake); everything written is lost on exit\n", len(addrs))
 	fmt.Fprintf(stdout, "bootstrap %s\n", addrs[0])
@@ -89,6 +103,60 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fmt.Fprintln(stdout, "dedupproxy cluster: stopped")
 	return 0
 }
+
+// timeOutFirstSends makes the cluster store every Produce request whose
+// batches it has not seen before, and answer it REQUEST_TIMED_OUT, as Kafka
+// answers when the followers do not acknowledge in time: the write is in
+// the log, the producer is told it may not be, and sends it again. A
+// request carrying any batch seen before (a resend: librdkafka, sarama,
+// franz-go and the Java client resend the bytes they sent) is answered as
+// usual, so every write ends acknowledged.
+func timeOutFirstSends(c *kfake.Cluster) {
+	seen := map[uint64]bool{}
+	var order []uint64 // oldest first, to bound seen
+	var last *kmsg.ProduceRequest
+	var lastFirst bool
+	first := func(req kmsg.Request) bool {
+		pr, ok := req.(*kmsg.ProduceRequest)
+		if !ok {
+			return false
+		}
+		// Faults ask per partition; one request gets one answer.
+		if pr == last {
+			return lastFirst
+		}
+		var hashes []uint64
+		fresh := true
+		for _, t := range pr.Topics {
+			for _, p := range t.Partitions {
+				var h maphash.Hash
+				h.SetSeed(hashSeed)
+				h.WriteString(t.Topic)
+				h.Write(t.TopicID[:])
+				binary.Write(&h, binary.BigEndian, p.Partition)
+				h.Write(p.Records)
+				sum := h.Sum64()
+				hashes = append(hashes, sum)
+				fresh = fresh && !seen[sum]
+			}
+		}
+		for _, sum := range hashes {
+			if !seen[sum] {
+				seen[sum] = true
+				order = append(order, sum)
+			}
+		}
+		for len(order) > 1<<16 {
+			delete(seen, order[0])
+			order = order[1:]
+		}
+		last, lastFirst = pr, fresh
+		return fresh
+	}
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.RequestTimedOut, Count: -1, When: first})
+}
+
+var hashSeed = maphash.MakeSeed()
 
 // usageError prints a command-line mistake and the hint to the help, and
 // returns exit code 2.
