@@ -31,7 +31,7 @@ func newAuditFlags() *auditFlags {
 	fs := flag.NewFlagSet("dedupproxy audit", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	a := &auditFlags{flags: &flags{fs: fs, strFlags: map[string]strFlag{}}}
+	a := &auditFlags{flags: &flags{fs: fs, strFlags: map[string]strFlag{}, clusterOnly: true}}
 	a.defineUpstream(fs, "bootstrap brokers of the cluster to read, `HOST:PORT[,HOST:PORT...]` (default: upstream of --config)")
 	a.topic = fs.String("topic", "", "the `topic` to read (required)")
 	a.partitions = fs.String("partitions", "", "`list` of partitions to read, comma-separated (default: all)")

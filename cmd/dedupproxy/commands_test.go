@@ -191,6 +191,15 @@ func TestAuditNeedsACluster(t *testing.T) {
 	if rep.Records != 2 || rep.Copies != 1 {
 		t.Errorf("audit of dedupproxy cluster: %d records, %d copies; want 2, 1", rep.Records, rep.Copies)
 	}
+	// A replica's config file, whose index the replica takes from its
+	// host name or a flag: the audit reads the cluster it names.
+	replicaCfg := filepath.Join(t.TempDir(), "replica.yaml")
+	if err := os.WriteFile(replicaCfg, []byte("upstream: "+addr+"\nreplicas: [127.0.0.1:9092, 127.0.0.1:9192]\nreplica_admin: [127.0.0.1:9080, 127.0.0.1:9180]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rep := runAuditJSON(t, "--config", replicaCfg, "--topic", "audited"); rep.Copies != 1 {
+		t.Errorf("audit with a replica's config file: %d copies, want 1", rep.Copies)
+	}
 }
 
 // TestExitCodes: a configuration error exits 2 whether the flag parser,

@@ -242,6 +242,10 @@ type flags struct {
 	adminPprof                 *bool
 	strFlags                   map[string]strFlag
 	parseErr                   bool // the error is the command line's
+	// clusterOnly: only the settings that reach the cluster matter (the
+	// audit); a config file's replica settings, which need this host's
+	// replica index, are the proxy's and are not checked.
+	clusterOnly bool
 }
 
 type strFlag struct {
@@ -429,6 +433,9 @@ func (f *flags) load(args []string) (proxy.Config, error) {
 	})
 	if *f.config != "" && len(cfg.Upstream) == 0 && !upstreamSet {
 		return cfg, fmt.Errorf("config %s: %w", *f.config, errNoUpstream)
+	}
+	if f.clusterOnly {
+		cfg.Replicas, cfg.ReplicaAdmin, cfg.ReplicaOwners, cfg.ReplicaIndex, cfg.ReplicaCount = nil, nil, nil, nil, 0
 	}
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
