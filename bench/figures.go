@@ -13,26 +13,35 @@ import (
 
 // figures are the numbers the docs state about what the proxy costs, each
 // from one source: the committed bench run (bench/results/results.json),
-// its micro-benchmarks (micro.md), the TLS run (tls.md), the proxy's
-// defaults and the Kubernetes example's CPU request. The sizing block of
-// docs/operations.md is written from them, and TestDocFigures fails when a
-// doc states another value.
+// its micro-benchmarks (micro.md), the TLS run (tls.md), the replica
+// simulation fed with them (replicas.md), the proxy's defaults and the
+// Kubernetes example's CPU request. The sizing block of docs/operations.md
+// is written from them, and TestDocFigures fails when a doc states another
+// value.
 type figures struct {
-	EntryRSS   float64          // bytes of RSS per tracked (producer, partition): the memory scenario
-	EntryTable float64          // bytes per entry of the table alone (BenchmarkTableMemory, 5 retained)
-	Record     float64          // bytes per remembered legacy record (decide's BenchmarkLegacyMemory)
-	Key        float64          // bytes per idempotency key: keyBytes
-	CPU        map[int]float64  // proxy (dedup enforce) CPU ms per MB produced, by record size
-	FloorCPU   map[int]float64  // the floor relay's, same rows
-	EnforceOff map[bool]float64 // proxy CPU per MB, dedup enforce ÷ off, by idempotent
-	AllCPU     []float64        // every CPU ms per MB of the run (produce, consume, every target)
-	TLSCPU     float64          // proxy CPU ms per MB, TLS on both legs (tls.md)
-	PlainCPU   float64          // the same run, plaintext
-	TLSRatio   float64          // TLS ÷ plaintext CPU per MB, as tls.md gives it
+	EntryRSS   float64            // bytes of RSS per tracked (producer, partition): the memory scenario
+	EntryTable float64            // bytes per entry of the table alone (BenchmarkTableMemory, 5 retained)
+	Record     float64            // bytes per legacy record of a closed connection, indexed (decide's BenchmarkLegacyMemory)
+	LiveRecord float64            // bytes per legacy record while its connection is open: liveRecordBytes
+	DecideNs   float64            // one legacy decision, a request of four 10-record batches (BenchmarkDecideLegacy)
+	WarmMs     map[string]float64 // reading and applying a partition's tail, by tail (BenchmarkWarmPartition: 1MiB, 4MiB)
+	Key        float64            // bytes per idempotency key: keyBytes
+	CPU        map[int]float64    // proxy (dedup enforce) CPU ms per MB produced, by record size
+	FloorCPU   map[int]float64    // the floor relay's, same rows
+	EnforceOff map[bool]float64   // proxy CPU per MB, dedup enforce ÷ off, by idempotent
+	AllCPU     []float64          // every CPU ms per MB of the run (produce, consume, every target)
+	TLSCPU     float64            // proxy CPU ms per MB, TLS on both legs (tls.md)
+	PlainCPU   float64            // the same run, plaintext
+	TLSRatio   float64            // TLS ÷ plaintext CPU per MB, as tls.md gives it
 
 	MaxEntries, MaxRecords, MaxKeys int // the proxy's defaults
 	CPURequest                      int // millicores the Kubernetes example requests
 }
+
+// liveRecordBytes is what a legacy record takes while its connection is
+// open: decide's record slot, its hash and its offset. It is the slot's
+// size, not a measurement.
+const liveRecordBytes = 16
 
 // keyBytes is what one remembered idempotency key takes: seqstate's key
 // slot (a 128-bit hash, its expiry and offset), as KeyConfig.MaxKeys
@@ -58,6 +67,7 @@ var (
 // loadFigures reads the figures from the repository at root.
 func loadFigures(root string) (figures, error) {
 	f := figures{CPU: map[int]float64{}, FloorCPU: map[int]float64{}, EnforceOff: map[bool]float64{}, Key: keyBytes,
+		LiveRecord: liveRecordBytes, WarmMs: map[string]float64{},
 		MaxEntries: defaultMaxEntries, MaxRecords: defaultMaxRecords, MaxKeys: defaultMaxKeys}
 	raw, err := os.ReadFile(filepath.Join(root, "bench", "results", "results.json"))
 	if err != nil {
@@ -94,6 +104,15 @@ func loadFigures(root string) (figures, error) {
 		return f, err
 	}
 	for _, line := range strings.Split(string(micro), "\n") {
+		if m := microRow.FindStringSubmatch(line); m != nil {
+			ns, _ := strconv.ParseFloat(m[2], 64)
+			switch name := m[1]; {
+			case name == "DecideLegacy":
+				f.DecideNs = ns
+			case strings.HasPrefix(name, "WarmPartition/tail="):
+				f.WarmMs[strings.TrimPrefix(name, "WarmPartition/tail=")] = ns / 1e6
+			}
+		}
 		m := microValueRE.FindStringSubmatch(line)
 		switch {
 		case m == nil:
@@ -103,8 +122,8 @@ func loadFigures(root string) (figures, error) {
 			f.Record, _ = strconv.ParseFloat(m[1], 64)
 		}
 	}
-	if f.EntryTable == 0 || f.Record == 0 {
-		return f, fmt.Errorf("micro.md: no TableMemory retained=5 or LegacyMemory row")
+	if f.EntryTable == 0 || f.Record == 0 || f.DecideNs == 0 || f.WarmMs["1MiB"] == 0 || f.WarmMs["4MiB"] == 0 {
+		return f, fmt.Errorf("micro.md: no TableMemory retained=5, LegacyMemory, DecideLegacy or WarmPartition rows")
 	}
 
 	tlsMD, err := os.ReadFile(filepath.Join(root, "bench", "results", "tls.md"))
@@ -177,7 +196,7 @@ func (f figures) sizingBlock() string {
 	fmt.Fprintf(&b, "| CPU, TLS on both legs, 1 KiB records | %s ms per MB against %s ms plaintext in the same run (%.2f×; `go run ./bench tls`, bench/results/tls.md) |\n",
 		ms(f.TLSCPU), ms(f.PlainCPU), f.TLSRatio)
 	fmt.Fprintf(&b, "| memory per tracked (producer, partition) | %.0f B RSS (the table itself: %.0f B), with 5 retained batches |\n", f.EntryRSS, f.EntryTable)
-	fmt.Fprintf(&b, "| memory per legacy record remembered | %.0f B (for 100-record batches, the batch's own share included) |\n", f.Record)
+	fmt.Fprintf(&b, "| memory per legacy record remembered | %.0f B while its connection is open; %.0f B once the connection closed and the record waits, indexed, for a retry (for 100-record batches, the batch's own share included) |\n", f.LiveRecord, f.Record)
 	fmt.Fprintf(&b, "| memory per idempotency key | %.0f B (the key table's slot; not measured by the bench) |\n", f.Key)
 	fmt.Fprintf(&b, "\nWorked out: 100 MB/s of 1 KiB records takes about %s cores (%s with TLS); the Kubernetes\n",
 		strconv.FormatFloat(sig(100*f.CPU[1024]/1000, 1), 'g', -1, 64), strconv.FormatFloat(sig(100*f.TLSCPU/1000, 1), 'g', -1, 64))

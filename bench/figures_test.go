@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dedupproxy/dedupproxy/internal/doccheck"
 	"github.com/dedupproxy/dedupproxy/proxy"
@@ -56,16 +58,27 @@ type claim struct {
 	exact   bool // compare at the precision written (else also to one decimal)
 }
 
-func (f figures) claims() []claim {
+func (f figures) claims(sim measured) []claim {
 	bytesRE := regexp.MustCompile(`(?:^|[^\d.,/])(\d[\d,]*(?:\.\d+)?) ?(?:B|bytes)\b(?:[^/]|$)`)
 	cpu := append([]float64{f.TLSCPU, f.PlainCPU}, f.AllCPU...)
+	wave := simulate(defaultReplicaModel(), sim, 3)
 	return []claim{
+		{what: "one legacy decision (BenchmarkDecideLegacy)", number: regexp.MustCompile(`(\d+(?:\.\d+)?) µs`),
+			context: regexp.MustCompile(`10-record batches|BenchmarkDecideLegacy`),
+			allowed: []float64{f.DecideNs / 1000}},
+		{what: "reading a partition's tail (BenchmarkWarmPartition, and the replica simulation's first batch)",
+			number:  regexp.MustCompile(`(\d+(?:\.\d+)?) ms\b`),
+			context: regexp.MustCompile(`(?i)Mi?B tail|ms plus|idle broker`),
+			allowed: []float64{f.WarmMs["1MiB"], f.WarmMs["4MiB"], sim.WarmFixedMs, sim.WarmMsPerMB, wave.FirstBatchWaitMs}},
+		{what: "the CPU of 1 GB/s", number: regexp.MustCompile(`(\d+(?:\.\d+)?)\s+cores`),
+			context: regexp.MustCompile(`GB/s of 1 KiB records`),
+			allowed: []float64{1000 * f.CPU[1024] / 1000}},
 		{what: "memory per tracked (producer, partition)", number: bytesRE, group: "bytes",
 			context: regexp.MustCompile(`(?i)\(producer, partition\)|per entry|B/entry|max_entries|entries remembered`),
 			allowed: []float64{math.Round(f.EntryRSS), math.Round(f.EntryTable)}},
 		{what: "memory per remembered legacy record", number: bytesRE, group: "bytes",
 			context: regexp.MustCompile(`(?i)legacy record|remembered record|max_records|B/record|records remembered`),
-			allowed: []float64{math.Round(f.Record), 16, 96}},
+			allowed: []float64{math.Round(f.Record), f.LiveRecord}},
 		{what: "memory per idempotency key", number: bytesRE, group: "bytes",
 			context: regexp.MustCompile(`(?i)max_keys|per (idempotency )?key\b|keys remembered`),
 			allowed: []float64{f.Key}},
@@ -122,7 +135,11 @@ func TestDocFigures(t *testing.T) {
 		}
 	}
 
-	claims := f.claims()
+	sim, err := readMeasured(filepath.Join(root, "bench", "results"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := f.claims(sim)
 	for _, name := range docFiles(t, root) {
 		raw, err := os.ReadFile(filepath.Join(root, name))
 		if err != nil {
@@ -203,5 +220,55 @@ func TestSig(t *testing.T) {
 		if got := sig(tc.in, tc.n); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("sig(%v, %d) = %v, want %v", tc.in, tc.n, got, tc.want)
 		}
+	}
+}
+
+// TestReplicaFiguresCurrent: bench/results/replicas.md is what go run
+// ./bench replicas writes from the committed results, and the figures
+// docs/replicas.md ("At 100 brokers") quotes from the simulation are its
+// own: the table's rows and the smaller warm-up's read and duration.
+func TestReplicaFiguresCurrent(t *testing.T) {
+	var out strings.Builder
+	if err := replicasMain(t.Context(), []string{"-results", "results"}, &out, nil); err != nil {
+		t.Fatal(err)
+	}
+	committed, err := os.ReadFile(filepath.Join("results", "replicas.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != string(committed) {
+		t.Errorf("bench/results/replicas.md is not what the committed results give: go run ./bench replicas -out bench/results/replicas.md")
+	}
+
+	in, err := readMeasured("results")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join("..", "docs", "replicas.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	row := regexp.MustCompile(`(?m)^\| (\d+) \| ([\d.]+ [MG]B) \| ([\d.]+ [MG]B) \| ([\d.]+ [MG]B) \| ([\d.]+) cores \| ([\d.]+) GB \| ([\d.]+) s \|$`)
+	rows := row.FindAllStringSubmatch(doc, -1)
+	if len(rows) == 0 {
+		t.Fatal("docs/replicas.md: no rows of the simulation's table")
+	}
+	m := defaultReplicaModel()
+	for _, r := range rows {
+		n, _ := strconv.Atoi(r[1])
+		f := simulate(m, in, n)
+		want := []string{mb(f.EntriesMB), mb(f.LegacyMB), mb(f.ConnMB), fmt.Sprintf("%.2f", f.Cores), fmt.Sprintf("%.0f", f.WarmGB), fmt.Sprintf("%.0f", f.WarmSeconds)}
+		if got := r[2:]; !slices.Equal(got, want) {
+			t.Errorf("docs/replicas.md, %d replicas: %q; the simulation gives %q", n, got, want)
+		}
+	}
+	small := m
+	small.WarmMaxBytes, small.Window = 256<<10, 30*time.Second
+	f := simulate(small, in, 3)
+	flat := strings.Join(strings.Fields(doc), " ")
+	claim := regexp.MustCompile(`with 256 KiB and 30 s, three replicas read (\d+) GB per restart, in (\d+) s`).FindStringSubmatch(flat)
+	if want := []string{fmt.Sprintf("%.0f", f.WarmGB), fmt.Sprintf("%.0f", f.WarmSeconds)}; claim == nil || !slices.Equal(claim[1:], want) {
+		t.Errorf("docs/replicas.md: the smaller warm-up reads %v; the simulation gives %v GB in %v s", claim, want[0], want[1])
 	}
 }

@@ -30,20 +30,21 @@ import (
 // assumption given as a flag.
 func replicasMain(_ context.Context, args []string, stdout io.Writer, _ *slog.Logger) error {
 	fs := flag.NewFlagSet("bench replicas", flag.ContinueOnError)
+	d := defaultReplicaModel()
 	var m replicaModel
-	fs.IntVar(&m.Brokers, "brokers", 100, "broker nodes in the cluster")
-	fs.IntVar(&m.Partitions, "partitions", 100000, "partitions, spread evenly over the brokers' leadership")
-	fs.IntVar(&m.Producers, "producers", 1000000, "producer clients")
-	fs.Float64Var(&m.PartitionsPerProducer, "partitions-per-producer", 1, "partitions each producer writes to: one tracked (producer, partition) entry each")
-	fs.Float64Var(&m.MBps, "mbps", 1000, "records produced through the proxies, MB/s (1 GB/s)")
-	fs.Float64Var(&m.LegacyShare, "legacy-share", 0.5, "share of the bytes written by legacy producers (producer id -1)")
-	fs.Float64Var(&m.RecordKB, "record-kb", 1, "average legacy record size, KB: legacy records per second = legacy MB/s ÷ this")
-	fs.DurationVar(&m.Hold, "hold", 31*time.Second, "how long a connection keeps its answered legacy records: the request timeout (librdkafka's and Java's 30 s) plus 1 s (docs/legacy.md, The rule)")
-	fs.DurationVar(&m.Window, "window", 2*time.Minute, "dedup.legacy.window; a warm-up reads back twice this (docs/warm.md)")
-	fs.IntVar(&m.WarmMaxBytes, "warm-max-bytes", 4<<20, "dedup.warm.max_bytes: the most a warm-up reads of one partition")
-	fs.Float64Var(&m.FetchMBps, "broker-fetch-mbps", 200, "assumption: MB/s one broker serves to a replica's tail reads (page cache)")
-	fs.Float64Var(&m.CoresPerReplica, "cores", 2, "assumption: cores a replica has for applying warm-up reads")
-	fs.Float64Var(&m.ConnsPerProducer, "conns-per-producer", 1, "connections each producer holds open to the proxies (one per broker it writes to)")
+	fs.IntVar(&m.Brokers, "brokers", d.Brokers, "broker nodes in the cluster")
+	fs.IntVar(&m.Partitions, "partitions", d.Partitions, "partitions, spread evenly over the brokers' leadership")
+	fs.IntVar(&m.Producers, "producers", d.Producers, "producer clients")
+	fs.Float64Var(&m.PartitionsPerProducer, "partitions-per-producer", d.PartitionsPerProducer, "partitions each producer writes to: one tracked (producer, partition) entry each")
+	fs.Float64Var(&m.MBps, "mbps", d.MBps, "records produced through the proxies, MB/s (1 GB/s)")
+	fs.Float64Var(&m.LegacyShare, "legacy-share", d.LegacyShare, "share of the bytes written by legacy producers (producer id -1)")
+	fs.Float64Var(&m.RecordKB, "record-kb", d.RecordKB, "average legacy record size, KB: legacy records per second = legacy MB/s ÷ this")
+	fs.DurationVar(&m.Hold, "hold", d.Hold, "how long a connection keeps its answered legacy records: the request timeout (librdkafka's and Java's 30 s) plus 1 s (docs/legacy.md, The rule)")
+	fs.DurationVar(&m.Window, "window", d.Window, "dedup.legacy.window; a warm-up reads back twice this (docs/warm.md)")
+	fs.IntVar(&m.WarmMaxBytes, "warm-max-bytes", d.WarmMaxBytes, "dedup.warm.max_bytes: the most a warm-up reads of one partition")
+	fs.Float64Var(&m.FetchMBps, "broker-fetch-mbps", d.FetchMBps, "assumption: MB/s one broker serves to a replica's tail reads (page cache)")
+	fs.Float64Var(&m.CoresPerReplica, "cores", d.CoresPerReplica, "assumption: cores a replica has for applying warm-up reads")
+	fs.Float64Var(&m.ConnsPerProducer, "conns-per-producer", d.ConnsPerProducer, "connections each producer holds open to the proxies (one per broker it writes to)")
 	replicas := fs.String("replicas", "3,5,10,20,50", "replica counts to compare, comma-separated")
 	results := fs.String("results", "", "bench results directory with results.json and micro.md (default: bench/results of the module)")
 	out := fs.String("out", "", "also write the report (markdown) to this file")
@@ -77,6 +78,14 @@ func replicasMain(_ context.Context, args []string, stdout io.Writer, _ *slog.Lo
 		return os.WriteFile(*out, []byte(b.String()), 0o644)
 	}
 	return nil
+}
+
+// defaultReplicaModel is the cluster docs/replicas.md, "At 100 brokers",
+// describes: the defaults of go run ./bench replicas.
+func defaultReplicaModel() replicaModel {
+	return replicaModel{Brokers: 100, Partitions: 100000, Producers: 1000000, PartitionsPerProducer: 1, MBps: 1000,
+		LegacyShare: 0.5, RecordKB: 1, Hold: 31 * time.Second, Window: 2 * time.Minute, WarmMaxBytes: 4 << 20,
+		FetchMBps: 200, CoresPerReplica: 2, ConnsPerProducer: 1}
 }
 
 // replicaModel is the cluster and the assumptions.
@@ -256,7 +265,7 @@ func writeReplicaReport(w io.Writer, m replicaModel, in measured, counts []int) 
 		f := simulate(m, in, r)
 		fmt.Fprintf(w, "| %d | %d | %s | %s (%.2g records) | %s | %.2f cores |\n", r, f.NodesMax, mb(f.EntriesMB), mb(f.LegacyMB), f.LegacyRecordsHeld, mb(f.ConnMB), f.Cores)
 	}
-	fmt.Fprintf(w, "\nOne replica restarted (a rolling upgrade does this R times): its nodes' partitions are warmed by the takeovers, then again by the replica when it takes them back. A wave takes the slower of the brokers serving the tails and the replicas applying them; a partition's first batch after a move waits for its own warm-up:\n\n")
+	fmt.Fprintf(w, "\nOne replica restarted (a rolling upgrade does this R times): its nodes' partitions are warmed by the replicas that cover them, then again by the replica when it takes them back. A wave takes the slower of the brokers serving the tails and the replicas applying them; a partition's first batch after a move waits for its own warm-up:\n\n")
 	fmt.Fprintf(w, "| replicas | partitions moved | tail read per partition | read per restart | one wave: fetching | one wave: applying (CPU) | one wave | first batch's wait, idle broker |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range counts {
 		f := simulate(m, in, r)

@@ -410,7 +410,7 @@ type LegacyConfig struct {
 	// after which they stop retrying.
 	Window time.Duration `yaml:"window"`
 	// MaxRecords caps the legacy records remembered over all client
-	// instances (16 bytes each, plus 96 per batch); beyond it a
+	// instances (what each takes: docs/operations.md, Sizing); beyond it a
 	// connection's oldest answered batches go first, and then new batches
 	// are not remembered (counted). Default 1048576.
 	MaxRecords int `yaml:"max_records"`

@@ -14,9 +14,9 @@ import (
 var ErrInvalidConfig = errors.New("seqstate: invalid config")
 
 const (
-	// DefaultMaxEntries bounds the table when Config.MaxEntries is zero. At
-	// about 150 bytes per entry (5 retained batches, see
-	// BenchmarkTableMemory) it is ~40 MB full.
+	// DefaultMaxEntries bounds the table when Config.MaxEntries is zero.
+	// Full, at the bytes per entry BenchmarkTableMemory measures with 5
+	// retained batches (bench/results/micro.md), it takes about 40 MB.
 	DefaultMaxEntries = 1 << 18
 	// DefaultRetainedBatches is Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN.
 	DefaultRetainedBatches = 5

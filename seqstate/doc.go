@@ -88,10 +88,11 @@
 //
 // Memory per entry, 5 retained batches, 1M entries (BenchmarkTableMemory):
 // 312 B with simplelru and 32-byte slots, 189 B with the intrusive LRU and
-// 24-byte slots, now 148.6 B: a 56-byte header (key 16, last-seen time 8,
+// 24-byte slots, now what bench/results/micro.md gives for
+// TableMemory/entries=1M/retained=5: a 56-byte header (key 16, last-seen time 8,
 // the two bases 16, LRU links 8, the window's first sequence 4, epoch and
 // ring position 4), 5×16 bytes of slots, ~8.4 bytes of index (uint32 words,
-// at most 3/4 full, power-of-two sized) and ~4 of partly used slab pages.
+// at most 3/4 full, power-of-two sized) and partly used slab pages.
 // Full pages hold 4096 entries (~557 KB with 5 retained batches); a shard's
 // first page starts at 8 entries and doubles, so a shard holding a few
 // entries costs about 1.3 KB, not a full page (BenchmarkTableFresh: a default
