@@ -9,11 +9,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
 // docCommand is one shell command of a document's ```sh block.
@@ -603,4 +608,81 @@ func hasAnchor(markdown, anchor string) bool {
 		}
 	}
 	return false
+}
+
+// TestDocDefaults: where README.md or a page of docs/ states a config
+// key's default beside the key (`drain_timeout` (30s), `max_inflight` per
+// connection (256), `window` 2m), it is the code's default, which
+// config.example.yaml states too (TestConfigExample).
+func TestDocDefaults(t *testing.T) {
+	var def proxy.Config
+	def.EnsureDefaults()
+	raw, err := yaml.Marshal(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tree map[string]any
+	if err := yaml.Unmarshal(raw, &tree); err != nil {
+		t.Fatal(err)
+	}
+	// Each key's default, by its dotted path and by its last name (the
+	// docs write `window` as often as `dedup.legacy.window`).
+	defaults := map[string][]string{}
+	var walk func(m map[string]any, prefix string)
+	walk = func(m map[string]any, prefix string) {
+		for k, v := range m {
+			if sub, ok := v.(map[string]any); ok {
+				walk(sub, prefix+k+".")
+				continue
+			}
+			s := fmt.Sprint(v)
+			defaults[prefix+k] = append(defaults[prefix+k], s)
+			defaults[k] = append(defaults[k], s)
+		}
+	}
+	walk(tree, "")
+	stated := regexp.MustCompile("`([a-z_]+(?:\\.[a-z_]+)*)`(?: per connection)?(?: \\(|, | )(-?[0-9][0-9,.]*(?: ?(?:MiB|KiB|ms|seconds?|minutes?|hours?|s|m|h)\\b)?|\"[0-9.]+\")")
+	checked := 0
+	for _, path := range docsWithCommands(t) {
+		doc, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(doc), "\n") {
+			for _, m := range stated.FindAllStringSubmatch(line, -1) {
+				key, value := m[1], m[2]
+				want, ok := defaults[key]
+				if !ok {
+					continue // not a config key: a client's setting, a metric
+				}
+				checked++
+				if !slices.ContainsFunc(want, func(d string) bool { return sameSetting(value, d) }) {
+					t.Errorf("%s:%d: `%s` %s; its default is %s", path, i+1, key, value, strings.Join(slices.Compact(slices.Sorted(slices.Values(want))), " or "))
+				}
+			}
+		}
+	}
+	t.Logf("%d defaults stated beside their keys", checked)
+	if checked < 10 {
+		t.Errorf("only %d defaults stated in the docs were found: the pattern no longer reads them", checked)
+	}
+}
+
+// sameSetting compares a value as a document writes it (30s, 10 s, 8 MiB,
+// 1,048,576, "1.2") with the default as YAML writes it (30s, 8388608,
+// 1048576, "1.2").
+func sameSetting(doc, def string) bool {
+	doc = strings.Trim(strings.ReplaceAll(doc, ",", ""), `"`)
+	compact := strings.NewReplacer(" ", "", "seconds", "s", "second", "s", "minutes", "m", "minute", "m", "hours", "h", "hour", "h").Replace(doc)
+	if d, err := time.ParseDuration(compact); err == nil {
+		dd, err := time.ParseDuration(def)
+		return err == nil && d == dd
+	}
+	for unit, n := range map[string]float64{"KiB": 1 << 10, "MiB": 1 << 20} {
+		if v, ok := strings.CutSuffix(compact, unit); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return err == nil && fmt.Sprint(int64(f*n)) == def
+		}
+	}
+	return doc == def
 }
