@@ -217,6 +217,8 @@ func docsWithCommands(t *testing.T) []string {
 //
 // The commands build nothing: "dedupproxy" on the session's PATH is this
 // test binary, running main, and "go run ./cmd/dedupproxy" stands for it.
+// A program they use that is not installed (kcat) fails the test, as a
+// missing client fails e2e, unless E2E_SKIP_MISSING is set outside CI.
 func TestDocCommands(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the documents' sessions take a while")
@@ -279,7 +281,7 @@ func runDocSession(t *testing.T, cmds []docCommand) {
 		t.Fatal(err)
 	}
 
-	isolated := exec.Command("unshare", "--user", "--map-root-user", "--net", "true").Run() == nil
+	isolated := exec.Command("unshare", "--user", "--map-root-user", "--net", "ip", "link", "set", "lo", "up").Run() == nil
 	var shell *exec.Cmd
 	if isolated {
 		shell = exec.Command("unshare", "--user", "--map-root-user", "--net", "bash", "--noprofile", "--norc")
@@ -360,7 +362,10 @@ func runDocSession(t *testing.T, cmds []docCommand) {
 		}
 		code, out := s.run(text, 3*time.Minute)
 		if code == 127 {
-			t.Fatalf("%s:%d: %s: a program is missing (bash .ci/deps installs kcat, curl and the clients):\n%s", c.file, c.line, c.text, out)
+			if skip := os.Getenv("E2E_SKIP_MISSING"); skip != "" && os.Getenv("CI") != "true" {
+				t.Skipf("%s:%d: %s: a program is missing, and E2E_SKIP_MISSING=%s lets it be:\n%s", c.file, c.line, c.text, skip, out)
+			}
+			t.Fatalf("%s:%d: %s: a program is missing (bash .ci/deps installs kcat, curl and the clients; E2E_SKIP_MISSING=all skips):\n%s", c.file, c.line, c.text, out)
 		}
 		if code != c.exits {
 			t.Errorf("%s:%d: %s\nexit %d, the document says %d; output:\n%s", c.file, c.line, c.text, code, c.exits, out)
