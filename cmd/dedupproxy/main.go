@@ -142,7 +142,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		defer cluster.Close()
 		cfg.Upstream = cluster.ListenAddrs()
-		log.Warn("EMBEDDED CLUSTER: no real upstream; started an embedded in-memory 3-broker Kafka cluster (kfake) on loopback; everything written is LOST on exit. For a real cluster set --upstream or upstream: in the config file",
+		log.Warn("EMBEDDED CLUSTER: no real upstream; started an embedded in-memory 3-broker Kafka cluster (kfake) on loopback; everything written is LOST on exit; it lives in this process, so replicas and dedupproxy audit cannot share it (dedupproxy cluster runs one they can). For a real cluster set --upstream or upstream: in the config file",
 			"brokers", strings.Join(cfg.Upstream, ","))
 	} else {
 		log.Info("upstream", "brokers", strings.Join(cfg.Upstream, ","),
