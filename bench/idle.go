@@ -67,6 +67,19 @@ func runIdle(ctx context.Context, cfg Config, dir string) (*IdleResult, error) {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	res.Sides["proxy"] = side
+
+	if cfg.PeerBin != "" {
+		pe, err := startPeer(ctx, cfg.PeerBin, up.addrs[0])
+		if err != nil {
+			return nil, fmt.Errorf("peer: %w", err)
+		}
+		side, err = measureIdle(ctx, pe.pid, pe.addr, cfg.IdleConns)
+		pe.stop()
+		if err != nil {
+			return nil, fmt.Errorf("peer: %w", err)
+		}
+		res.Sides["peer"] = side
+	}
 	return res, nil
 }
 

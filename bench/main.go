@@ -69,7 +69,7 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.StringVar(&cfg.Acks, "acks", cfg.Acks, "all, leader or none (idempotence needs all)")
 	fs.BoolVar(&cfg.Idempotent, "idempotent", cfg.Idempotent, "idempotent producers (producer ids and sequences, what the proxy deduplicates)")
 	fs.StringVar(&cfg.Dedup, "dedup", cfg.Dedup, "proxy dedup mode: enforce, observe or off")
-	fs.BoolVar(&cfg.ProduceSplice, "produce-splice", cfg.ProduceSplice, "turn on the proxy's produce_splice: records of large idempotent batches spliced socket to socket (Linux)")
+	fs.BoolVar(&cfg.ProduceSplice, "produce-splice", cfg.ProduceSplice, "the proxy's produce_splice, on by default as in the proxy: records of large idempotent batches spliced socket to socket (Linux); -produce-splice=false measures the copy path")
 	fs.Float64Var(&cfg.RetryRate, "retry-rate", cfg.RetryRate, "fraction of Produce acknowledgements the fault shim drops (cutting the connection) in batched phases; 0 runs without the shim")
 	fs.Float64Var(&cfg.LostAckRate, "lostack-rate", cfg.LostAckRate, "drop rate of the separate lost-ack scenario (1 KiB, idempotent, enforce); 0 skips it")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of each phase (one target, one repetition)")
@@ -84,6 +84,8 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.StringVar(&cfg.DedupCostUpstream, "dedupcost-upstream", cfg.DedupCostUpstream, "upstream of the dedup-cost scenario: sink or kfake")
 	fs.IntVar(&cfg.ConsumeMB, "consume-mb", cfg.ConsumeMB, "MB pre-filled into a kfake that keeps records and read back per phase in the consume row; 0 skips it")
 	fs.IntVar(&cfg.ConsumeSize, "consume-size", cfg.ConsumeSize, "record size of the consume row")
+	fs.StringVar(&cfg.PeerBin, "peer-bin", "", "another proxy's binary (grepplabs/kafka-proxy, built from its source: bench/README.md, \"The peer\") measured beside the floor relay and the proxy; empty runs none")
+	fs.StringVar(&cfg.Peer, "peer-name", "kafka-proxy v0.4.3", "what the report calls the -peer-bin proxy")
 	fs.StringVar(&cfg.ProxyBin, "proxy-bin", "", "prebuilt dedupproxy binary; empty builds ./cmd/dedupproxy with deploy/build.sh into a temporary directory")
 	out := fs.String("out", "bench/results", "directory for results.md, results.svg and results.json; empty writes none")
 	timeout := fs.Duration("timeout", 20*time.Minute, "bound on the whole run")
@@ -104,6 +106,9 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 			return fmt.Errorf("-sizes: bad size %q", s)
 		}
 		cfg.Sizes = append(cfg.Sizes, n)
+	}
+	if cfg.PeerBin == "" {
+		cfg.Peer = ""
 	}
 	if err := cfg.validate(); err != nil {
 		return err

@@ -32,8 +32,9 @@ type Config struct {
 	Acks        string        `json:"acks"`
 	Idempotent  bool          `json:"idempotent"`
 	Dedup       string        `json:"dedup"`
-	// ProduceSplice turns on the proxy's produce_splice (records of large
-	// idempotent batches moved socket to socket).
+	// ProduceSplice is the proxy's produce_splice (records of large
+	// idempotent batches moved socket to socket), on by default as in the
+	// proxy; false measures the copy path.
 	ProduceSplice bool          `json:"produce_splice"`
 	RetryRate     float64       `json:"retry_rate"`   // lost acks in the throughput matrix
 	LostAckRate   float64       `json:"lostack_rate"` // the separate lost-ack scenario; 0 skips it
@@ -61,8 +62,13 @@ type Config struct {
 	ConsumeMB   int `json:"consume_mb"`
 	ConsumeSize int `json:"consume_record_size"`
 
-	ProxyBin string       `json:"-"` // prebuilt proxy; empty builds ./cmd/dedupproxy (deploy/build.sh)
-	Log      *slog.Logger `json:"-"`
+	ProxyBin string `json:"-"` // prebuilt proxy; empty builds ./cmd/dedupproxy (deploy/build.sh)
+	// PeerBin is another proxy's binary (grepplabs/kafka-proxy) measured
+	// as the "peer" target of the rows and of the idle connections; empty
+	// runs none. Peer names it in the report.
+	PeerBin string       `json:"-"`
+	Peer    string       `json:"peer,omitempty"`
+	Log     *slog.Logger `json:"-"`
 	// cluster is the real cluster of the "cluster" upstream
 	// (DEDUPPROXY_TEST_UPSTREAM; internal/testcluster), nil without one.
 	cluster *testcluster.Cluster
@@ -73,7 +79,7 @@ func defaultConfig() Config {
 		Upstreams: []string{"kfake"}, Sizes: []int{100, 1024, 10240},
 		Producers: 4, Topics: 1, Partitions: 6, Linger: 5 * time.Millisecond,
 		BatchBytes: 1_000_012, BufferBytes: 8 << 20, Acks: "all", Idempotent: true,
-		Dedup: "enforce", LostAckRate: 0.05, Duration: 2 * time.Second, Reps: 5,
+		Dedup: "enforce", ProduceSplice: true, LostAckRate: 0.05, Duration: 2 * time.Second, Reps: 5,
 		RoundTrip: 1024, MemProducers: 2000, MemPartitions: 100, IdleConns: 4000, Recovery: 100 * time.Millisecond,
 		DedupCostSize: 1024, DedupCostUpstream: "kfake", ConsumeMB: 200, ConsumeSize: 1024,
 	}
@@ -276,7 +282,16 @@ func stack(ctx context.Context, cfg Config, dir, kind string, topics []string, p
 	}
 	stops = append(stops, fl.close)
 	floor := endpoint{name: "floor", seeds: fl.addrs, pid: fl.pid, sasl: real}
-	return []endpoint{eps[0], eps[1], floor, eps[2]}, stop, nil
+	eps = []endpoint{eps[0], eps[1], floor, eps[2]}
+	if cfg.PeerBin != "" && !real {
+		pe, err := startPeer(ctx, cfg.PeerBin, up.addrs[0])
+		if err != nil {
+			return nil, stop, fmt.Errorf("peer: %w", err)
+		}
+		stops = append(stops, pe.stop)
+		eps = append(eps, endpoint{name: "peer", seeds: []string{pe.addr}, pid: pe.pid})
+	}
+	return eps, stop, nil
 }
 
 // clusterUpstream is the real cluster as an upstream: topics created on
@@ -523,8 +538,8 @@ feed:
 // proxyExtra is the proxy configuration the flags add to the measured
 // proxies.
 func (c *Config) proxyExtra() []string {
-	if c.ProduceSplice {
-		return []string{"produce_splice: true\n"}
+	if !c.ProduceSplice {
+		return []string{"produce_splice: false\n"}
 	}
 	return nil
 }

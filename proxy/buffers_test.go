@@ -254,7 +254,7 @@ func TestLargeProducesWithinBudget(t *testing.T) {
 func testLargeProducesWithinBudget(t *testing.T, holes bool) {
 	const topic, producers, perProducer, size = "large", 3, 12, 300 << 10
 	c := newCluster(t, kfake.SeedTopics(3, topic))
-	p := startProxyWith(t, c, func(cfg *Config) { cfg.RequestMemory, cfg.ProduceSplice = 1<<20, holes }, nil)
+	p := startProxyWith(t, c, func(cfg *Config) { cfg.RequestMemory, cfg.ProduceSplice = 1<<20, &holes }, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup

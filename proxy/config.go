@@ -117,11 +117,12 @@ type Config struct {
 
 	// ProduceSplice keeps the records of large idempotent batches out of the
 	// proxy's memory: spliced from the client's socket into pipes and from
-	// the pipes to the broker (Linux, plain TCP on both legs; holes.go). It
-	// lowers the proxy's memory and can lower its CPU where splice(2) is
-	// cheaper than a copy; on our test VM's loopback it cost more CPU than
-	// it saved (docs/performance.md), hence off by default.
-	ProduceSplice bool `yaml:"produce_splice"`
+	// the pipes to the broker (Linux, plain TCP on both legs; holes.go).
+	// Copying them through user space was most of what the proxy cost above
+	// a bare relay (docs/performance.md, "Produce at the relay's cost").
+	// nil (unset) means on where it applies, silently elsewhere; false
+	// turns it off; true says so at start when it cannot apply.
+	ProduceSplice *bool `yaml:"produce_splice"`
 
 	// UnauthenticatedMaxFrameBytes caps a request frame from a client the
 	// broker has not yet authenticated (docs/security.md); a larger one
@@ -474,6 +475,9 @@ const (
 
 	DefaultCertReloadInterval = 10 * time.Second
 )
+
+// produceSplice reports whether ProduceSplice is on (see there).
+func (c *Config) produceSplice() bool { return c.ProduceSplice == nil || *c.ProduceSplice }
 
 // ErrInvalidConfig wraps every configuration error.
 var ErrInvalidConfig = errors.New("proxy: invalid config")

@@ -73,7 +73,7 @@ func TestProduceSpliceRetries(t *testing.T) {
 	const topic = "holes"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
 	pc := countProduce(c)
-	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = true })
+	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = ptrTo(true) })
 	raw := dialRaw(t, p.addr())
 	raw.learnTopics(topic)
 	v0, v1 := strings.Repeat("r", 40<<10), strings.Repeat("s", 30<<10)
@@ -119,7 +119,7 @@ func TestProduceSpliceBatchLargerThanPipe(t *testing.T) {
 	const topic = "holes-big"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic),
 		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "16777216"}))
-	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = true })
+	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = ptrTo(true) })
 	raw := dialRaw(t, p.addr())
 	raw.learnTopics(topic)
 	v := strings.Repeat("big", 1<<20) // 3 MiB per record, 6 MiB of records
@@ -145,7 +145,7 @@ func TestProduceSpliceClientGone(t *testing.T) {
 	t.Parallel()
 	const topic = "holes-gone"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = true })
+	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = ptrTo(true) })
 	raw := dialRaw(t, p.addr())
 	raw.learnTopics(topic)
 	v := strings.Repeat("g", 200<<10)
@@ -201,7 +201,7 @@ func TestProduceSpliceByteExact(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = true })
+	p := startProxy(t, c, func(cfg *Config) { cfg.ProduceSplice = ptrTo(true) })
 	raw := dialRaw(t, p.addr())
 	raw.learnTopics(topic)
 	rng := rand.New(rand.NewPCG(13, 1))
@@ -284,3 +284,6 @@ func TestProduceSpliceByteExact(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.inUseNow() == 0 })
 }
+
+// ptrTo returns a pointer to v, for Config's optional settings.
+func ptrTo[T any](v T) *T { return &v }

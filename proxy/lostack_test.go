@@ -228,7 +228,7 @@ func testLostAckFranzGo(t *testing.T, topic string, spliced bool) {
 	if spliced {
 		format = "%02000d" // parsed back by consumeDirect
 		opts = append(opts, kgo.ProducerBatchCompression(kgo.NoCompression()))
-		mods = append(mods, func(cfg *Config) { cfg.ProduceSplice = true })
+		mods = append(mods, func(cfg *Config) { cfg.ProduceSplice = ptrTo(true) })
 	}
 	c, p, shim, bl := lostAckSetup(t, topic, 3, 3, mods...)
 	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers(p.addr()))...)

@@ -164,7 +164,7 @@ func (s *Server) Start(ctx context.Context) error {
 		s.topicCounters.Store(&tc)
 	}
 	s.warmSlots = make(chan struct{}, s.Config.Dedup.Warm.MaxConcurrent)
-	if s.Config.ProduceSplice {
+	if s.Config.ProduceSplice != nil && *s.Config.ProduceSplice {
 		// Say so when it cannot apply, rather than leave an operator to
 		// wonder why dedupproxy_produce_spliced_bytes_total stays at 0.
 		switch {

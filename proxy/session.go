@@ -250,7 +250,7 @@ func (c *session) readLoop() {
 	cfg := &c.s.Config
 	m := c.s.Metrics
 	rb := requestBuffer{pool: c.s.requestPool(), tracker: c.tracker}
-	if holesSupported && cfg.ProduceSplice && c.rawClient != nil && c.rawUp != nil {
+	if holesSupported && cfg.produceSplice() && c.rawClient != nil && c.rawUp != nil {
 		rb.src, rb.direct, rb.mover, rb.pipes = c.rawClient, c.client, newHoleMover(), &c.s.pipes
 	}
 	c.req = &rb
