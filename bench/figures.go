@@ -216,3 +216,132 @@ func commas(n int) string {
 	}
 	return s
 }
+
+// readCommittedRun reads the committed run, bench/results/results.json.
+func readCommittedRun(root string) (*Report, error) {
+	raw, err := os.ReadFile(filepath.Join(root, "bench", "results", "results.json"))
+	if err != nil {
+		return nil, err
+	}
+	var rep Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return nil, fmt.Errorf("results.json: %w", err)
+	}
+	return &rep, nil
+}
+
+// readmeBlock is the generated figures section of README.md: the
+// headline figures of the committed run, the proxy's beside the floor
+// relay's and, when the run had one, the peer's, and the chart.
+func readmeBlock(rep *Report) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	peer := rep.Config.Peer
+	row := func(scenario string, size int) (Row, bool) {
+		for _, r := range rep.Rows {
+			if r.Scenario == scenario && (size == 0 || r.RecordSize == size) {
+				return r, true
+			}
+		}
+		return Row{}, false
+	}
+	quiet := "load average not recorded"
+	if rep.LoadStart != [3]float64{} {
+		quiet = fmt.Sprintf("load average %.2f at the start and %.2f at the end", rep.LoadStart[0], rep.LoadEnd[0])
+	}
+	p("From `go run ./bench` (bench/README.md) started %s on %d CPUs (%s), %s; "+
+		"every figure is measured in the same run against the same upstream, each process on its own.",
+		rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Machine.NumCPU, rep.Machine.CPUModel, quiet)
+	if peer != "" {
+		p(" The peer is %s, built from its source (bench/README.md, \"The peer\").", peer)
+	}
+	p("\n\n")
+	if peer != "" {
+		p("| | dedupproxy | floor relay (the least a proxy costs here) | %s |\n|---|---|---|---|\n", peer)
+	} else {
+		p("| | dedupproxy | floor relay (the least a proxy costs here) |\n|---|---|---|\n")
+	}
+	line := func(what string, cell func(side string) string) {
+		p("| %s | %s | %s |", what, cell("proxy"), cell("floor"))
+		if peer != "" {
+			p(" %s |", cell("peer"))
+		}
+		p("\n")
+	}
+	ms := func(r Row) func(string) string {
+		return func(side string) string {
+			s, ok := r.Sides[side]
+			if !ok || s.CPUmsPerMB == 0 {
+				return "n/a"
+			}
+			if side == "floor" {
+				return fmt.Sprintf("%.2f ms", s.CPUmsPerMB)
+			}
+			return fmt.Sprintf("%.2f ms (%.2f× the relay)", s.CPUmsPerMB, cpuX(r, side))
+		}
+	}
+	if r, ok := row("batched", 1024); ok {
+		line("CPU per MB produced, 1 KiB records, dedup enforced", ms(r))
+		line("produce throughput ÷ direct, 1 KiB records", func(side string) string {
+			if _, ok := r.Sides[side]; !ok {
+				return "n/a"
+			}
+			return fmtX(r.Throughput[side])
+		})
+	}
+	if r, ok := row("consume", 0); ok {
+		line("CPU per MB fetched", ms(r))
+	}
+	if r, ok := row("roundtrip", 0); ok {
+		line("added round-trip latency, p50", func(side string) string {
+			if s := r.AddedP50us[side]; s.N > 0 {
+				return fmt.Sprintf("%+.0f µs", s.Median)
+			}
+			return "n/a"
+		})
+	}
+	var peak = map[string]float64{}
+	for _, r := range rep.Rows {
+		if r.Scenario == "batched" {
+			for side, s := range r.Sides {
+				peak[side] = max(peak[side], s.PeakRSSMiB)
+			}
+		}
+	}
+	if len(peak) > 0 {
+		line("peak RSS under the produce rows", func(side string) string {
+			if v, ok := peak[side]; ok && v > 0 {
+				return fmt.Sprintf("%.1f MiB", v)
+			}
+			return "n/a"
+		})
+	}
+	if m := rep.Idle; m != nil {
+		line(fmt.Sprintf("memory per idle client connection (%d open)", m.Conns), func(side string) string {
+			if s, ok := m.Sides[side]; ok {
+				return fmt.Sprintf("%.1f KiB", s.PerConnKiB)
+			}
+			return "n/a"
+		})
+	}
+	var idem, legacy string
+	for _, r := range rep.Rows {
+		if r.Scenario == "dedupcost" {
+			if r.Idempotent {
+				idem = fmtX(r.CPURatio["enforce"])
+			} else {
+				legacy = fmtX(r.CPURatio["enforce"])
+			}
+		}
+	}
+	if idem != "" {
+		p("\nWhat deduplication itself costs, CPU per MB with `dedup.mode: enforce` ÷ `off`: %s for idempotent producers, %s for legacy ones.\n", idem, legacy)
+	}
+	p("\nTargets, every figure and how each was measured: [bench/results/results.md](bench/results/results.md); where the CPU goes: [docs/performance.md](docs/performance.md).\n\n")
+	p("![throughput, CPU per MB and added latency of the floor relay, dedupproxy")
+	if peer != "" {
+		p(" and %s", peer)
+	}
+	p(", against direct](bench/results/results.svg)\n")
+	return b.String()
+}

@@ -17,13 +17,42 @@ import (
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
-var updateDocs = flag.Bool("update-docs", false, "rewrite docs/operations.md's sizing block from bench/results")
+var updateDocs = flag.Bool("update-docs", false, "rewrite docs/operations.md's sizing block and README.md's figures from bench/results")
 
 // The sizing block of docs/operations.md lies between these lines.
 const (
 	figuresStart = "<!-- figures:start (written by go test ./bench -run TestDocFigures -args -update-docs, from bench/results) -->"
 	figuresEnd   = "<!-- figures:end -->"
+	// README.md's figures section lies between these.
+	readmeStart = "<!-- bench-figures:start (written by go test ./bench -run TestDocFigures -args -update-docs, from bench/results) -->"
+	readmeEnd   = "<!-- bench-figures:end -->"
 )
+
+// checkBlock holds the generated block of the document at path, between
+// start and end, to want (rewriting it under -update-docs).
+func checkBlock(t *testing.T, path, start, end, want string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(raw)
+	i, j := strings.Index(s, start), strings.Index(s, end)
+	if i < 0 || j < i {
+		t.Fatalf("%s has no %q ... %q block", path, start, end)
+	}
+	want = start + "\n" + want + end
+	if got := s[i : j+len(end)]; got != want {
+		if *updateDocs {
+			if err := os.WriteFile(path, []byte(s[:i]+want+s[j+len(end):]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("rewrote the generated block of %s", path)
+		} else {
+			t.Errorf("%s's generated block is not the one bench/results gives (go test ./bench -run TestDocFigures -args -update-docs):\n%s", path, want)
+		}
+	}
+}
 
 // docFiles are the documents whose figures TestDocFigures checks, relative
 // to the repository root. docs/performance.md is left out on purpose: it
@@ -113,27 +142,12 @@ func TestDocFigures(t *testing.T) {
 			def.Dedup.MaxEntries, def.Dedup.Legacy.MaxRecords, def.Dedup.Keys.MaxKeys)
 	}
 
-	ops := filepath.Join(root, "docs", "operations.md")
-	raw, err := os.ReadFile(ops)
+	checkBlock(t, filepath.Join(root, "docs", "operations.md"), figuresStart, figuresEnd, f.sizingBlock())
+	rep, err := readCommittedRun(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := string(raw)
-	i, j := strings.Index(s, figuresStart), strings.Index(s, figuresEnd)
-	if i < 0 || j < i {
-		t.Fatalf("docs/operations.md has no %q ... %q block", figuresStart, figuresEnd)
-	}
-	want := figuresStart + "\n" + f.sizingBlock() + s[j:j+len(figuresEnd)]
-	if got := s[i : j+len(figuresEnd)]; got != want {
-		if *updateDocs {
-			if err := os.WriteFile(ops, []byte(s[:i]+want+s[j+len(figuresEnd):]), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			t.Log("rewrote docs/operations.md's sizing block")
-		} else {
-			t.Errorf("docs/operations.md's sizing block is not the one bench/results gives (go test ./bench -run TestDocFigures -args -update-docs):\n%s", want)
-		}
-	}
+	checkBlock(t, filepath.Join(root, "README.md"), readmeStart, readmeEnd, readmeBlock(rep))
 
 	sim, err := readMeasured(filepath.Join(root, "bench", "results"))
 	if err != nil {
@@ -146,7 +160,11 @@ func TestDocFigures(t *testing.T) {
 			t.Fatal(err)
 		}
 		yamlLike := !strings.HasSuffix(name, ".md")
-		for _, u := range doccheck.Units(string(raw), yamlLike, figuresStart, figuresEnd) {
+		start, end := figuresStart, figuresEnd
+		if name == "README.md" {
+			start, end = readmeStart, readmeEnd
+		}
+		for _, u := range doccheck.Units(string(raw), yamlLike, start, end) {
 			text := u.Text
 			if u.Key != "" {
 				text += " [" + u.Key + "]" // the key a YAML comment documents

@@ -48,6 +48,8 @@ func inconclusive(measured, aa Spread, limit, ideal float64, unit string) string
 	return fmt.Sprintf("inconclusive: %.0f%s from the limit, A/A departs up to %.0f%s", math.Abs(measured.Median-limit), unit, noise, unit)
 }
 
+func fmtLoad(l [3]float64) string { return fmt.Sprintf("%.2f / %.2f / %.2f", l[0], l[1], l[2]) }
+
 func metStr(ok bool) string {
 	if ok {
 		return "met"
@@ -268,6 +270,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 	p("Machine: %d CPUs, %s, %s, %s, %s RAM. Started %s, took %s.\n\n",
 		r.Machine.NumCPU, r.Machine.CPUModel, r.Machine.GoVersion, r.Machine.Kernel, r.Machine.MemTotal,
 		r.Started.UTC().Format("2006-01-02 15:04 MST"), r.Took)
+	p("How quiet the machine was: load average %s at the start, %s at the end (1, 5 and 15 minutes, against %d CPUs).\n\n", fmtLoad(r.LoadStart), fmtLoad(r.LoadEnd), r.Machine.NumCPU)
 	if r.Command != "" {
 		p("Command: `%s`\n\n", r.Command)
 	}

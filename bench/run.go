@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -109,6 +110,10 @@ type Report struct {
 	Targets []Target      `json:"targets"`
 	Started time.Time     `json:"started"`
 	Took    string        `json:"took"`
+	// LoadStart and LoadEnd are the machine's load averages (1, 5 and 15
+	// minutes) when the run started and ended: how quiet it was.
+	LoadStart [3]float64 `json:"loadavg_start"`
+	LoadEnd   [3]float64 `json:"loadavg_end"`
 }
 
 // Machine describes where the numbers come from.
@@ -144,6 +149,21 @@ func describeMachine() Machine {
 	return m
 }
 
+// loadAvg reads /proc/loadavg (zeros where it cannot).
+func loadAvg() (l [3]float64) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return l
+	}
+	for i, f := range strings.Fields(string(b)) {
+		if i == 3 {
+			break
+		}
+		l[i], _ = strconv.ParseFloat(f, 64)
+	}
+	return l
+}
+
 // Run runs every scenario of cfg and returns the report. dir holds the
 // proxy binary and its config files.
 func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
@@ -151,7 +171,7 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rep := &Report{Machine: describeMachine(), Config: cfg, Started: time.Now()}
+	rep := &Report{Machine: describeMachine(), Config: cfg, Started: time.Now(), LoadStart: loadAvg()}
 	if cfg.ProxyBin == "" {
 		log.Info("building the proxy", "dir", dir)
 		bin, err := buildProxy(ctx, dir)
@@ -227,6 +247,7 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 	}
 	rep.Targets = evaluateTargets(rep)
 	rep.Took = time.Since(rep.Started).Round(time.Second).String()
+	rep.LoadEnd = loadAvg()
 	return rep, nil
 }
 
