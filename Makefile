@@ -29,7 +29,7 @@ fuzz:
 	go test -run x -fuzz '^FuzzTableVsModel$$' -fuzztime $(FUZZTIME) ./seqstate
 	go test -run x -fuzz '^FuzzTailRead$$' -fuzztime $(FUZZTIME) ./decide
 	go test -run x -fuzz '^FuzzRecordIDs$$' -fuzztime $(FUZZTIME) ./protocol
-	go test -run x -fuzz '^FuzzPrincipalMappingRules$$' -fuzztime $(FUZZTIME) ./proxy
+	go test -run x -fuzz '^FuzzPrincipalMappingRules$$' -fuzztime $(FUZZTIME) ./certprincipal
 
 bench:
 	go test -run x -bench . -benchmem ./...

@@ -9,8 +9,8 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
-	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
 // The clients' SASL on a real cluster that requires it: the clients
@@ -27,7 +27,7 @@ func saramaSASL(cfg *sarama.Config, auth testcluster.SASL) {
 	cfg.Net.SASL.Enable = true
 	cfg.Net.SASL.User, cfg.Net.SASL.Password = auth.User, auth.Password
 	cfg.Net.SASL.Mechanism = sarama.SASLMechanism(auth.Mechanism)
-	if auth.Mechanism != proxy.SASLPlain {
+	if auth.Mechanism != config.SASLPlain {
 		cfg.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &saramaSCRAM{mechanism: auth.Mechanism} }
 	}
 }
@@ -68,7 +68,7 @@ func kafkaGoSASL(auth testcluster.SASL) kafkagosasl.Mechanism {
 	switch auth.Mechanism {
 	case "":
 		return nil
-	case proxy.SASLPlain:
+	case config.SASLPlain:
 		return plain.Mechanism{Username: auth.User, Password: auth.Password}
 	}
 	return kafkaGoSCRAM{kgoSASL(auth)}

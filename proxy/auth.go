@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/certprincipal"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -33,7 +34,7 @@ import (
 //
 // The principal is who the broker authenticated: the PLAIN or SCRAM user
 // name, the OAUTHBEARER token's subject claim, else the principal Kafka
-// derives from the TLS client certificate (certprincipal.go), else
+// derives from the TLS client certificate (package certprincipal), else
 // ANONYMOUS (a cluster that needs no authentication). All state is scoped
 // by it.
 
@@ -463,17 +464,17 @@ func (c *session) preAuthentication() bool {
 
 // noteTLSPrincipal scopes a connection whose client presented a
 // certificate (tls.client_ca) by the principal Kafka would derive from its
-// subject (certprincipal.go), unless SASL names another. A subject that
+// subject (package certprincipal), unless SASL names another. A subject that
 // does not parse, or that no mapping rule applies to (Kafka refuses such a
 // connection), leaves the connection relayed undecided.
 func (c *session) noteTLSPrincipal(st tls.ConnectionState) {
 	if len(st.PeerCertificates) == 0 {
 		return
 	}
-	dn, err := subjectName(st.PeerCertificates[0].RawSubject)
+	dn, err := certprincipal.Subject(st.PeerCertificates[0].RawSubject)
 	name, ok := "", false
 	if err == nil {
-		name, ok = c.s.certPrincipals.name(dn)
+		name, ok = c.s.certPrincipals.Name(dn)
 	}
 	if !ok {
 		c.unscoped.Store(true)

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -328,7 +329,7 @@ func (s *Server) requestPool() *requestPool {
 	s.reqPoolOnce.Do(func() {
 		budget := s.Config.RequestMemory
 		if budget <= 0 { // a Config that skipped EnsureDefaults
-			budget = DefaultRequestMemory
+			budget = config.DefaultRequestMemory
 		}
 		s.reqPool = newRequestPool(budget, s.Metrics)
 	})

@@ -16,6 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/config"
 )
 
 // librdkafka clients (kcat, confluent-kafka-python) over TLS and SASL_SSL.
@@ -29,7 +31,7 @@ func securedSetup(t *testing.T, topic string) (*testCerts, *testProxy) {
 	advertiseSASLHandshakeV0(t, c, certs.clientConfig(nil))
 	p := startProxy(t, c, both(withClientTLS(certs, certs.server("proxy"), "proxy"),
 		func(cfg *Config) { cfg.UpstreamTLS.CA = certs.caFile },
-		withProxySASL(t, SASLScramSHA512, scram512User, scram512)))
+		withProxySASL(t, config.SASLScramSHA512, scram512User, scram512)))
 	return certs, p
 }
 
@@ -140,7 +142,7 @@ func TestConfluentPythonSASLSSL(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, python, "testdata/confluent_sasl_ssl.py", p.addr(), certs.caFile,
-			SASLScramSHA512, scram512User, pass, topic, strconv.Itoa(count))
+			config.SASLScramSHA512, scram512User, pass, topic, strconv.Itoa(count))
 		cmd.Stderr = os.Stderr
 		out, err := cmd.Output()
 		if err != nil {
@@ -170,7 +172,7 @@ func TestConfluentPythonSASLSSL(t *testing.T) {
 	}
 
 	cons, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DialTLSConfig(certs.clientConfig(nil)),
-		kgo.SASL(mechanism(SASLScramSHA512, scram512User, scram512)),
+		kgo.SASL(mechanism(config.SASLScramSHA512, scram512User, scram512)),
 		kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

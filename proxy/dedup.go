@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -19,7 +20,7 @@ import (
 // mode off, which keeps no tables.
 func newCore(cfg *Config) (*decide.Core, *seqstate.Table, *seqstate.KeyTable, error) {
 	dc := &cfg.Dedup
-	if dc.Mode == DedupOff {
+	if dc.Mode == config.DedupOff {
 		return nil, nil, nil, nil
 	}
 	t, err := seqstate.New(seqstate.Config{
@@ -42,7 +43,7 @@ func newCore(cfg *Config) (*decide.Core, *seqstate.Table, *seqstate.KeyTable, er
 		}
 	}
 	scope := decide.ScopeInstance
-	if dc.Legacy.Scope == ScopeClientID {
+	if dc.Legacy.Scope == config.ScopeClientID {
 		scope = decide.ScopeClientID
 	}
 	core := decide.New(decide.Config{Table: t, Keys: keys, Window: dc.Legacy.Window, Scope: scope,
@@ -78,9 +79,9 @@ func coreSettings(dc *DedupConfig) *decide.Settings {
 
 func coreMode(m string) decide.Mode {
 	switch m {
-	case DedupObserve:
+	case config.DedupObserve:
 		return decide.Observe
-	case DedupOff:
+	case config.DedupOff:
 		return decide.Off
 	}
 	return decide.Enforce
@@ -88,11 +89,11 @@ func coreMode(m string) decide.Mode {
 
 func coreMatch(m string) decide.Match {
 	switch m {
-	case MatchRecords:
+	case config.MatchRecords:
 		return decide.MatchRecords
-	case MatchExact:
+	case config.MatchExact:
 		return decide.MatchExact
-	case MatchOff:
+	case config.MatchOff:
 		return decide.MatchOff
 	}
 	return decide.MatchAuto
@@ -227,8 +228,8 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 	if !s.started {
 		return nil, errors.New("proxy: not started")
 	}
-	if s.core == nil && cfg.Mode != DedupOff {
-		return nil, fmt.Errorf("%w: dedup.mode %s: the proxy started with dedup off, which keeps no tables; restart it", ErrInvalidConfig, cfg.Mode)
+	if s.core == nil && cfg.Mode != config.DedupOff {
+		return nil, fmt.Errorf("%w: dedup.mode %s: the proxy started with dedup off, which keeps no tables; restart it", config.ErrInvalidConfig, cfg.Mode)
 	}
 	if s.core == nil {
 		return nil, nil
@@ -243,7 +244,7 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 	if s.keys == nil {
 		for name, ts := range next.Topics {
 			if ts.KeyHeader != "" {
-				return nil, fmt.Errorf("%w: dedup.topics[%q].idempotency_key: idempotency keys were off for every topic at start, so there is no key table; restart to turn them on", ErrInvalidConfig, name)
+				return nil, fmt.Errorf("%w: dedup.topics[%q].idempotency_key: idempotency keys were off for every topic at start, so there is no key table; restart to turn them on", config.ErrInvalidConfig, name)
 			}
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -269,7 +270,7 @@ func TestObserveModeForwardsEverything(t *testing.T) {
 	const topic = "observe"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
 	pc := countProduce(c)
-	p := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Mode = DedupObserve })
+	p := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Mode = config.DedupObserve })
 	raw := dialRaw(t, p.addr())
 	raw.learnTopics(topic)
 	b := recordBatch(t, 5, 0, 0, 1, "a")
@@ -429,7 +430,7 @@ func TestSetDedupLive(t *testing.T) {
 		t.Fatalf("enforce: %d requests reached the broker, want 1", pc.requests.Load())
 	}
 	cfg := p.Config.Dedup
-	cfg.Mode = DedupObserve
+	cfg.Mode = config.DedupObserve
 	keys, err := p.SetDedup(cfg)
 	if err != nil || len(keys) != 1 || keys[0] != "dedup.mode" {
 		t.Fatalf("SetDedup: %v %v", keys, err)
@@ -438,8 +439,8 @@ func TestSetDedupLive(t *testing.T) {
 	if pc.requests.Load() != 2 {
 		t.Fatalf("observe: %d requests reached the broker, want 2", pc.requests.Load())
 	}
-	off := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Mode = DedupOff })
-	cfg.Mode = DedupEnforce
+	off := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Mode = config.DedupOff })
+	cfg.Mode = config.DedupEnforce
 	if _, err := off.SetDedup(cfg); err == nil {
 		t.Fatal("a proxy started with dedup off turned it on live")
 	}

@@ -161,7 +161,7 @@ func (rs *replicaSet) foreignProduce(n *replicaNode) (relay, wait bool) {
 	rs.mu.Lock()
 	stale := rs.s.now().Sub(rs.polledAt) > replicaFresh
 	rs.mu.Unlock()
-	if stale && rs.l.count > 1 {
+	if stale && rs.l.Count > 1 {
 		ctx, cancel := context.WithTimeout(rs.s.dialCtx, 2*replicaPeerTimeout)
 		rs.pollNow(ctx)
 		cancel()
@@ -226,7 +226,7 @@ func (c *session) answerNotLeader(rs *replicaSet, req *kmsg.ProduceRequest, h pr
 		resp.Topics = append(resp.Topics, t)
 	}
 	if h.APIVersion >= 10 && leader >= 0 {
-		if host, port, ok := rs.l.nodeAddr(&c.s.Config, target, n.id); ok {
+		if host, port, ok := rs.l.NodeAddr(&c.s.Config, target, n.id); ok {
 			b := kmsg.NewProduceResponseBroker()
 			b.NodeID, b.Host, b.Port = n.id, host, port
 			resp.Brokers = append(resp.Brokers, b)
@@ -255,7 +255,7 @@ func (rs *replicaSet) attach(tr *requestTracker, node int32) {
 	rs.attachedMu.Lock()
 	rs.attached[tr] = n
 	rs.attachedMu.Unlock()
-	if s := n.state.Load(); node >= 0 && n.owner != rs.l.self && !decides(s) {
+	if s := n.state.Load(); node >= 0 && n.owner != rs.l.Self && !decides(s) {
 		rs.m.foreignConns.Inc()
 	}
 }
@@ -433,7 +433,7 @@ func (rs *replicaSet) handOverOnce(ctx context.Context) bool {
 			until = dl
 		}
 	}
-	if rs.l.count > 1 {
+	if rs.l.Count > 1 {
 		pctx, cancel := context.WithTimeout(ctx, 2*replicaPeerTimeout)
 		rs.pollNow(pctx)
 		cancel()
@@ -454,16 +454,16 @@ func (rs *replicaSet) handOverOnce(ctx context.Context) bool {
 // the status loop, and for a replica that just started, the taking back of
 // its nodes.
 func (s *Server) replicaStart() error {
-	l, err := s.Config.replicaLayout(hostnameFunc)
+	l, err := s.Config.ReplicaLayout()
 	if err != nil || l == nil {
 		return err
 	}
 	if s.Config.Advertise == "" {
-		s.Config.Advertise = l.addrs[l.self]
+		s.Config.Advertise = l.Addrs[l.Self]
 	}
 	s.replicas = newReplicaSet(s, l)
 	s.replicas.m = s.replicaMetrics
-	s.Logger.Info("replica", "index", l.self, "replicas", l.count, "addresses", l.addrs, "admin", l.admins, "incarnation", s.replicas.incarnation)
+	s.Logger.Info("replica", "index", l.Self, "replicas", l.Count, "addresses", l.Addrs, "admin", l.Admins, "incarnation", s.replicas.incarnation)
 	return nil
 }
 

@@ -150,7 +150,7 @@ func (rs *replicaSet) fetching(n *replicaNode) bool {
 // anew are written again.
 func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
 	s := rs.s
-	if s.core == nil || s.table == nil || from < 0 || from == rs.l.self || len(keys) == 0 {
+	if s.core == nil || s.table == nil || from < 0 || from == rs.l.Self || len(keys) == 0 {
 		return
 	}
 	req := legacyRequest{Node: node}

@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/config"
 )
 
 // TestLegacyRetryOnNewConnection: a legacy producer's batch is stored, its
@@ -154,7 +156,7 @@ func TestIdempotencyKeysTwoInstances(t *testing.T) {
 		for i := 0; i < n; i++ {
 			for _, topic := range []string{keyed, plain} {
 				r := &kgo.Record{Topic: topic, Value: []byte(fmt.Sprintf("instance %d op %d", instance, i)),
-					Headers: []kgo.RecordHeader{{Key: DefaultKeyHeader, Value: []byte(fmt.Sprintf("op-%d", i))}}}
+					Headers: []kgo.RecordHeader{{Key: config.DefaultKeyHeader, Value: []byte(fmt.Sprintf("op-%d", i))}}}
 				if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 					t.Fatalf("instance %d op %d: %v", instance, i, err)
 				}
@@ -466,7 +468,7 @@ func TestShadowModePerTopic(t *testing.T) {
 	t.Parallel()
 	const shadow, enforced, unlisted = "shadow", "enforced", "unlisted"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, shadow, enforced, unlisted))
-	topics := map[string]TopicDedupConfig{shadow: {Mode: DedupObserve, Metrics: true}, enforced: {Metrics: true}}
+	topics := map[string]TopicDedupConfig{shadow: {Mode: config.DedupObserve, Metrics: true}, enforced: {Metrics: true}}
 	p := startProxy(t, c, func(cfg *Config) { cfg.Dedup.Topics = topics })
 	retry := func(topic, value string) (orig, again kmsg.ProduceResponseTopicPartition) {
 		t.Helper()
@@ -540,7 +542,7 @@ func TestShadowModePerTopic(t *testing.T) {
 		}
 	}
 	next := p.Config.Dedup
-	next.Topics = map[string]TopicDedupConfig{shadow: {Mode: DedupEnforce, Metrics: true}}
+	next.Topics = map[string]TopicDedupConfig{shadow: {Mode: config.DedupEnforce, Metrics: true}}
 	applied, err := p.SetDedup(next)
 	if err != nil || !slices.Contains(applied, "dedup.topics") {
 		t.Fatalf("SetDedup: %v, applied %v", err, applied)

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -305,8 +306,12 @@ var retryActions = [2]string{"dropped", "observed"}
 // topicCounter is one listed topic's counters.
 type topicCounter struct {
 	batches      [numBatchOutcomes]prometheus.Counter
-	retryRecords [2]prometheus.Counter
+	retryRecords [len(retryActions)]prometheus.Counter
 }
+
+// The configuration states the series a listed topic adds
+// (config.MetricsTopicSeries): this fails to compile when they differ.
+var _ = [1]struct{}{}[config.MetricsTopicSeries-(numBatchOutcomes+len(retryActions))]
 
 // topicCounters returns the counters of the topics cfg lists with
 // metrics: true, and deletes the series of topics listed before (in old)

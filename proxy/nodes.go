@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -140,8 +141,8 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 		// Node id is advertised at the replica that serves it, which
 		// this one relays to the broker too (docs/replicas.md).
 		rs.node(id)
-		if i := rs.advertised(id); i != rs.l.self {
-			if h, p, ok := rs.l.nodeAddr(&r.s.Config, i, id); ok {
+		if i := rs.advertised(id); i != rs.l.Self {
+			if h, p, ok := rs.l.NodeAddr(&r.s.Config, i, id); ok {
 				return h, p
 			}
 			return "", protocol.OmitBroker
@@ -202,7 +203,7 @@ func (r *nodeRegistry) tryListen(id int32, n *node) {
 // startListener binds node id's listener at its configured or derived
 // address and serves it. Called with r.mu held.
 func (r *nodeRegistry) startListener(id int32, n *node) error {
-	bind, adv, err := r.s.Config.nodeAddrs(id)
+	bind, adv, err := r.s.Config.NodeAddrs(id)
 	if err != nil {
 		return &listenerError{reason: listenerPortRange, permanent: true, err: err}
 	}
@@ -224,7 +225,7 @@ func (r *nodeRegistry) startListener(id int32, n *node) error {
 		_, bport, _ := net.SplitHostPort(bound)
 		adv = net.JoinHostPort(bhost, bport)
 	}
-	ah, ap, _ := splitHostPort(adv)
+	ah, ap, _ := config.SplitHostPort(adv)
 	n.advHost, n.advPort = ah, int32(ap)
 	n.bound = bound
 	r.s.Logger.Info("listening", "listener", "broker", "node", id, "addr", bound, "advertised", adv, "broker", n.upstream)
@@ -238,6 +239,6 @@ func (s *Server) adminHolds(addr string, err error) (int, bool) {
 	if !ok || !errors.Is(err, syscall.EADDRINUSE) {
 		return 0, false
 	}
-	_, port, perr := splitHostPort(addr)
+	_, port, perr := config.SplitHostPort(addr)
 	return port, perr == nil && port != 0 && port == admin.Port
 }

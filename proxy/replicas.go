@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -118,7 +119,7 @@ const (
 type replicaSet struct {
 	s           *Server
 	m           *replicaMetrics
-	l           *replicaLayout
+	l           *config.Layout
 	incarnation string
 	client      *http.Client
 	log         *slog.Logger
@@ -142,12 +143,12 @@ type replicaSet struct {
 	attached   map[*requestTracker]*replicaNode
 }
 
-func newReplicaSet(s *Server, l *replicaLayout) *replicaSet {
+func newReplicaSet(s *Server, l *config.Layout) *replicaSet {
 	var b [8]byte
 	rand.Read(b[:])
 	rs := &replicaSet{
 		s: s, l: l, incarnation: hex.EncodeToString(b[:]),
-		log:      s.Logger.With("replica", l.self),
+		log:      s.Logger.With("replica", l.Self),
 		nodes:    map[int32]*replicaNode{},
 		changed:  make(chan struct{}),
 		wake:     make(chan struct{}, 1),
@@ -157,8 +158,8 @@ func newReplicaSet(s *Server, l *replicaLayout) *replicaSet {
 		attached: map[*requestTracker]*replicaNode{},
 	}
 	rs.own = owner.New(owner.Config{
-		Self: l.self, Count: l.count, Owners: l.owners, Incarnation: rs.incarnation,
-		Replicas: l.addrs, Layout: l.digest,
+		Self: l.Self, Count: l.Count, Owners: l.Owners, Incarnation: rs.incarnation,
+		Replicas: l.Addrs, Layout: l.Digest,
 		DrainTimeout: s.Config.DrainTimeout, PeerTimeout: replicaPeerTimeout, Quiet: handoverQuiet,
 		TakeState: s.core != nil,
 	}, s.now())
@@ -172,7 +173,7 @@ func newReplicaSet(s *Server, l *replicaLayout) *replicaSet {
 	empty := map[int32]int{}
 	rs.adv.Store(&empty)
 	// The bootstrap listener is every replica's own, served from the start.
-	boot := &replicaNode{rs: rs, id: -1, owner: l.self}
+	boot := &replicaNode{rs: rs, id: -1, owner: l.Self}
 	boot.state.Store(nodeServing)
 	boot.target.Store(-1)
 	rs.nodes[-1] = boot
@@ -302,7 +303,7 @@ func (rs *replicaSet) carry(effects []owner.Effect) {
 		case owner.LayoutDiffers:
 			if e.Differs {
 				rs.log.Error("replica peer publishes another replica list or layout than this replica's: the two advertise broker nodes at different addresses, some where nothing serves them; give every replica the same replicas, replica_count, replica_owners and node ports",
-					"peer", e.Peer, "peer_replicas", e.Replicas, "peer_layout", e.Layout, "replicas", rs.l.addrs, "layout", rs.l.digest)
+					"peer", e.Peer, "peer_replicas", e.Replicas, "peer_layout", e.Layout, "replicas", rs.l.Addrs, "layout", rs.l.Digest)
 			} else {
 				rs.log.Info("replica peer publishes this replica's list and layout again", "peer", e.Peer)
 			}
@@ -351,7 +352,7 @@ func (rs *replicaSet) advertised(id int32) int {
 	if i, ok := (*rs.adv.Load())[id]; ok {
 		return i
 	}
-	return rs.l.owner(id)
+	return rs.l.Owner(id)
 }
 
 // pollLoop reads the peers' statuses, quickly while something waits on a
@@ -385,7 +386,7 @@ func (rs *replicaSet) pollLoop() {
 		case <-rs.wake:
 		case <-poll.C:
 		}
-		if rs.l.count > 1 {
+		if rs.l.Count > 1 {
 			rs.pollOnce()
 			if first {
 				// Tell the peers this incarnation is up: those covering its
@@ -400,7 +401,7 @@ func (rs *replicaSet) pollLoop() {
 			every = replicaPollBusy
 		}
 		rs.mu.Unlock()
-		if rs.l.count > 1 {
+		if rs.l.Count > 1 {
 			poll.Reset(every)
 		}
 	}
@@ -435,10 +436,10 @@ func (rs *replicaSet) pollNow(ctx context.Context) {
 // pollOnce reads every peer's status at once and feeds them to the
 // machine.
 func (rs *replicaSet) pollOnce() {
-	events := make([]owner.Event, rs.l.count)
+	events := make([]owner.Event, rs.l.Count)
 	var wg sync.WaitGroup
 	for i := range events {
-		if i == rs.l.self {
+		if i == rs.l.Self {
 			continue
 		}
 		wg.Add(1)
@@ -499,14 +500,14 @@ func (rs *replicaSet) peerURL(i int, path string) string {
 	if rs.s.Config.AdminTLS.Enabled() {
 		scheme = "https"
 	}
-	return scheme + "://" + rs.l.admins[i] + path
+	return scheme + "://" + rs.l.Admins[i] + path
 }
 
 // wakePeers asks every peer to poll now (POST /replica/wake): a hint that
 // something changed here. It changes nothing there by itself.
 func (rs *replicaSet) wakePeers() {
-	for i := range rs.l.count {
-		if i == rs.l.self {
+	for i := range rs.l.Count {
+		if i == rs.l.Self {
 			continue
 		}
 		rs.s.spawn(func() {

@@ -2,10 +2,8 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,128 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
-
-// TestReplicaConfigErrors: the replicas settings are checked at start and
-// told in the configuration's own terms.
-func TestReplicaConfigErrors(t *testing.T) {
-	two := 2
-	neg := -1
-	for _, tc := range []struct {
-		name string
-		mod  func(*Config)
-		host string
-		want string
-	}{
-		{"index out of range", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.ReplicaIndex = &two }, "", "replica_index 2: there are 2 replicas, so want 0..1"},
-		{"negative index", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.ReplicaIndex = &neg }, "", "replica_index -1"},
-		{"template without count", func(c *Config) { c.Replicas = []string{"p-{i}.h:9092"} }, "p-0", "{i} stands for the replica index, so replica_count (--replica-count) must say how many"},
-		{"count disagrees", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.ReplicaCount = 3 }, "p-0", "replica_count is 3 but replicas lists 2 addresses"},
-		{"no port", func(c *Config) { c.Replicas = []string{"a", "b:9092"} }, "p-0", `replicas[0] "a"`},
-		{"port 0", func(c *Config) { c.Replicas = []string{"a:0", "b:9092"} }, "p-0", "port 0 cannot be advertised"},
-		{"every interface", func(c *Config) { c.Replicas = []string{"0.0.0.0:9092", "b:9092"} }, "p-0", "clients cannot connect to that host"},
-		{"duplicate", func(c *Config) { c.Replicas = []string{"a:9092", "a:9092"} }, "p-0", "replicas[0] and replicas[1] are both"},
-		{"host name without ordinal", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"} }, "proxyhost", `the host name "proxyhost" does not end in -N as StatefulSet pods do`},
-		{"host ordinal too large", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"} }, "dedupproxy-5", `the host name "dedupproxy-5" makes this replica 5, but there are 2 replicas`},
-		{"owner out of range", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.ReplicaOwners = map[int32]int{7: 2} }, "p-1", "replica_owners[7]: replica 2 does not exist"},
-		{"free listen port", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.Listen = "127.0.0.1:0" }, "p-1", "with replicas the listen port must be fixed"},
-		{"advertise differs", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.Advertise = "c:9092" }, "p-1", `advertise "c:9092" differs from replicas[1] "b:9092"`},
-		{"node advertise", func(c *Config) {
-			c.Replicas = []string{"a:9092", "b:9092"}
-			c.Nodes = map[int32]NodeConfig{3: {Advertise: "x:1"}}
-		}, "p-1", "nodes[3].advertise cannot be combined with replicas"},
-		{"admin off", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.Admin = "off" }, "p-1", "replicas need the admin listener (admin is off)"},
-		{"admin list length", func(c *Config) { c.Replicas = []string{"a:9092", "b:9092"}; c.ReplicaAdmin = []string{"a:9080"} }, "p-1", "replica_admin lists 1 addresses for 2 replicas"},
-		{"index without replicas", func(c *Config) { c.ReplicaIndex = &two }, "", "replica_index 2 is set but replicas is empty"},
-		// Three replicas on one host, each with its own admin port: without
-		// replica_admin each would read its own state for every peer's.
-		{"one host without replica_admin", func(c *Config) {
-			c.Replicas = []string{"127.0.0.1:9092", "127.0.0.1:9192", "127.0.0.1:9292"}
-			c.Listen, c.Admin = "127.0.0.1:9192", "127.0.0.1:9180"
-		}, "p-1", `replicas[0] and replicas[1] are both on host "127.0.0.1", so without replica_admin both would be read at "127.0.0.1:9180"`},
-		{"one host without replica_admin names the flag", func(c *Config) {
-			c.Replicas = []string{"127.0.0.1:9092", "127.0.0.1:9192", "127.0.0.1:9292"}
-			c.Listen, c.Admin = "127.0.0.1:9292", "127.0.0.1:9280"
-		}, "p-2", "--replica-admin"},
-		{"replica_admin shared", func(c *Config) {
-			c.Replicas = []string{"a:9092", "b:9092", "c:9092"}
-			c.ReplicaAdmin = []string{"a:9080", "x:9080", "x:9080"}
-			c.Admin = "0.0.0.0:9080"
-		}, "p-0", `replica_admin[1] and replica_admin[2] are both "x:9080"`},
-		{"a peer's admin is this replica's", func(c *Config) {
-			c.Replicas = []string{"127.0.0.1:9092", "127.0.0.1:9192"}
-			c.ReplicaAdmin = []string{"127.0.0.1:9080", "localhost:9080"}
-			c.Admin = "127.0.0.1:9080"
-		}, "p-0", `replica 1's admin address "localhost:9080" is this replica's own admin listener`},
-		{"admin cannot serve its entry", func(c *Config) {
-			c.Replicas = []string{"a:9092", "b:9092"}
-			c.ReplicaAdmin = []string{"a:9080", "b:9080"}
-			c.Admin = "0.0.0.0:9081"
-		}, "p-1", `admin "0.0.0.0:9081" cannot serve "b:9080"`},
-		{"admin bound elsewhere", func(c *Config) {
-			c.Replicas = []string{"10.0.0.1:9092", "10.0.0.2:9092"}
-			c.Listen = "0.0.0.0:9092"
-		}, "p-1", `admin "127.0.0.1:9080" cannot serve "10.0.0.2:9080", where this replica's peers read its state (bound to 127.0.0.1, not 10.0.0.2)`},
-		{"listen port is not its entry's", func(c *Config) {
-			c.Replicas = []string{"a:9092", "b:9092"}
-			c.Listen = "0.0.0.0:9192"
-		}, "p-1", `listen "0.0.0.0:9192" cannot serve replicas[1] "b:9092", this replica's own entry (port 9192, not 9092)`},
-		{"listen address is not its entry's", func(c *Config) {
-			c.Replicas = []string{"10.0.0.1:9092", "10.0.0.2:9092"}
-			c.Listen = "10.0.0.1:9092"
-		}, "p-1", "--listen"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			old := hostnameFunc
-			hostnameFunc = func() (string, error) { return tc.host, nil }
-			defer func() { hostnameFunc = old }()
-			c := Config{Upstream: []string{"k:9092"}, Listen: "127.0.0.1:9092"}
-			tc.mod(&c)
-			c.EnsureDefaults()
-			err := c.Validate()
-			if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Validate: %v; want an error containing %q", err, tc.want)
-			}
-		})
-	}
-}
-
-// TestReplicaLayout: the {i} template, the host name's ordinal, the
-// default ownership (node id mod the count) with overrides, and where
-// each replica advertises a node.
-func TestReplicaLayout(t *testing.T) {
-	old := hostnameFunc
-	hostnameFunc = func() (string, error) { return "dedupproxy-2", nil }
-	defer func() { hostnameFunc = old }()
-	c := Config{Upstream: []string{"k:9092"}, Listen: "0.0.0.0:9092", Admin: "0.0.0.0:9080",
-		Replicas: []string{"dedupproxy-{i}.dedupproxy-headless.kafka.svc:9092"}, ReplicaCount: 3,
-		ReplicaOwners: map[int32]int{4: 0}}
-	c.EnsureDefaults()
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	l, err := c.replicaLayout(hostnameFunc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.self != 2 || l.count != 3 || l.addrs[1] != "dedupproxy-1.dedupproxy-headless.kafka.svc:9092" {
-		t.Fatalf("layout %+v", l)
-	}
-	if l.admins[0] != "dedupproxy-0.dedupproxy-headless.kafka.svc:9080" {
-		t.Errorf("admin of replica 0: %s", l.admins[0])
-	}
-	for id, want := range map[int32]int{0: 0, 1: 1, 2: 2, 3: 0, 4: 0, 5: 2, 1001: 2} {
-		if got := l.owner(id); got != want {
-			t.Errorf("owner of node %d: %d, want %d", id, got, want)
-		}
-	}
-	if h, p, ok := l.nodeAddr(&c, 1, 5); !ok || h != "dedupproxy-1.dedupproxy-headless.kafka.svc" || p != 9098 {
-		t.Errorf("node 5 at replica 1: %s:%d %v, want port 9092 + 1 + 5", h, p, ok)
-	}
-}
 
 // TestReplicasAdvertiseOwners: three replicas in front of a three-broker
 // cluster. Whichever replica a client asks, and through whichever of its
@@ -483,10 +364,10 @@ func TestReplicaLeaderMovedAwayRewarms(t *testing.T) {
 // gateFixture is a session on a node its replica serves, for the gate's
 // hot path: what every Produce request of a replica pays.
 func gateFixture() (*session, *requestTracker, protocol.RequestHeader) {
-	l := &replicaLayout{self: 0, count: 3, owners: map[int32]int{}}
+	l := &config.Layout{Self: 0, Count: 3, Owners: map[int32]int{}}
 	s := &Server{Logger: slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil)}
 	s.replicas = newReplicaSet(s, l)
-	for peer := 1; peer < l.count; peer++ { // nobody else decides anything: serving
+	for peer := 1; peer < l.Count; peer++ { // nobody else decides anything: serving
 		s.replicas.step(owner.PeerUnreachable{Peer: peer})
 	}
 	tr := newRequestTracker(nil)

@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/dedupproxy/dedupproxy/config"
 )
 
 // The proxy's own connections (the readiness probe, broker and topic
@@ -35,17 +37,17 @@ func (s *Server) saslMechanism() sasl.Mechanism { return SASLMechanism(s.Config.
 // place.
 func SASLMechanism(sa SASLConfig) sasl.Mechanism {
 	switch sa.Mechanism {
-	case SASLPlain:
+	case config.SASLPlain:
 		return plain.Plain(func(context.Context) (plain.Auth, error) {
 			pass, err := readPassword(sa.PasswordFile)
 			return plain.Auth{User: sa.User, Pass: pass}, err
 		})
-	case SASLScramSHA256, SASLScramSHA512:
+	case config.SASLScramSHA256, config.SASLScramSHA512:
 		fn := func(context.Context) (scram.Auth, error) {
 			pass, err := readPassword(sa.PasswordFile)
 			return scram.Auth{User: sa.User, Pass: pass}, err
 		}
-		if sa.Mechanism == SASLScramSHA256 {
+		if sa.Mechanism == config.SASLScramSHA256 {
 			return scram.Sha256(fn)
 		}
 		return scram.Sha512(fn)

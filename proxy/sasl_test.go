@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 )
 
@@ -30,17 +31,17 @@ const (
 // saslOpts makes a kfake cluster require SASL, with the three users.
 func saslOpts() []kfake.Opt {
 	return []kfake.Opt{kfake.EnableSASL(),
-		kfake.Superuser(SASLPlain, plainUser, plainPass),
-		kfake.Superuser(SASLScramSHA256, scram256User, scram256),
-		kfake.Superuser(SASLScramSHA512, scram512User, scram512)}
+		kfake.Superuser(config.SASLPlain, plainUser, plainPass),
+		kfake.Superuser(config.SASLScramSHA256, scram256User, scram256),
+		kfake.Superuser(config.SASLScramSHA512, scram512User, scram512)}
 }
 
 // mechanism is the franz-go client mechanism for name with user and pass.
 func mechanism(name, user, pass string) sasl.Mechanism {
 	switch name {
-	case SASLPlain:
+	case config.SASLPlain:
 		return plain.Auth{User: user, Pass: pass}.AsMechanism()
-	case SASLScramSHA256:
+	case config.SASLScramSHA256:
 		return scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()
 	}
 	return scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()
@@ -75,8 +76,8 @@ func (r *rawConn) authenticate(s *Server, mech sasl.Mechanism) error {
 // authenticate themselves.
 func TestSASLClientsThroughProxy(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t, append(saslOpts(), kfake.SeedTopics(3, SASLPlain, SASLScramSHA256, SASLScramSHA512))...)
-	p := startProxy(t, c, withProxySASL(t, SASLScramSHA512, scram512User, scram512))
+	c := newCluster(t, append(saslOpts(), kfake.SeedTopics(3, config.SASLPlain, config.SASLScramSHA256, config.SASLScramSHA512))...)
+	p := startProxy(t, c, withProxySASL(t, config.SASLScramSHA512, scram512User, scram512))
 	if err := p.Probe(context.Background()); err != nil {
 		t.Fatalf("probe with the proxy's own credentials: %v", err)
 	}
@@ -84,15 +85,15 @@ func TestSASLClientsThroughProxy(t *testing.T) {
 		t.Fatal("an authenticated probe marked the cluster open: clients would be trusted without authenticating")
 	}
 	open := dialRaw(t, p.addr())
-	if err := open.authenticate(p.Server, mechanism(SASLPlain, plainUser, plainPass)); err != nil {
+	if err := open.authenticate(p.Server, mechanism(config.SASLPlain, plainUser, plainPass)); err != nil {
 		t.Fatal(err)
 	}
 	open.apiVersions()
 
 	for _, m := range []struct{ name, user, pass string }{
-		{SASLPlain, plainUser, plainPass},
-		{SASLScramSHA256, scram256User, scram256},
-		{SASLScramSHA512, scram512User, scram512},
+		{config.SASLPlain, plainUser, plainPass},
+		{config.SASLScramSHA256, scram256User, scram256},
+		{config.SASLScramSHA512, scram512User, scram512},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			kgoRoundTrip(t, p.addr(), nil, m.name, 300, kgo.SASL(mechanism(m.name, m.user, m.pass)))
@@ -130,9 +131,9 @@ func TestSASLProxyOwnCredentials(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, saslOpts()...)
 	for _, m := range []struct{ name, user, pass string }{
-		{SASLPlain, plainUser, plainPass},
-		{SASLScramSHA256, scram256User, scram256},
-		{SASLScramSHA512, scram512User, scram512},
+		{config.SASLPlain, plainUser, plainPass},
+		{config.SASLScramSHA256, scram256User, scram256},
+		{config.SASLScramSHA512, scram512User, scram512},
 	} {
 		p := startProxy(t, c, withProxySASL(t, m.name, m.user, m.pass))
 		if err := p.Probe(context.Background()); err != nil {
@@ -153,7 +154,7 @@ func TestSASLProxyOwnCredentials(t *testing.T) {
 	}
 	none.awaitLog(t, "upstream not reachable yet")
 
-	rotate := withProxySASL(t, SASLScramSHA512, scram512User, "old-and-wrong")
+	rotate := withProxySASL(t, config.SASLScramSHA512, scram512User, "old-and-wrong")
 	p := startProxy(t, c, rotate)
 	err = p.Probe(context.Background())
 	if !errors.Is(err, ErrUpstreamAuth) || !strings.Contains(err.Error(), scram512User) {
@@ -182,7 +183,7 @@ func TestSASLSSLRetryOnNewConnection(t *testing.T) {
 	pc := countProduce(c)
 	p := startProxy(t, c, both(withClientTLS(certs, certs.server("proxy"), "proxy"),
 		func(cfg *Config) { cfg.UpstreamTLS.CA = certs.caFile },
-		withProxySASL(t, SASLScramSHA512, scram512User, scram512)))
+		withProxySASL(t, config.SASLScramSHA512, scram512User, scram512)))
 	trust := certs.clientConfig(nil)
 	batch := recordBatch(t, 41, 0, 0, 3, "payment")
 	req := produceParts(topic, -1, part{0, batch})
@@ -198,7 +199,7 @@ func TestSASLSSLRetryOnNewConnection(t *testing.T) {
 	}
 
 	first := dialRawTLS(t, p.addr(), trust)
-	if err := first.authenticate(p.Server, mechanism(SASLScramSHA512, scram512User, scram512)); err != nil {
+	if err := first.authenticate(p.Server, mechanism(config.SASLScramSHA512, scram512User, scram512)); err != nil {
 		t.Fatal(err)
 	}
 	first.learnTopics(topic)
@@ -209,7 +210,7 @@ func TestSASLSSLRetryOnNewConnection(t *testing.T) {
 	appended := pc.requests.Load()
 
 	retry := dialRawTLS(t, p.addr(), trust)
-	if err := retry.authenticate(p.Server, mechanism(SASLScramSHA512, scram512User, scram512)); err != nil {
+	if err := retry.authenticate(p.Server, mechanism(config.SASLScramSHA512, scram512User, scram512)); err != nil {
 		t.Fatal(err)
 	}
 	if r := onlyPartition(t, retry.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 0 {
@@ -234,7 +235,7 @@ func TestLostAckSASL(t *testing.T) {
 	c := newCluster(t, append(saslOpts(), kfake.NumBrokers(1), kfake.SeedTopics(3, topic))...)
 	bl := logBatches(c)
 	shim := newAckDropShim(t, 3)
-	p := startProxy(t, c, both(withProxySASL(t, SASLScramSHA512, scram512User, scram512), func(cfg *Config) {
+	p := startProxy(t, c, both(withProxySASL(t, config.SASLScramSHA512, scram512User, scram512), func(cfg *Config) {
 		cfg.Nodes = map[int32]NodeConfig{0: {Advertise: shim.ln.Addr().String()}}
 	}))
 	target, ok := p.nodes.listenAddr(0)
@@ -242,7 +243,7 @@ func TestLostAckSASL(t *testing.T) {
 		t.Fatal("no listener for node 0")
 	}
 	shim.target.Store(target)
-	auth := kgo.SASL(mechanism(SASLScramSHA512, scram512User, scram512))
+	auth := kgo.SASL(mechanism(config.SASLScramSHA512, scram512User, scram512))
 	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DefaultProduceTopic(topic), auth,
 		kgo.MetadataMinAge(100*time.Millisecond), kgo.ProducerLinger(5*time.Millisecond),
 		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
@@ -288,8 +289,8 @@ func TestSASLSSLFranzGo(t *testing.T) {
 	c := tlsCluster(t, certs.server("broker"), append(saslOpts(), kfake.SeedTopics(3, topic))...)
 	p := startProxy(t, c, both(withClientTLS(certs, certs.server("proxy"), "proxy"),
 		func(cfg *Config) { cfg.UpstreamTLS.CA = certs.caFile },
-		withProxySASL(t, SASLPlain, plainUser, plainPass)))
-	kgoRoundTrip(t, p.addr(), certs.clientConfig(nil), topic, 300, kgo.SASL(mechanism(SASLScramSHA512, scram512User, scram512)))
+		withProxySASL(t, config.SASLPlain, plainUser, plainPass)))
+	kgoRoundTrip(t, p.addr(), certs.clientConfig(nil), topic, 300, kgo.SASL(mechanism(config.SASLScramSHA512, scram512User, scram512)))
 	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n < 1 {
 		t.Fatalf("%v batches decided", n)
 	}
@@ -308,9 +309,9 @@ func TestSASLReauthenticationKeepsDeciding(t *testing.T) {
 		// Shorter than franz-go's 1 s margin: it re-authenticates
 		// before every request.
 		kfake.BrokerConfigs(map[string]string{"connections.max.reauth.ms": "1000"}))...)
-	p := startProxy(t, c, withProxySASL(t, SASLScramSHA512, scram512User, scram512))
+	p := startProxy(t, c, withProxySASL(t, config.SASLScramSHA512, scram512User, scram512))
 	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.DefaultProduceTopic(topic),
-		kgo.SASL(mechanism(SASLScramSHA256, scram256User, scram256)))
+		kgo.SASL(mechanism(config.SASLScramSHA256, scram256User, scram256)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 )
 
@@ -36,18 +37,18 @@ func securityCluster(t *testing.T, partitions int32, extra ...kfake.Opt) *kfake.
 	describe := kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: secTopic, Pattern: kmsg.ACLResourcePatternTypeLiteral,
 		Operation: kmsg.ACLOperationDescribe, Allow: true}
 	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
-		kfake.Superuser(SASLScramSHA256, proxyUser, proxyPass),
-		kfake.User(SASLPlain, aliceUser, alicePass,
+		kfake.Superuser(config.SASLScramSHA256, proxyUser, proxyPass),
+		kfake.User(config.SASLPlain, aliceUser, alicePass,
 			kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: secTopic, Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationAll, Allow: true},
 			kfake.ACL{Resource: kmsg.ACLResourceTypeCluster, Name: "kafka-cluster", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationIdempotentWrite, Allow: true}),
-		kfake.User(SASLPlain, malloryUser, malloryPwd, describe),
-		kfake.User(SASLScramSHA256, malloryUser, malloryPwd, describe),
+		kfake.User(config.SASLPlain, malloryUser, malloryPwd, describe),
+		kfake.User(config.SASLScramSHA256, malloryUser, malloryPwd, describe),
 		kfake.SeedTopics(partitions, secTopic)}
 	return newCluster(t, append(opts, extra...)...)
 }
 
 func startSecureProxy(t *testing.T, c *kfake.Cluster, mod func(*Config)) *testProxy {
-	own := withProxySASL(t, SASLScramSHA256, proxyUser, proxyPass)
+	own := withProxySASL(t, config.SASLScramSHA256, proxyUser, proxyPass)
 	return startProxy(t, c, func(cfg *Config) {
 		own(cfg)
 		if mod != nil {
@@ -61,7 +62,7 @@ func startSecureProxy(t *testing.T, c *kfake.Cluster, mod func(*Config)) *testPr
 func login(t *testing.T, p *testProxy, user, pass string) *rawConn {
 	t.Helper()
 	r := dialRaw(t, p.addr())
-	if err := r.authenticate(p.Server, mechanism(SASLPlain, user, pass)); err != nil {
+	if err := r.authenticate(p.Server, mechanism(config.SASLPlain, user, pass)); err != nil {
 		t.Fatalf("%s: %v", user, err)
 	}
 	r.learnTopics(secTopic)
@@ -206,14 +207,14 @@ func TestSecurityPipelinedSASLBorrowsNoPrincipal(t *testing.T) {
 		scram  bool
 	}{
 		{name: "PLAIN", second: func(*testing.T) []kmsg.Request {
-			return []kmsg.Request{saslHandshake(SASLPlain), saslAuth(plainAuth(aliceUser, "wrong"))}
+			return []kmsg.Request{saslHandshake(config.SASLPlain), saslAuth(plainAuth(aliceUser, "wrong"))}
 		}},
 		{name: "SCRAM then PLAIN", scram: true, second: func(*testing.T) []kmsg.Request {
-			return []kmsg.Request{saslHandshake(SASLPlain), saslAuth(plainAuth(aliceUser, "wrong"))}
+			return []kmsg.Request{saslHandshake(config.SASLPlain), saslAuth(plainAuth(aliceUser, "wrong"))}
 		}},
 		{name: "SCRAM then SCRAM", scram: true, second: func(t *testing.T) []kmsg.Request {
 			_, first := scramFirst(t, aliceUser, "wrong")
-			return []kmsg.Request{saslHandshake(SASLScramSHA256), saslAuth(first)}
+			return []kmsg.Request{saslHandshake(config.SASLScramSHA256), saslAuth(first)}
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -234,7 +235,7 @@ func TestSecurityPipelinedSASLBorrowsNoPrincipal(t *testing.T) {
 			r.clientID = "dedupproxy-probe"
 			var reqs []kmsg.Request
 			if c.scram {
-				if resp := r.roundTrip(saslHandshake(SASLScramSHA256)).(*kmsg.SASLHandshakeResponse); resp.ErrorCode != 0 {
+				if resp := r.roundTrip(saslHandshake(config.SASLScramSHA256)).(*kmsg.SASLHandshakeResponse); resp.ErrorCode != 0 {
 					t.Fatalf("handshake: %d", resp.ErrorCode)
 				}
 				sess, first := scramFirst(t, malloryUser, malloryPwd)
@@ -248,7 +249,7 @@ func TestSecurityPipelinedSASLBorrowsNoPrincipal(t *testing.T) {
 				}
 				reqs = append(reqs, saslAuth(final))
 			} else {
-				reqs = append(reqs, saslHandshake(SASLPlain), saslAuth(plainAuth(malloryUser, malloryPwd)))
+				reqs = append(reqs, saslHandshake(config.SASLPlain), saslAuth(plainAuth(malloryUser, malloryPwd)))
 			}
 			reqs = append(reqs, c.second(t)...)
 			corrs := r.sendAll(reqs...)
@@ -305,7 +306,7 @@ func TestSecuritySCRAMWithoutProof(t *testing.T) {
 	r := dialRaw(t, p.addr())
 	hs := kmsg.NewPtrSASLHandshakeRequest()
 	hs.SetVersion(1)
-	hs.Mechanism = SASLScramSHA256
+	hs.Mechanism = config.SASLScramSHA256
 	if resp := r.roundTrip(hs).(*kmsg.SASLHandshakeResponse); resp.ErrorCode != 0 {
 		t.Fatalf("handshake: %d", resp.ErrorCode)
 	}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/certprincipal"
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -79,8 +81,8 @@ type Server struct {
 	// source that ReloadTLS re-reads.
 	clientTLS *certFiles
 	// certPrincipals maps client certificate subjects to principals
-	// (tls.principal_mapping_rules, certprincipal.go).
-	certPrincipals *principalMapper
+	// (tls.principal_mapping_rules, package certprincipal).
+	certPrincipals *certprincipal.Mapper
 	adminTLS       *certFiles
 	upTLS          *upstreamTLS
 	certs          []*certFiles
@@ -138,10 +140,10 @@ func (s *Server) Start(ctx context.Context) error {
 		return err
 	}
 	if len(s.Config.Upstream) == 0 {
-		return fmt.Errorf("%w: no upstream brokers", ErrInvalidConfig)
+		return fmt.Errorf("%w: no upstream brokers", config.ErrInvalidConfig)
 	}
-	if s.Config.Upstream[0] == EmbeddedUpstream {
-		return fmt.Errorf("%w: upstream %q: the command starts the embedded cluster and passes its addresses", ErrInvalidConfig, EmbeddedUpstream)
+	if s.Config.Upstream[0] == config.EmbeddedUpstream {
+		return fmt.Errorf("%w: upstream %q: the command starts the embedded cluster and passes its addresses", config.ErrInvalidConfig, config.EmbeddedUpstream)
 	}
 	if s.Logger == nil {
 		s.Logger = slog.Default()
@@ -158,7 +160,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	core, table, keys, err := newCore(&s.Config)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: %v", config.ErrInvalidConfig, err)
 	}
 	if tc := s.Metrics.topicCounters(&s.Config.Dedup, nil); tc != nil {
 		s.topicCounters.Store(&tc)
@@ -198,7 +200,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.replicaMetrics = newReplicaMetrics(s)
 	if err := s.replicaStart(); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: %v", config.ErrInvalidConfig, err)
 	}
 	if s.core != nil {
 		s.Metrics.registerTable(s.table)

@@ -13,10 +13,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dedupproxy/dedupproxy/decide"
-	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/config"
+	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
 // session is one client connection and its own upstream connection.
@@ -178,7 +180,7 @@ func (c *session) run() {
 // makes the client's kernel drop the answers it had not yet handed to the
 // client.
 func (c *session) howClosed(readErr error) decide.Close {
-	if c.s.Config.Dedup.Legacy.CleanClose == CleanCloseIgnore || !errors.Is(readErr, io.EOF) {
+	if c.s.Config.Dedup.Legacy.CleanClose == config.CleanCloseIgnore || !errors.Is(readErr, io.EOF) {
 		return decide.Broken
 	}
 	c.writeMu.Lock()
@@ -250,7 +252,7 @@ func (c *session) readLoop() {
 	cfg := &c.s.Config
 	m := c.s.Metrics
 	rb := requestBuffer{pool: c.s.requestPool(), tracker: c.tracker}
-	if holesSupported && cfg.produceSplice() && c.rawClient != nil && c.rawUp != nil {
+	if holesSupported && cfg.ProduceSpliceOn() && c.rawClient != nil && c.rawUp != nil {
 		rb.src, rb.direct, rb.mover, rb.pipes = c.rawClient, c.client, newHoleMover(), &c.s.pipes
 	}
 	c.req = &rb

@@ -15,6 +15,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dedupproxy/dedupproxy/certprincipal"
+	"github.com/dedupproxy/dedupproxy/config"
 )
 
 // TLS on both legs (docs/reference.md, "TLS and SASL"):
@@ -157,7 +160,7 @@ func (f *certFiles) serverConfig() *tls.Config {
 }
 
 func tlsVersion(v string) uint16 {
-	if v == TLS13 {
+	if v == config.TLS13 {
 		return tls.VersionTLS13
 	}
 	return tls.VersionTLS12
@@ -186,7 +189,7 @@ type upstreamTLS struct {
 // setupTLS loads every certificate the configuration names. Called by Start.
 func (s *Server) setupTLS() error {
 	cfg := &s.Config
-	m, err := parsePrincipalMappingRules(cfg.TLS.PrincipalMappingRules)
+	m, err := certprincipal.ParseRules(cfg.TLS.PrincipalMappingRules)
 	if err != nil {
 		return fmt.Errorf("tls.principal_mapping_rules: %w", err)
 	}
@@ -208,7 +211,7 @@ func (s *Server) setupTLS() error {
 		s.certs = append(s.certs, f)
 	}
 	if u := cfg.UpstreamTLS; u.Enabled {
-		base, err := u.baseConfig()
+		base, err := upstreamBaseConfig(u)
 		if err != nil {
 			return err
 		}
@@ -243,9 +246,9 @@ func (s *Server) setupTLS() error {
 	return nil
 }
 
-// baseConfig is the TLS client configuration of every broker connection,
-// before a client certificate and a server name.
-func (u UpstreamTLSConfig) baseConfig() (*tls.Config, error) {
+// upstreamBaseConfig is the TLS client configuration of every broker
+// connection, before a client certificate and a server name.
+func upstreamBaseConfig(u UpstreamTLSConfig) (*tls.Config, error) {
 	base := &tls.Config{
 		MinVersion:         tlsVersion(u.MinVersion),
 		InsecureSkipVerify: u.InsecureSkipVerify,
@@ -263,17 +266,17 @@ func (u UpstreamTLSConfig) baseConfig() (*tls.Config, error) {
 	return base, nil
 }
 
-// ClientConfig is the TLS configuration the proxy's broker connections
+// UpstreamClientConfig is the TLS configuration the proxy's broker connections
 // use, for a client that must reach the cluster as the proxy does
 // (dedupproxy audit): the CA, the client certificate (read once, not
 // reloaded), the server name override, the minimum version. Nil when u is
 // not enabled. Without ServerName, the caller verifies each broker for its
 // own host (franz-go's DialTLSConfig does).
-func (u UpstreamTLSConfig) ClientConfig() (*tls.Config, error) {
+func UpstreamClientConfig(u UpstreamTLSConfig) (*tls.Config, error) {
 	if !u.Enabled {
 		return nil, nil
 	}
-	c, err := u.baseConfig()
+	c, err := upstreamBaseConfig(u)
 	if err != nil {
 		return nil, err
 	}

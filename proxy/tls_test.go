@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/testpki"
 )
 
@@ -671,7 +672,7 @@ func TestTLSMinVersion(t *testing.T) {
 	dialRawTLS(t, def.addr(), tls12).apiVersions()
 
 	strict := startProxy(t, c, both(withClientTLS(certs, certs.server("strict"), "strict"),
-		func(cfg *Config) { cfg.TLS.MinVersion = TLS13 }))
+		func(cfg *Config) { cfg.TLS.MinVersion = config.TLS13 }))
 	_, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", strict.addr(), tls12)
 	if err == nil || !strings.Contains(err.Error(), "protocol version") {
 		t.Fatalf("TLS 1.2 client against min_version 1.3: %v", err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/audit"
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/upstream"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
@@ -99,7 +100,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			fmt.Fprintln(stderr, "Run 'dedupproxy audit --help' for its flags.")
 		}
 		return 2
-	case len(cfg.Upstream) == 0 || cfg.Upstream[0] == proxy.EmbeddedUpstream:
+	case len(cfg.Upstream) == 0 || cfg.Upstream[0] == config.EmbeddedUpstream:
 		fmt.Fprintln(stderr, "dedupproxy audit: no cluster to read: the embedded cluster lives inside a proxy process and cannot be read from another. "+
 			"Pass the cluster's brokers (--upstream HOST:PORT, or upstream in --config); for a local trial, run dedupproxy cluster and pass its bootstrap address.")
 		return 2
@@ -172,7 +173,7 @@ func (a *auditFlags) settings(cfg proxy.Config, now time.Time) (audit.ScanSettin
 	if tc, ok := cfg.Dedup.Topics[s.Topic]; ok && tc.IdempotencyKey != nil {
 		s.KeyHeader = tc.IdempotencyKey.Header
 		if s.KeyHeader == "" {
-			s.KeyHeader = proxy.DefaultKeyHeader
+			s.KeyHeader = config.DefaultKeyHeader
 		}
 	}
 	if *a.keyHeader != "" {

@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/dedupproxy/dedupproxy/proxy"
+	"github.com/dedupproxy/dedupproxy/config"
 )
 
 // runOut runs the command in-process and returns its exit code, stdout and
@@ -135,7 +135,7 @@ func TestConfigUpstreamForms(t *testing.T) {
 // TestLogFlags: --log-level, --log-format and --dedup-mode set their keys.
 func TestLogFlags(t *testing.T) {
 	cfg, err := loadConfig([]string{"--log-level", "debug", "--log-format", "json", "--dedup-mode", "observe"})
-	if err != nil || cfg.LogLevel != "debug" || cfg.LogFormat != proxy.LogJSON || cfg.Dedup.Mode != proxy.DedupObserve {
+	if err != nil || cfg.LogLevel != "debug" || cfg.LogFormat != config.LogJSON || cfg.Dedup.Mode != config.DedupObserve {
 		t.Fatalf("%s %s %s %v", cfg.LogLevel, cfg.LogFormat, cfg.Dedup.Mode, err)
 	}
 	if _, err := loadConfig([]string{"--dedup-mode", "strict"}); err == nil || !strings.Contains(err.Error(), "want enforce, observe or off") {

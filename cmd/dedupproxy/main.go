@@ -39,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -121,7 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	level.Set(parseLevel(cfg.LogLevel))
 	log := slog.New(newLogHandler(stderr, cfg.LogFormat, level))
 
-	embedded := len(cfg.Upstream) == 0 || cfg.Upstream[0] == proxy.EmbeddedUpstream
+	embedded := len(cfg.Upstream) == 0 || cfg.Upstream[0] == config.EmbeddedUpstream
 	if embedded && (cfg.UpstreamTLS.Enabled || cfg.UpstreamSASL.Mechanism != "") {
 		fmt.Fprintln(stderr, "dedupproxy: upstream_tls and upstream_sasl need an upstream (--upstream): the embedded cluster speaks neither")
 		return 2
@@ -261,9 +262,9 @@ func newFlags() *flags {
 	fs.Usage = func() {}
 	f := &flags{fs: fs, strFlags: map[string]strFlag{}}
 	f.defineUpstream(fs, "the cluster's bootstrap brokers, `HOST:PORT[,...]`; \"embedded\" (the default without --config) starts an in-memory cluster inside the proxy")
-	f.listen = fs.String("listen", proxy.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (node_port_base, node_id_offset and nodes in the config file change that); port 0 takes free ports")
+	f.listen = fs.String("listen", config.DefaultListen, "bootstrap listener `HOST:PORT`; broker node N listens on port+1+N (node_port_base, node_id_offset and nodes in the config file change that); port 0 takes free ports")
 	f.advertise = fs.String("advertise", "", "`HOST:PORT` clients are told (default: the listen address); node N is advertised shifted alike, at port+1+N by default")
-	f.admin = fs.String("admin", proxy.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz and /replica, or \"off\"")
+	f.admin = fs.String("admin", config.DefaultAdmin, "HTTP `HOST:PORT` for /metrics, /healthz, /readyz and /replica, or \"off\"")
 	f.logLevel = fs.String("log-level", "", "`level`: debug, info, warn or error (default info; SIGHUP reloads log_level from the config file)")
 	f.logFormat = fs.String("log-format", "", "log `format`: text or json (default text)")
 	f.dedup = fs.String("dedup-mode", "", "`mode`: enforce (answer retries like Kafka), observe (count and log them, forward everything) or off (default enforce; per topic: dedup.topics in the config file)")
@@ -459,7 +460,7 @@ func parseLevel(s string) slog.Level {
 
 func newLogHandler(w io.Writer, format string, level slog.Leveler) slog.Handler {
 	opts := &slog.HandlerOptions{Level: level}
-	if format == proxy.LogJSON {
+	if format == config.LogJSON {
 		return slog.NewJSONHandler(w, opts)
 	}
 	return slog.NewTextHandler(w, opts)

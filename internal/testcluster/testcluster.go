@@ -28,6 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/upstream"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
@@ -131,7 +132,7 @@ func FromEnv(dir string) (*Cluster, error) {
 	if err := check.Validate(); err != nil {
 		return nil, fmt.Errorf("the cluster of %s: %w", EnvUpstream, err)
 	}
-	tc, err := c.Config.UpstreamTLS.ClientConfig()
+	tc, err := proxy.UpstreamClientConfig(c.Config.UpstreamTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -260,11 +261,11 @@ func (c *Cluster) DeleteTopic(ctx context.Context, topic string) error {
 func (c *Cluster) ClientSASL() sasl.Mechanism {
 	s := c.SASL
 	switch s.Mechanism {
-	case proxy.SASLPlain:
+	case config.SASLPlain:
 		return plain.Auth{User: s.User, Pass: s.Password}.AsMechanism()
-	case proxy.SASLScramSHA256:
+	case config.SASLScramSHA256:
 		return scram.Auth{User: s.User, Pass: s.Password}.AsSha256Mechanism()
-	case proxy.SASLScramSHA512:
+	case config.SASLScramSHA512:
 		return scram.Auth{User: s.User, Pass: s.Password}.AsSha512Mechanism()
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -22,14 +23,14 @@ var ErrEmbedded = errors.New(`upstream: no cluster to reach: upstream is "embedd
 // ClientOpts returns the seed brokers, TLS and SASL options of cfg's
 // upstream; cfg is expected to have passed EnsureDefaults and Validate.
 func ClientOpts(cfg proxy.Config) ([]kgo.Opt, error) {
-	if len(cfg.Upstream) == 0 || cfg.Upstream[0] == proxy.EmbeddedUpstream {
+	if len(cfg.Upstream) == 0 || cfg.Upstream[0] == config.EmbeddedUpstream {
 		return nil, ErrEmbedded
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(cfg.Upstream...)}
 	if cfg.DialTimeout > 0 {
 		opts = append(opts, kgo.DialTimeout(cfg.DialTimeout))
 	}
-	tc, err := cfg.UpstreamTLS.ClientConfig()
+	tc, err := proxy.UpstreamClientConfig(cfg.UpstreamTLS)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package proxy
+package certprincipal
 
 import (
 	"encoding/asn1"
@@ -11,16 +11,6 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 )
-
-// The principal of a TLS client certificate, as Kafka derives it
-// (docs/security.md, "The certificate principal"): its default principal
-// builder takes the subject as Java's X500Principal.getName() prints it
-// (RFC 2253: the relative distinguished names in reverse of their encoded
-// order, multi-valued ones joined by "+" in encoded order, values escaped)
-// and passes it through ssl.principal.mapping.rules. Behind a proxy that
-// ends TLS, the broker never sees the client's certificate, so this string
-// is what keeps certificate-only clients' state apart: it must not merge
-// two subjects Kafka tells apart.
 
 // attributeKeyword is the RFC 2253 keyword Java prints for an attribute
 // type; any other type is printed as its dotted OID, with its value in
@@ -48,19 +38,19 @@ type rawAttribute struct {
 // whose name ends in SET as an ASN.1 SET, keeping the encoded order.
 type rawRDNSET []rawAttribute
 
-// errSubject marks a certificate subject that does not parse.
-var errSubject = errors.New("certificate subject does not parse")
+// ErrSubject marks a certificate subject that does not parse.
+var ErrSubject = errors.New("certificate subject does not parse")
 
-// subjectName returns the RFC 2253 name of a DER-encoded subject as Java's
+// Subject returns the RFC 2253 name of a DER-encoded subject as Java's
 // X500Principal.getName() prints it.
-func subjectName(rawSubject []byte) (string, error) {
+func Subject(rawSubject []byte) (string, error) {
 	var rdns []rawRDNSET
 	rest, err := asn1.Unmarshal(rawSubject, &rdns)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", errSubject, err)
+		return "", fmt.Errorf("%w: %w", ErrSubject, err)
 	}
 	if len(rest) != 0 {
-		return "", fmt.Errorf("%w: %d bytes after it", errSubject, len(rest))
+		return "", fmt.Errorf("%w: %d bytes after it", ErrSubject, len(rest))
 	}
 	var b strings.Builder
 	for i := len(rdns) - 1; i >= 0; i-- {
@@ -187,8 +177,8 @@ func javaUTF8(b []byte) []rune {
 	return out
 }
 
-// principalMapper applies ssl.principal.mapping.rules to a subject name.
-type principalMapper struct {
+// Mapper applies ssl.principal.mapping.rules to a subject name.
+type Mapper struct {
 	rules []mappingRule
 }
 
@@ -212,17 +202,17 @@ type replacePart struct {
 	group int
 }
 
-// parsePrincipalMappingRules reads Kafka's ssl.principal.mapping.rules:
+// ParseRules reads Kafka's ssl.principal.mapping.rules:
 // rules separated by commas (with any whitespace around them), each
 // DEFAULT or RULE:pattern/replacement/ with an optional L or U after the
 // last slash; "\" escapes a "/" (or anything) in the pattern and the
 // replacement. Empty rules are skipped. An empty value means DEFAULT.
-func parsePrincipalMappingRules(s string) (*principalMapper, error) {
+func ParseRules(s string) (*Mapper, error) {
 	texts, err := splitMappingRules(s)
 	if err != nil {
 		return nil, err
 	}
-	m := &principalMapper{}
+	m := &Mapper{}
 	for i, t := range texts {
 		r, err := parseMappingRule(t)
 		if err != nil {
@@ -492,10 +482,10 @@ func parseReplacement(repl string, re *regexp.Regexp) ([]replacePart, error) {
 
 func isDigit16(c uint16) bool { return c >= '0' && c <= '9' }
 
-// name maps a subject name to Kafka's principal name: the first rule that
+// Name maps a subject name to Kafka's principal name: the first rule that
 // applies decides. ok is false when none applies (Kafka then refuses the
 // connection).
-func (m *principalMapper) name(dn string) (string, bool) {
+func (m *Mapper) Name(dn string) (string, bool) {
 	if m == nil {
 		return dn, true // DEFAULT
 	}

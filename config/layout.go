@@ -1,4 +1,4 @@
-package proxy
+package config
 
 import (
 	"crypto/sha256"
@@ -13,29 +13,29 @@ import (
 	"strings"
 )
 
-// replicaLayout is the replicas configuration resolved: every replica's
+// Layout is the replicas configuration resolved: every replica's
 // advertised bootstrap and admin address, this replica's index, and which
 // replica owns which broker node (docs/replicas.md).
-type replicaLayout struct {
-	self, count int
-	addrs       []string // advertised bootstrap address, by index
-	hosts       []string
-	ports       []int
-	admins      []string // admin address, by index
-	owners      map[int32]int
-	digest      string // layoutDigest: published, compared with the peers'
+type Layout struct {
+	Self, Count int
+	Addrs       []string // advertised bootstrap address, by index
+	Hosts       []string
+	Ports       []int
+	Admins      []string // admin address, by index
+	Owners      map[int32]int
+	Digest      string // layoutDigest: published, compared with the peers'
 }
 
-// owner returns the index of the replica that owns broker node id: the
+// Owner returns the index of the replica that owns broker node id: the
 // override if any, else id mod the replica count.
-func (l *replicaLayout) owner(id int32) int {
-	if i, ok := l.owners[id]; ok {
+func (l *Layout) Owner(id int32) int {
+	if i, ok := l.Owners[id]; ok {
 		return i
 	}
 	if id < 0 {
-		return l.self // the bootstrap listener (-1) is every replica's own
+		return l.Self // the bootstrap listener (-1) is every replica's own
 	}
-	return int(id % int32(l.count))
+	return int(id % int32(l.Count))
 }
 
 // indexTemplate stands for the replica index in a replicas or
@@ -45,11 +45,11 @@ const indexTemplate = "{i}"
 // ordinalSuffix is the number that ends a StatefulSet pod's name.
 var ordinalSuffix = regexp.MustCompile(`-([0-9]+)$`)
 
-// replicaLayout resolves the replicas configuration, or returns nil when
-// the proxy runs on its own. hostname gives the host name, whose ordinal
-// suffix is the index when replica_index is not set. Errors are in the
-// configuration's own terms.
-func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout, error) {
+// ReplicaLayout resolves the replicas configuration, or returns nil when
+// the proxy runs on its own. The host name's ordinal suffix is the index
+// when replica_index is not set. Errors are in the configuration's own
+// terms.
+func (c *Config) ReplicaLayout() (*Layout, error) {
 	if len(c.Replicas) == 0 {
 		switch {
 		case c.ReplicaIndex != nil:
@@ -70,10 +70,10 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 	if err != nil {
 		return nil, err
 	}
-	l := &replicaLayout{count: len(addrs), addrs: addrs, owners: map[int32]int{}}
+	l := &Layout{Count: len(addrs), Addrs: addrs, Owners: map[int32]int{}}
 	seen := map[string]int{}
 	for i, a := range addrs {
-		host, port, err := splitHostPort(a)
+		host, port, err := SplitHostPort(a)
 		switch {
 		case err != nil:
 			return nil, fmt.Errorf("replicas[%d] %q: %v (want host:port, the address clients use for that replica's bootstrap listener)", i, a, err)
@@ -86,13 +86,13 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 			return nil, fmt.Errorf("replicas[%d] and replicas[%d] are both %q: each replica needs its own address", j, i, a)
 		}
 		seen[a] = i
-		l.hosts = append(l.hosts, host)
-		l.ports = append(l.ports, port)
+		l.Hosts = append(l.Hosts, host)
+		l.Ports = append(l.Ports, port)
 	}
 	if c.ReplicaIndex != nil {
-		l.self = *c.ReplicaIndex
-		if l.self < 0 || l.self >= l.count {
-			return nil, fmt.Errorf("replica_index %d: there are %d replicas, so want 0..%d", l.self, l.count, l.count-1)
+		l.Self = *c.ReplicaIndex
+		if l.Self < 0 || l.Self >= l.Count {
+			return nil, fmt.Errorf("replica_index %d: there are %d replicas, so want 0..%d", l.Self, l.Count, l.Count-1)
 		}
 	} else {
 		name, err := hostname()
@@ -104,10 +104,10 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 			return nil, fmt.Errorf("replica_index is not set and the host name %q does not end in -N as StatefulSet pods do (dedupproxy-0, dedupproxy-1, ...): set --replica-index", name)
 		}
 		i, err := strconv.Atoi(m[1])
-		if err != nil || i >= l.count {
-			return nil, fmt.Errorf("the host name %q makes this replica %s, but there are %d replicas (0..%d): check replicas and replica_count, or set --replica-index", name, m[1], l.count, l.count-1)
+		if err != nil || i >= l.Count {
+			return nil, fmt.Errorf("the host name %q makes this replica %s, but there are %d replicas (0..%d): check replicas and replica_count, or set --replica-index", name, m[1], l.Count, l.Count-1)
 		}
-		l.self = i
+		l.Self = i
 	}
 	ids := make([]int32, 0, len(c.ReplicaOwners))
 	for id := range c.ReplicaOwners {
@@ -119,23 +119,23 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 		if id < 0 {
 			return nil, fmt.Errorf("replica_owners: node id %d is negative", id)
 		}
-		if i < 0 || i >= l.count {
-			return nil, fmt.Errorf("replica_owners[%d]: replica %d does not exist (there are %d replicas: 0..%d)", id, i, l.count, l.count-1)
+		if i < 0 || i >= l.Count {
+			return nil, fmt.Errorf("replica_owners[%d]: replica %d does not exist (there are %d replicas: 0..%d)", id, i, l.Count, l.Count-1)
 		}
-		l.owners[id] = i
+		l.Owners[id] = i
 	}
 
 	// Node N of every replica is advertised at that replica's port shifted
 	// like this one's node N listener: the shift must be known.
-	_, lport, _ := splitHostPort(c.Listen)
+	_, lport, _ := SplitHostPort(c.Listen)
 	if lport == 0 {
 		return nil, fmt.Errorf("listen %q: with replicas the listen port must be fixed, since node N of every replica is advertised at its replicas address's port + (node N's listen port − listen port)", c.Listen)
 	}
-	if err := servesEntry(c.Listen, addrs[l.self]); err != nil {
-		return nil, fmt.Errorf("listen %q cannot serve replicas[%d] %q, this replica's own entry (%v): clients and peers are sent to that entry, so listen on it (--listen) or correct this replica's entry in --replicas", c.Listen, l.self, addrs[l.self], err)
+	if err := servesEntry(c.Listen, addrs[l.Self]); err != nil {
+		return nil, fmt.Errorf("listen %q cannot serve replicas[%d] %q, this replica's own entry (%v): clients and peers are sent to that entry, so listen on it (--listen) or correct this replica's entry in --replicas", c.Listen, l.Self, addrs[l.Self], err)
 	}
-	if c.Advertise != "" && c.Advertise != addrs[l.self] {
-		return nil, fmt.Errorf("advertise %q differs from replicas[%d] %q: with replicas, a replica's advertised address is its entry in replicas (leave advertise empty)", c.Advertise, l.self, addrs[l.self])
+	if c.Advertise != "" && c.Advertise != addrs[l.Self] {
+		return nil, fmt.Errorf("advertise %q differs from replicas[%d] %q: with replicas, a replica's advertised address is its entry in replicas (leave advertise empty)", c.Advertise, l.Self, addrs[l.Self])
 	}
 	for id, n := range c.Nodes {
 		if n.Advertise != "" {
@@ -146,36 +146,36 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 	if len(c.ReplicaAdmin) > 0 {
 		count := 0 // a list names its own count
 		if len(c.ReplicaAdmin) == 1 && strings.Contains(c.ReplicaAdmin[0], indexTemplate) {
-			count = l.count
+			count = l.Count
 		}
-		if l.admins, err = expandReplicaAddrs("replica_admin", c.ReplicaAdmin, count); err != nil {
+		if l.Admins, err = expandReplicaAddrs("replica_admin", c.ReplicaAdmin, count); err != nil {
 			return nil, err
 		}
-		if len(l.admins) != l.count {
-			return nil, fmt.Errorf("replica_admin lists %d addresses for %d replicas", len(l.admins), l.count)
+		if len(l.Admins) != l.Count {
+			return nil, fmt.Errorf("replica_admin lists %d addresses for %d replicas", len(l.Admins), l.Count)
 		}
-		for i, a := range l.admins {
-			if _, p, err := splitHostPort(a); err != nil || p == 0 {
+		for i, a := range l.Admins {
+			if _, p, err := SplitHostPort(a); err != nil || p == 0 {
 				return nil, fmt.Errorf("replica_admin[%d] %q: want the host:port of replica %d's admin listener", i, a, i)
 			}
 		}
 		seen := map[string]int{}
-		for i, a := range l.admins {
+		for i, a := range l.Admins {
 			if j, dup := seen[a]; dup {
 				return nil, fmt.Errorf("replica_admin[%d] and replica_admin[%d] are both %q: each replica has its own admin listener, where its peers read its state; give each its own address (--replica-admin)", j, i, a)
 			}
 			seen[a] = i
 		}
-	} else if l.count > 1 {
+	} else if l.Count > 1 {
 		if c.Admin == "off" {
 			return nil, fmt.Errorf("replicas need the admin listener (admin is off): a replica reads its peers' state from /replica on their admin port during a handover")
 		}
-		_, aport, err := splitHostPort(c.Admin)
+		_, aport, err := SplitHostPort(c.Admin)
 		if err != nil || aport == 0 {
 			return nil, fmt.Errorf("admin %q: with replicas the admin port must be fixed, since peers reach it at their replicas host and this port (or set replica_admin)", c.Admin)
 		}
 		seen := map[string]int{}
-		for i, h := range l.hosts {
+		for i, h := range l.Hosts {
 			a := net.JoinHostPort(h, strconv.Itoa(aport))
 			if j, dup := seen[a]; dup {
 				// Several replicas on one host: each would take its own
@@ -184,16 +184,16 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 				return nil, fmt.Errorf("replicas[%d] and replicas[%d] are both on host %q, so without replica_admin both would be read at %q (this replica's admin port on their host), and each would take its own state for the other's: give every replica's admin address with --replica-admin (replica_admin)", j, i, h, a)
 			}
 			seen[a] = i
-			l.admins = append(l.admins, a)
+			l.Admins = append(l.Admins, a)
 		}
 	}
-	l.digest = layoutDigest(c, l)
-	if l.count > 1 && c.Admin != "off" {
-		if err := servesEntry(c.Admin, l.admins[l.self]); err != nil {
-			return nil, fmt.Errorf("admin %q cannot serve %q, where this replica's peers read its state (%v): listen there (--admin), or give every replica's admin address with --replica-admin (replica_admin)", c.Admin, l.admins[l.self], err)
+	l.Digest = layoutDigest(c, l)
+	if l.Count > 1 && c.Admin != "off" {
+		if err := servesEntry(c.Admin, l.Admins[l.Self]); err != nil {
+			return nil, fmt.Errorf("admin %q cannot serve %q, where this replica's peers read its state (%v): listen there (--admin), or give every replica's admin address with --replica-admin (replica_admin)", c.Admin, l.Admins[l.Self], err)
 		}
-		for i, a := range l.admins {
-			if i != l.self && sameListener(c.Admin, a) {
+		for i, a := range l.Admins {
+			if i != l.Self && sameListener(c.Admin, a) {
 				return nil, fmt.Errorf("replica %d's admin address %q is this replica's own admin listener (admin %q): it would read its own state as replica %d's and hand nothing over; give every replica's own admin address, in index order, with --replica-admin (replica_admin)", i, a, c.Admin, i)
 			}
 		}
@@ -207,11 +207,11 @@ func (c *Config) replicaLayout(hostname func() (string, error)) (*replicaLayout,
 // host name is not resolved (a StatefulSet pod's name may not resolve
 // before the pod is ready), so a name is taken to be this host's.
 func servesEntry(bind, entry string) error {
-	bhost, bport, err := splitHostPort(bind)
+	bhost, bport, err := SplitHostPort(bind)
 	if err != nil {
 		return err
 	}
-	ehost, eport, err := splitHostPort(entry)
+	ehost, eport, err := SplitHostPort(entry)
 	if err != nil {
 		return err
 	}
@@ -229,8 +229,8 @@ func servesEntry(bind, entry string) error {
 // at bind on this host: the same port, at the bound address, or at a
 // loopback address when it is bound to every address or to loopback.
 func sameListener(bind, addr string) bool {
-	bhost, bport, err1 := splitHostPort(bind)
-	host, port, err2 := splitHostPort(addr)
+	bhost, bport, err1 := SplitHostPort(bind)
+	host, port, err2 := SplitHostPort(addr)
 	if err1 != nil || err2 != nil || bport != port {
 		return false
 	}
@@ -279,51 +279,51 @@ func expandReplicaAddrs(key string, list []string, count int) ([]string, error) 
 // listen port: every replica advertises node id at its own advertised
 // port plus this. Call it on a validated Config with a fixed listen port.
 func (c *Config) nodeShift(id int32) (int, error) {
-	bind, _, err := c.nodeAddrs(id)
+	bind, _, err := c.NodeAddrs(id)
 	if err != nil {
 		return 0, err
 	}
-	_, lport, _ := splitHostPort(c.Listen)
-	_, nport, err := splitHostPort(bind)
+	_, lport, _ := SplitHostPort(c.Listen)
+	_, nport, err := SplitHostPort(bind)
 	if err != nil {
 		return 0, err
 	}
 	return nport - lport, nil
 }
 
-// nodeAddr returns where replica i serves node id, as clients are told.
-func (l *replicaLayout) nodeAddr(c *Config, i int, id int32) (string, int32, bool) {
+// NodeAddr returns where replica i serves node id, as clients are told.
+func (l *Layout) NodeAddr(c *Config, i int, id int32) (string, int32, bool) {
 	shift, err := c.nodeShift(id)
 	if err != nil {
 		return "", 0, false
 	}
-	p := l.ports[i] + shift
+	p := l.Ports[i] + shift
 	if p < 1 || p > 65535 {
 		return "", 0, false
 	}
-	return l.hosts[i], int32(p), true
+	return l.Hosts[i], int32(p), true
 }
 
-// hostnameFunc reads the host name, whose ordinal suffix is the replica
+// hostname reads the host name, whose ordinal suffix is the replica
 // index when replica_index is not set; tests replace it.
-var hostnameFunc = os.Hostname
+var hostname = os.Hostname
 
 // layoutDigest is a digest of what must be the same on every replica for
 // them to advertise each node at one address: the replica list, the owners
 // that differ from node id mod the count, and how node ports follow the
 // listen port. Admin addresses are left out: two replicas may reach a
 // third by different names.
-func layoutDigest(c *Config, l *replicaLayout) string {
-	_, lport, _ := splitHostPort(c.Listen)
+func layoutDigest(c *Config, l *Layout) string {
+	_, lport, _ := SplitHostPort(c.Listen)
 	var b strings.Builder
-	fmt.Fprintf(&b, "replicas=%s\n", strings.Join(l.addrs, ","))
-	ids := make([]int32, 0, len(l.owners))
-	for id := range l.owners {
+	fmt.Fprintf(&b, "replicas=%s\n", strings.Join(l.Addrs, ","))
+	ids := make([]int32, 0, len(l.Owners))
+	for id := range l.Owners {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		fmt.Fprintf(&b, "owner %d=%d\n", id, l.owners[id])
+		fmt.Fprintf(&b, "owner %d=%d\n", id, l.Owners[id])
 	}
 	fmt.Fprintf(&b, "node ports=listen%+d+(id-%d)\n", c.nodePortBase(lport)-lport, c.NodeIDOffset)
 	ids = ids[:0]
@@ -334,7 +334,7 @@ func layoutDigest(c *Config, l *replicaLayout) string {
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		_, p, _ := splitHostPort(c.Nodes[id].Listen)
+		_, p, _ := SplitHostPort(c.Nodes[id].Listen)
 		fmt.Fprintf(&b, "node %d=listen%+d\n", id, p-lport)
 	}
 	sum := sha256.Sum256([]byte(b.String()))
