@@ -146,12 +146,12 @@ func (c *session) noteResponse(p *pending, body []byte) {
 		}
 		c.noteAuthAnswer(p, body[off:])
 	default:
-		if !c.auth.started.Load() {
+		if !c.auth.Started.Load() {
 			if !c.s.openUpstream.Load() {
 				c.s.openUpstream.Store(true)
 			}
 		} else {
-			c.auth.served()
+			c.auth.Served()
 		}
 	}
 }

@@ -113,7 +113,7 @@ func (rs *replicaSet) serveLegacy(w http.ResponseWriter, r *http.Request) {
 		s.step(&decide.Event{Kind: decide.EvHandOff, Want: func(t seqstate.TopicID, p int32) bool { return want[seqstate.Key{Topic: t, Partition: p}] }}, s.now(), &fx)
 		hs := fx.Handed
 		for _, h := range hs {
-			principal, ok1 := s.principals.name(h.Principal)
+			principal, ok1 := s.principals.Name(h.Principal)
 			topic, ok2 := s.table.TopicName(h.Topic)
 			if !ok1 || !ok2 {
 				continue
@@ -179,7 +179,7 @@ func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
 		if !ok || len(b.Host) != 16 || len(b.Records)%16 != 0 || b.LeftMillis <= 0 {
 			continue
 		}
-		principal, ok := s.principals.id(b.Principal)
+		principal, ok := s.principals.ID(b.Principal)
 		if !ok {
 			continue
 		}

@@ -18,6 +18,7 @@ var layers = [][]string{
 	{"protocol", "seqstate", "owner", "certprincipal"},
 	{"decide"},
 	{"config"},
+	{"auth"},
 	{"proxy"},
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -74,7 +75,7 @@ type Metrics struct {
 	// Authentication (auth.go).
 	authUnfollowed prometheus.Counter
 	// authRelayedOnly: client_auth_relayed_only_total{reason}, reasons
-	// relayPipelined and relayReauth (auth.go).
+	// auth.RelayPipelined and auth.RelayReauth.
 	authRelayedOnly *prometheus.CounterVec
 }
 
@@ -221,7 +222,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "SASL exchanges with a mechanism the proxy cannot follow (GSSAPI, custom): their connections are relayed and never deduplicated."})
 	m.authRelayedOnly = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: "client", Name: "auth_relayed_only_total",
 		Help: "Client connections relayed undecided from a second SASL exchange on: pipelined (begun before the broker answered the last SASL request) or reauth_changed (a re-authentication as another principal, or by a mechanism the proxy cannot follow)."}, []string{"reason"})
-	for _, r := range []string{relayPipelined, relayReauth} {
+	for _, r := range []string{auth.RelayPipelined, auth.RelayReauth} {
 		m.authRelayedOnly.WithLabelValues(r)
 	}
 	if reg != nil {
@@ -401,10 +402,10 @@ func (pc *principalUseCollector) Collect(ch chan<- prometheus.Metric) {
 	defer pc.mu.Unlock()
 	pc.buf = pc.s.core.LegacyUse(pc.buf[:0])
 	for _, u := range pc.buf {
-		name := anonymous
+		name := auth.Anonymous
 		if u.Principal != 0 {
 			var ok bool
-			if name, ok = pc.s.principals.name(u.Principal); !ok {
+			if name, ok = pc.s.principals.Name(u.Principal); !ok {
 				continue
 			}
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -64,10 +65,10 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 	defer stop()
 
 	corrID := int32(1)
-	mech := s.saslMechanism()
+	mech := auth.SASLMechanism(s.Config.UpstreamSASL)
 	if mech != nil {
 		host, _, _ := net.SplitHostPort(addr)
-		if corrID, err = saslAuthenticate(ctx, conn, mech, host, corrID, s.probeRoundTrip); err != nil {
+		if corrID, err = auth.Authenticate(ctx, conn, mech, host, corrID, s.probeRoundTrip); err != nil {
 			return fmt.Errorf("as upstream_sasl.user %q: %w", s.Config.UpstreamSASL.User, err)
 		}
 	}

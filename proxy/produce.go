@@ -216,14 +216,14 @@ func (c *session) coreConn() *decide.Conn {
 	if !ok {
 		return nil
 	}
-	if c.dconn == nil || c.dconnPrincipal != who.id {
+	if c.dconn == nil || c.dconnPrincipal != who.ID {
 		if c.dconn != nil {
 			c.s.step(&decide.Event{Kind: decide.EvClose, Conn: c.dconn, How: decide.Broken}, c.s.now(), nil)
 		}
-		cl := decide.Client{Principal: who.id, ID: c.clientID, Host: remoteIP(c.client), Software: c.software}
+		cl := decide.Client{Principal: who.ID, ID: c.clientID, Host: remoteIP(c.client), Software: c.software}
 		var fx decide.Effects
 		c.s.step(&decide.Event{Kind: decide.EvConnect, ID: decide.ConnID(c.id), Client: cl}, c.s.now(), &fx)
-		c.dconn, c.dconnPrincipal = fx.Conn, who.id
+		c.dconn, c.dconnPrincipal = fx.Conn, who.ID
 		c.sharedConn.Store(c.dconn)
 		c.s.disconnectGoneSiblings(c.dconn)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 )
@@ -60,7 +61,7 @@ func withProxySASL(t testing.TB, mech, user, pass string) func(*Config) {
 // the proxy's own client code (saslAuthenticate).
 func (r *rawConn) authenticate(s *Server, mech sasl.Mechanism) error {
 	r.t.Helper()
-	next, err := saslAuthenticate(context.Background(), r.conn, mech, "127.0.0.1", r.corr+1, s.probeRoundTrip)
+	next, err := auth.Authenticate(context.Background(), r.conn, mech, "127.0.0.1", r.corr+1, s.probeRoundTrip)
 	if err == nil {
 		r.corr = next - 1
 	}
@@ -157,7 +158,7 @@ func TestSASLProxyOwnCredentials(t *testing.T) {
 	rotate := withProxySASL(t, config.SASLScramSHA512, scram512User, "old-and-wrong")
 	p := startProxy(t, c, rotate)
 	err = p.Probe(context.Background())
-	if !errors.Is(err, ErrUpstreamAuth) || !strings.Contains(err.Error(), scram512User) {
+	if !errors.Is(err, auth.ErrUpstreamAuth) || !strings.Contains(err.Error(), scram512User) {
 		t.Fatalf("probe with a wrong password: %v, want ErrUpstreamAuth naming the user", err)
 	}
 	if err := os.WriteFile(p.Config.UpstreamSASL.PasswordFile, []byte(scram512), 0o600); err != nil {
@@ -335,7 +336,7 @@ func TestSASLReauthenticationKeepsDeciding(t *testing.T) {
 	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n != 0 {
 		t.Fatalf("%v batches relayed as unauthenticated", n)
 	}
-	for _, r := range []string{relayPipelined, relayReauth} {
+	for _, r := range []string{auth.RelayPipelined, auth.RelayReauth} {
 		if n := testutil.ToFloat64(p.Metrics.authRelayedOnly.WithLabelValues(r)); n != 0 {
 			t.Fatalf("client_auth_relayed_only_total{reason=%q} = %v", r, n)
 		}

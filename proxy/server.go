@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/certprincipal"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
@@ -69,23 +70,23 @@ type Server struct {
 	answerLog      logLimiter                               // lines about batches the proxy answered itself
 	topicCounters  atomic.Pointer[map[string]*topicCounter] // listed topics' counters (metrics: true)
 
-	principals      principals    // numbers for the principals of authenticated connections (auth.go)
-	warmSlots       chan struct{} // one per warm-up running (dedup.warm.max_concurrent)
-	warmLog         logLimiter    // warm-up failures
-	unfollowedMechs sync.Map      // SASL mechanisms the proxy cannot follow, said once each
-	replicas        *replicaSet   // nil when the proxy runs on its own (replicas.go)
+	principals      auth.Principals // numbers for the principals of authenticated connections (auth.go)
+	warmSlots       chan struct{}   // one per warm-up running (dedup.warm.max_concurrent)
+	warmLog         logLimiter      // warm-up failures
+	unfollowedMechs sync.Map        // SASL mechanisms the proxy cannot follow, said once each
+	replicas        *replicaSet     // nil when the proxy runs on its own (replicas.go)
 	replicaMetrics  *replicaMetrics
 
 	// TLS (tls.go), set by Start: the client listeners' and the admin
 	// listener's certificates, TLS to brokers, and every certificate
 	// source that ReloadTLS re-reads.
-	clientTLS *certFiles
+	clientTLS *auth.CertFiles
 	// certPrincipals maps client certificate subjects to principals
 	// (tls.principal_mapping_rules, package certprincipal).
 	certPrincipals *certprincipal.Mapper
-	adminTLS       *certFiles
-	upTLS          *upstreamTLS
-	certs          []*certFiles
+	adminTLS       *auth.CertFiles
+	upTLS          *auth.UpstreamTLS
+	certs          []*auth.CertFiles
 
 	// stop is closed, and dialCtx cancelled, once by the first Shutdown:
 	// background loops end and dials in progress are abandoned.
@@ -285,7 +286,7 @@ func (s *Server) serve(ln net.Listener, node int32) bool {
 		return false
 	}
 	if s.clientTLS != nil {
-		ln = &tlsListener{ln, s.clientTLS.serverConfig()}
+		ln = auth.Listener(ln, s.clientTLS.ServerConfig())
 	}
 	s.listeners = append(s.listeners, ln)
 	s.wg.Add(1)
@@ -472,7 +473,7 @@ func (s *Server) untrack(sess *session) {
 func (s *Server) handle(c net.Conn, node int32) {
 	id := s.connSeq.Add(1)
 	log := s.Logger.With("conn", id, "client", c.RemoteAddr().String())
-	if tc, ok := c.(*tlsConn); ok && !s.clientHandshake(tc, log) {
+	if tc, ok := c.(*auth.Conn); ok && !s.clientHandshake(tc, log) {
 		c.Close()
 		return
 	}
@@ -487,7 +488,7 @@ func (s *Server) handle(c net.Conn, node int32) {
 	}
 	if err != nil {
 		reason := brokerDial
-		if errors.Is(err, errBrokerTLS) {
+		if errors.Is(err, auth.ErrBrokerTLS) {
 			reason = brokerTLS
 		}
 		s.Metrics.brokerError(reason)
@@ -501,7 +502,7 @@ func (s *Server) handle(c net.Conn, node int32) {
 		defer rs.detach(tr)
 	}
 	sess := newSession(s, id, tr, up, log.With("broker", addr))
-	if tc, ok := c.(*tlsConn); ok {
+	if tc, ok := c.(*auth.Conn); ok {
 		sess.noteTLSPrincipal(tc.ConnectionState())
 	}
 	if !s.track(sess, tr) {

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -54,9 +55,9 @@ type session struct {
 	// Authentication (auth.go): the SASL exchange as readLoop and
 	// responseLoop see it, the TLS client certificate's principal, and
 	// unscoped once the proxy cannot scope the connection's state.
-	auth     authState
+	auth     auth.State
 	tlsName  string
-	tlsID    principalID
+	tlsID    auth.PrincipalID
 	unscoped atomic.Bool
 
 	warmSlots chan struct{} // one per warm-up this connection runs (connWarmups)
@@ -84,7 +85,7 @@ type session struct {
 	// The core's state of this connection (produce.go), made at its first
 	// decided Produce: readLoop's, and Disconnect'ed when readLoop ends.
 	dconn          *decide.Conn
-	dconnPrincipal principalID
+	dconnPrincipal auth.PrincipalID
 	// sharedConn is dconn for responseLoop, which tells the core the
 	// moment the client can no longer be written to.
 	sharedConn atomic.Pointer[decide.Conn]
@@ -122,7 +123,7 @@ type pending struct {
 	plan         *producePlan // Produce decided by the core, else nil
 	initTxn      bool         // InitProducerId for a transactional id: feeds fencing
 	relayed      bool         // the response went to the client as it was read (relayLarge)
-	sasl         *saslStep    // SaslHandshake, SaslAuthenticate: what the request means (auth.go)
+	sasl         *auth.Step   // SaslHandshake, SaslAuthenticate: what the request means (auth.go)
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{} }}
@@ -311,7 +312,7 @@ func (c *session) readLoop() {
 		}
 		respond := true
 		initTxn := false
-		var sasl *saslStep
+		var sasl *auth.Step
 		switch h.APIKey {
 		case int16(kmsg.Produce):
 			acks, err := protocol.ProduceAcks(body, h)

@@ -120,7 +120,7 @@ func (c *session) logVerdict(pl *producePlan, i int) {
 	p := &req.Parts[i]
 	topic, _ := c.s.table.TopicName(p.Topic)
 	who, _ := c.authenticated()
-	attrs := []any{"topic", topic, "partition", p.Partition, "client_id", c.clientID, "principal", who.name,
+	attrs := []any{"topic", topic, "partition", p.Partition, "client_id", c.clientID, "principal", who.Name,
 		"rule", v.Rule.String(), "records", v.Records}
 	if v.Dropped > 0 {
 		attrs = append(attrs, "dropped", v.Dropped)

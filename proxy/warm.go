@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
@@ -206,9 +207,9 @@ func (s *Server) ownConn(ctx context.Context, addr string) (net.Conn, int32, err
 		conn.SetDeadline(dl)
 	}
 	corr := int32(0)
-	if mech := s.saslMechanism(); mech != nil {
+	if mech := auth.SASLMechanism(s.Config.UpstreamSASL); mech != nil {
 		host, _, _ := net.SplitHostPort(addr)
-		if corr, err = saslAuthenticate(ctx, conn, mech, host, 1, s.probeRoundTrip); err != nil {
+		if corr, err = auth.Authenticate(ctx, conn, mech, host, 1, s.probeRoundTrip); err != nil {
 			conn.Close()
 			return nil, 0, err
 		}

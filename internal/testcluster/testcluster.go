@@ -28,6 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/upstream"
 	"github.com/dedupproxy/dedupproxy/proxy"
@@ -132,7 +133,7 @@ func FromEnv(dir string) (*Cluster, error) {
 	if err := check.Validate(); err != nil {
 		return nil, fmt.Errorf("the cluster of %s: %w", EnvUpstream, err)
 	}
-	tc, err := proxy.UpstreamClientConfig(c.Config.UpstreamTLS)
+	tc, err := auth.UpstreamClientConfig(c.Config.UpstreamTLS)
 	if err != nil {
 		return nil, err
 	}

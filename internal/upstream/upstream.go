@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
@@ -30,14 +31,14 @@ func ClientOpts(cfg proxy.Config) ([]kgo.Opt, error) {
 	if cfg.DialTimeout > 0 {
 		opts = append(opts, kgo.DialTimeout(cfg.DialTimeout))
 	}
-	tc, err := proxy.UpstreamClientConfig(cfg.UpstreamTLS)
+	tc, err := auth.UpstreamClientConfig(cfg.UpstreamTLS)
 	if err != nil {
 		return nil, err
 	}
 	if tc != nil {
 		opts = append(opts, kgo.DialTLSConfig(tc))
 	}
-	if mech := proxy.SASLMechanism(cfg.UpstreamSASL); mech != nil {
+	if mech := auth.SASLMechanism(cfg.UpstreamSASL); mech != nil {
 		opts = append(opts, kgo.SASL(mech))
 	}
 	return opts, nil

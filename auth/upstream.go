@@ -1,4 +1,4 @@
-package proxy
+package auth
 
 import (
 	"context"
@@ -17,34 +17,30 @@ import (
 )
 
 // The proxy's own connections (the readiness probe, broker and topic
-// discovery) authenticate with upstream_sasl. Clients' connections never
-// do: their SASL exchange is relayed untouched on their own broker
-// connection, and the proxy decides their batches only after the broker
-// accepted it (session.trusted).
+// discovery, partition tails) authenticate with upstream_sasl. Clients'
+// connections never do: their SASL exchange is relayed untouched on their
+// own broker connection, and the proxy decides their batches only after
+// the broker accepted it ([State]).
 
 // ErrUpstreamAuth wraps a failed authentication of the proxy's own
 // connection.
 var ErrUpstreamAuth = errors.New("proxy: upstream SASL authentication failed")
-
-// saslMechanism returns the franz-go mechanism for the configured
-// credentials, nil when none are configured.
-func (s *Server) saslMechanism() sasl.Mechanism { return SASLMechanism(s.Config.UpstreamSASL) }
 
 // SASLMechanism returns the franz-go mechanism for sa, nil when it names
 // none: what the proxy's own connections authenticate with, for a client
 // that must reach the cluster as the proxy does (dedupproxy audit). The
 // password file is read for every authentication, so it can be rotated in
 // place.
-func SASLMechanism(sa SASLConfig) sasl.Mechanism {
+func SASLMechanism(sa config.SASLConfig) sasl.Mechanism {
 	switch sa.Mechanism {
 	case config.SASLPlain:
 		return plain.Plain(func(context.Context) (plain.Auth, error) {
-			pass, err := readPassword(sa.PasswordFile)
+			pass, err := ReadPassword(sa.PasswordFile)
 			return plain.Auth{User: sa.User, Pass: pass}, err
 		})
 	case config.SASLScramSHA256, config.SASLScramSHA512:
 		fn := func(context.Context) (scram.Auth, error) {
-			pass, err := readPassword(sa.PasswordFile)
+			pass, err := ReadPassword(sa.PasswordFile)
 			return scram.Auth{User: sa.User, Pass: pass}, err
 		}
 		if sa.Mechanism == config.SASLScramSHA256 {
@@ -55,11 +51,11 @@ func SASLMechanism(sa SASLConfig) sasl.Mechanism {
 	return nil
 }
 
-// saslAuthenticate runs a SASL exchange on conn (KIP-152: SaslHandshake v1,
+// Authenticate runs a SASL exchange on conn (KIP-152: SaslHandshake v1,
 // then SaslAuthenticate requests carrying the mechanism's messages), the
 // way franz-go's client does, with correlation ids from corrID up. It
 // returns the next free correlation id.
-func saslAuthenticate(ctx context.Context, conn net.Conn, mech sasl.Mechanism, host string, corrID int32, rt roundTripper) (int32, error) {
+func Authenticate(ctx context.Context, conn net.Conn, mech sasl.Mechanism, host string, corrID int32, rt RoundTripper) (int32, error) {
 	hs := kmsg.NewPtrSASLHandshakeRequest()
 	hs.SetVersion(1)
 	hs.Mechanism = mech.Name()
@@ -111,5 +107,5 @@ func saslAuthenticate(ctx context.Context, conn net.Conn, mech sasl.Mechanism, h
 	return corrID, nil
 }
 
-// roundTripper writes req with corrID on conn and decodes its response.
-type roundTripper func(conn net.Conn, req kmsg.Request, resp kmsg.Response, corrID int32) error
+// RoundTripper writes req with corrID on conn and decodes its response.
+type RoundTripper func(conn net.Conn, req kmsg.Request, resp kmsg.Response, corrID int32) error
