@@ -101,6 +101,9 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	}
 	cfg.Sizes = nil
 	for _, s := range strings.Split(*sizes, ",") {
+		if *sizes == "" {
+			break // no batched rows
+		}
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
 			return fmt.Errorf("-sizes: bad size %q", s)

@@ -305,7 +305,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 	}
 
 	p("\n## Throughput\n\nMB = 10⁶ bytes of record values acknowledged (produce) or read (consume), ÷ the phases' wall time. " +
-		"CPU per MB and peak RSS (VmHWM, reset per phase) are the floor's and the proxy's own processes (/proc) over their timed phases; /proc counts in 10 ms ticks. " +
+		"CPU per MB and peak RSS (VmHWM, reset per phase) are the floor's and the proxy's own processes (/proc) over their timed phases: CPU from each thread's /proc schedstat (nanoseconds). " +
 		"A stalled phase acknowledged no record before its deadline (the producers filled their buffers, then waited seconds): it happens to any target under heavy load from other jobs, and drags its pairs.\n\n")
 	p("| scenario | upstream | record | pairs | direct MB/s | A/A ÷ direct | floor ÷ direct | proxy ÷ direct | floor CPU ms/MB | proxy CPU ms/MB | proxy CPU ms/MB per phase | floor / proxy peak RSS MiB | acked/sent D · A/A · F · P | stalled phases D · A/A · F · P |\n")
 	p("|%s\n", strings.Repeat("---|", 14))

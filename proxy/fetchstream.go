@@ -190,15 +190,16 @@ func (s *fetchStream) records(n int64) {
 		s.pass(n)
 		return
 	}
-	s.flush()
-	// What the buffered reader holds goes first.
-	if b := s.r.Buffered(); b > 0 && s.alive {
+	// What the buffered reader holds goes with the fields before it, in
+	// one write that tells TCP the spliced records follow.
+	if b := s.r.Buffered(); b > 0 {
 		head, _ := s.r.Peek(int(min(int64(b), n)))
-		s.write(head)
+		s.out = append(s.out, head...)
 		s.r.Discard(len(head))
 		s.left -= int64(len(head))
 		n -= int64(len(head))
 	}
+	s.flushMore()
 	if !s.alive {
 		s.discard(n)
 		return
@@ -255,6 +256,22 @@ func (s *fetchStream) tail(p *pending) {
 	if changed {
 		copy(s.out[start:], out)
 	}
+}
+
+// flushMore is flush for bytes a splice follows: past the frame's first
+// write, they go with MSG_MORE.
+func (s *fetchStream) flushMore() {
+	if len(s.out) > 0 && s.alive && s.sent {
+		if err := s.c.splice.sendMore(s.c.rawClient, s.out); err != nil {
+			if !s.c.hungUpWrite(err) {
+				s.c.clientGone(err)
+			}
+			s.alive = false
+		}
+		s.out = s.out[:0]
+		return
+	}
+	s.flush()
 }
 
 // flush writes what out holds to the client.

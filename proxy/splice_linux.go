@@ -22,10 +22,11 @@ type splicer struct {
 
 	// The callbacks given to RawConn.Read and Write, made once: a func
 	// literal capturing locals would be allocated on every call.
-	fill, drain func(fd uintptr) bool
-	want        int   // bytes the next callback moves at most
-	moved       int   // bytes it moved
-	err         error // its error
+	fill, drain, send func(fd uintptr) bool
+	want              int    // bytes the next callback moves at most
+	moved             int    // bytes it moved
+	err               error  // its error
+	out               []byte // what send writes
 }
 
 // splicePipeSize asks for a pipe of 1 MiB (the default is 64 KiB, which
@@ -44,7 +45,40 @@ func newSplicer() *splicer {
 		sp.moved, sp.err = splice(sp.r, int(fd), sp.want, flags)
 		return sp.err != syscall.EAGAIN
 	}
+	sp.send = func(fd uintptr) bool {
+		for {
+			n, err := syscall.SendmsgN(int(fd), sp.out, nil, nil, syscall.MSG_MORE|syscall.MSG_DONTWAIT)
+			switch err {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false
+			}
+			sp.moved, sp.err = max(n, 0), err
+			return true
+		}
+	}
 	return sp
+}
+
+// sendMore writes b to dst with MSG_MORE: TCP keeps the bytes for the
+// segment of what follows (a splice of records) instead of sending these
+// few alone, each small segment a wake-up of the receiver on loopback.
+// It honours dst's write deadline.
+func (sp *splicer) sendMore(dst syscall.RawConn, b []byte) error {
+	for len(b) > 0 {
+		sp.out = b
+		err := dst.Write(sp.send)
+		sp.out = nil
+		if err == nil {
+			err = sp.err
+		}
+		if err != nil {
+			return err
+		}
+		b = b[sp.moved:]
+	}
+	return nil
 }
 
 func (sp *splicer) open() error {

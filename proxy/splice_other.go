@@ -28,3 +28,5 @@ const spliceSupported = false
 func tcpRawConn(net.Conn) syscall.RawConn { return nil }
 
 func readFD(uintptr, []byte) (int, bool, error) { return 0, false, errors.ErrUnsupported }
+
+func (sp *splicer) sendMore(syscall.RawConn, []byte) error { return errors.ErrUnsupported }
