@@ -14,6 +14,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
+	"github.com/dedupproxy/dedupproxy/tail"
 )
 
 // A handover: a node moving between replicas (docs/replicas.md, "The
@@ -352,16 +353,16 @@ func (s *Server) partitionsLedBy(ctx context.Context, node int32) ([]seqstate.Ke
 	}
 	var errs []error
 	for _, addr := range s.Config.Upstream {
-		conn, corr, err := s.ownConn(ctx, addr)
+		conn, err := s.own.Open(ctx, addr)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		req := kmsg.NewPtrMetadataRequest()
-		req.SetVersion(probeMetadataVersion) // nil topics: every topic
+		req.SetVersion(tail.MetadataVersion) // nil topics: every topic
 		resp := kmsg.NewPtrMetadataResponse()
-		resp.SetVersion(probeMetadataVersion)
-		err = s.probeRoundTrip(conn, req, resp, corr+1)
+		resp.SetVersion(tail.MetadataVersion)
+		err = conn.RoundTrip(req, resp)
 		conn.Close()
 		if err != nil {
 			errs = append(errs, err)

@@ -19,6 +19,7 @@ var layers = [][]string{
 	{"decide"},
 	{"config"},
 	{"auth"},
+	{"tail"},
 	{"proxy"},
 }
 

@@ -64,7 +64,8 @@ func (r *nodeRegistry) init(s *Server) {
 	r.nodes = make(map[int32]*node)
 }
 
-func (r *nodeRegistry) upstream(id int32) (string, bool) {
+// Upstream returns the real address of broker node id, if known.
+func (r *nodeRegistry) Upstream(id int32) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n, ok := r.nodes[id]

@@ -5,20 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
+	"github.com/dedupproxy/dedupproxy/tail"
 )
-
-// probeMetadataVersion is old enough for every broker since Kafka 1.0 and
-// still served by Kafka 4 (which dropped v0–v3, KIP-896).
-const probeMetadataVersion = 4
 
 // Probe asks the upstream bootstrap brokers, one after another, for the
 // cluster's brokers, and starts a listener for each broker not yet known. It
@@ -53,33 +48,29 @@ func (s *Server) probe(ctx context.Context, topics bool) error {
 func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 	ctx, cancel := context.WithTimeout(ctx, s.Config.DialTimeout)
 	defer cancel()
-	conn, err := s.dialUpstream(ctx, addr)
+	nc, err := s.dialUpstream(ctx, addr)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer nc.Close()
 	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
+		nc.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
 	defer stop()
 
-	corrID := int32(1)
-	mech := auth.SASLMechanism(s.Config.UpstreamSASL)
-	if mech != nil {
-		host, _, _ := net.SplitHostPort(addr)
-		if corrID, err = auth.Authenticate(ctx, conn, mech, host, corrID, s.probeRoundTrip); err != nil {
-			return fmt.Errorf("as upstream_sasl.user %q: %w", s.Config.UpstreamSASL.User, err)
-		}
+	conn := s.own.Wrap(nc)
+	mech := s.own.SASL
+	if err := conn.Authenticate(ctx, mech, addr); err != nil {
+		return fmt.Errorf("as upstream_sasl.user %q: %w", s.Config.UpstreamSASL.User, err)
 	}
-	version := int16(probeMetadataVersion)
+	version := int16(tail.MetadataVersion)
 	if topics {
 		// Topic IDs (Produce v13 names topics by ID) come with Metadata
 		// v10+: ask for the newest version both sides know, up to v12.
-		if version, err = s.probeMetadataVersion(conn, corrID); err != nil {
+		if version, err = conn.NewestMetadata(); err != nil {
 			return s.probeHint(err, mech != nil)
 		}
-		corrID++
 	}
 	req := kmsg.NewPtrMetadataRequest()
 	req.SetVersion(version)
@@ -88,7 +79,7 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 	} // nil: every topic
 	resp := kmsg.NewPtrMetadataResponse()
 	resp.SetVersion(version)
-	if err := s.probeRoundTrip(conn, req, resp, corrID); err != nil {
+	if err := conn.RoundTrip(req, resp); err != nil {
 		return s.probeHint(fmt.Errorf("metadata probe: %w", err), mech != nil)
 	}
 	for _, b := range resp.Brokers {
@@ -132,46 +123,4 @@ func (s *Server) probeHint(err error, authenticated bool) error {
 		return err
 	}
 	return fmt.Errorf("%w (does the cluster require %s?)", err, strings.Join(wants, " or "))
-}
-
-// probeMetadataVersion asks the broker on conn (ApiVersions v0, which every
-// broker answers) for its newest Metadata version and returns the newest
-// both sides know, capped at v12.
-func (s *Server) probeMetadataVersion(conn net.Conn, corrID int32) (int16, error) {
-	req := kmsg.NewPtrApiVersionsRequest()
-	req.SetVersion(0)
-	resp := kmsg.NewPtrApiVersionsResponse()
-	resp.SetVersion(0)
-	if err := s.probeRoundTrip(conn, req, resp, corrID); err != nil {
-		return 0, fmt.Errorf("api versions: %w", err)
-	}
-	if resp.ErrorCode != 0 {
-		return 0, fmt.Errorf("api versions: error %d", resp.ErrorCode)
-	}
-	for _, k := range resp.ApiKeys {
-		if k.ApiKey == int16(kmsg.Metadata) {
-			return max(min(k.MaxVersion, 12), min(k.MinVersion, probeMetadataVersion)), nil
-		}
-	}
-	return probeMetadataVersion, nil
-}
-
-// probeRoundTrip writes req and decodes its response into resp.
-func (s *Server) probeRoundTrip(conn net.Conn, req kmsg.Request, resp kmsg.Response, corrID int32) error {
-	frame := kmsg.NewRequestFormatter(kmsg.FormatterClientID("dedupproxy-probe")).AppendRequest(nil, req, corrID)
-	if _, err := conn.Write(frame); err != nil {
-		return err
-	}
-	body, _, err := protocol.ReadFrame(conn, nil, s.Config.MaxFrameBytes, protocol.ResponseMinSize)
-	if err != nil {
-		return err
-	}
-	if got := protocol.ResponseCorrelationID(body); got != corrID {
-		return fmt.Errorf("correlation id %d, want %d", got, corrID)
-	}
-	off, err := protocol.ResponseBodyOffset(body, req.Key(), req.GetVersion())
-	if err != nil {
-		return err
-	}
-	return resp.ReadFrom(body[off:])
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
@@ -20,6 +22,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/tail"
 )
 
 // The SASL users of the test clusters: one per mechanism, all superusers.
@@ -58,10 +61,13 @@ func withProxySASL(t testing.TB, mech, user, pass string) func(*Config) {
 }
 
 // authenticate runs a client's SASL exchange on a raw connection, with
-// the proxy's own client code (saslAuthenticate).
+// the proxy's own client code (auth.Authenticate).
 func (r *rawConn) authenticate(s *Server, mech sasl.Mechanism) error {
 	r.t.Helper()
-	next, err := auth.Authenticate(context.Background(), r.conn, mech, "127.0.0.1", r.corr+1, s.probeRoundTrip)
+	rt := func(conn net.Conn, req kmsg.Request, resp kmsg.Response, corr int32) error {
+		return tail.RoundTrip(conn, req, resp, corr, s.Config.MaxFrameBytes)
+	}
+	next, err := auth.Authenticate(context.Background(), r.conn, mech, "127.0.0.1", r.corr+1, rt)
 	if err == nil {
 		r.corr = next - 1
 	}

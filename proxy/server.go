@@ -17,6 +17,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/seqstate"
+	"github.com/dedupproxy/dedupproxy/tail"
 )
 
 // ErrServerClosed is returned by [Server.Start] called after (or while)
@@ -71,6 +72,8 @@ type Server struct {
 	topicCounters  atomic.Pointer[map[string]*topicCounter] // listed topics' counters (metrics: true)
 
 	principals      auth.Principals // numbers for the principals of authenticated connections (auth.go)
+	own             *tail.Conns     // the proxy's own broker connections (the probe, tails, a take's partitions)
+	tails           *tail.Reader    // partitions' tails (warm.go)
 	warmSlots       chan struct{}   // one per warm-up running (dedup.warm.max_concurrent)
 	warmLog         logLimiter      // warm-up failures
 	unfollowedMechs sync.Map        // SASL mechanisms the proxy cannot follow, said once each
@@ -159,6 +162,8 @@ func (s *Server) Start(ctx context.Context) error {
 		d := &net.Dialer{Timeout: s.Config.DialTimeout, KeepAlive: 30 * time.Second}
 		s.Dial = d.DialContext
 	}
+	s.own = &tail.Conns{Dial: s.dialUpstream, SASL: auth.SASLMechanism(s.Config.UpstreamSASL), MaxFrame: s.Config.MaxFrameBytes}
+	s.tails = &tail.Reader{Conns: s.own, Bootstrap: s.Config.Upstream, Brokers: &s.nodes, LogStart: s.noteLogStart}
 	core, table, keys, err := newCore(&s.Config)
 	if err != nil {
 		return fmt.Errorf("%w: %v", config.ErrInvalidConfig, err)
@@ -538,7 +543,7 @@ func (s *Server) upstreamFor(node int32) (string, error) {
 		ups := s.Config.Upstream
 		return ups[int(s.bootNext.Add(1)-1)%len(ups)], nil
 	}
-	addr, ok := s.nodes.upstream(node)
+	addr, ok := s.nodes.Upstream(node)
 	if !ok {
 		return "", fmt.Errorf("node %d has no known address", node)
 	}

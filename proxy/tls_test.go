@@ -458,7 +458,7 @@ func TestTLSBrokerMistakes(t *testing.T) {
 	// The proxy's listener for the broker at addrs[i].
 	listener := func(i int) string {
 		for id := int32(0); id < 3; id++ {
-			if up, _ := p.nodes.upstream(id); up == addrs[i] {
+			if up, _ := p.nodes.Upstream(id); up == addrs[i] {
 				if a, ok := p.nodes.listenAddr(id); ok {
 					return a
 				}
