@@ -201,7 +201,9 @@ func (c *session) writeAround(rb *requestBuffer, frame []byte) error {
 		if h.off+h.n > len(frame) {
 			return errHolesElsewhere
 		}
-		if _, err := c.upstream.Write(frame[pos:h.off]); err != nil {
+		// The bytes before a hole go with MSG_MORE: TCP sends them in
+		// the segment of the records spliced after them.
+		if err := c.reqSend.sendMore(c.rawUp, frame[pos:h.off]); err != nil {
 			return err
 		}
 		if err := rb.mover.out(c.rawUp, h.p, h.n); err != nil {

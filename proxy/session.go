@@ -102,6 +102,7 @@ type session struct {
 	tracker *requestTracker // the client connection's, when it has one
 	req     *requestBuffer  // readLoop's: the request being handled (holes.go)
 	splice  *splicer        // responseLoop's, made on first use
+	reqSend moreSender      // readLoop's: the bytes of a request between its holes (holes.go)
 	stream  fetchStream     // responseLoop's, for Fetch v16+ (fetchstream.go)
 
 	// waitUpstream's hand-shake with readLoop, under upMu.

@@ -22,11 +22,20 @@ type splicer struct {
 
 	// The callbacks given to RawConn.Read and Write, made once: a func
 	// literal capturing locals would be allocated on every call.
-	fill, drain, send func(fd uintptr) bool
-	want              int    // bytes the next callback moves at most
-	moved             int    // bytes it moved
-	err               error  // its error
-	out               []byte // what send writes
+	fill, drain func(fd uintptr) bool
+	want        int   // bytes the next callback moves at most
+	moved       int   // bytes it moved
+	err         error // its error
+
+	moreSender
+}
+
+// moreSender writes with MSG_MORE (sendMore); one goroutine's.
+type moreSender struct {
+	send func(fd uintptr) bool // made once: a closure per write would allocate
+	out  []byte                // what send writes
+	sent int
+	serr error
 }
 
 // splicePipeSize asks for a pipe of 1 MiB (the default is 64 KiB, which
@@ -45,19 +54,6 @@ func newSplicer() *splicer {
 		sp.moved, sp.err = splice(sp.r, int(fd), sp.want, flags)
 		return sp.err != syscall.EAGAIN
 	}
-	sp.send = func(fd uintptr) bool {
-		for {
-			n, err := syscall.SendmsgN(int(fd), sp.out, nil, nil, syscall.MSG_MORE|syscall.MSG_DONTWAIT)
-			switch err {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false
-			}
-			sp.moved, sp.err = max(n, 0), err
-			return true
-		}
-	}
 	return sp
 }
 
@@ -65,18 +61,33 @@ func newSplicer() *splicer {
 // segment of what follows (a splice of records) instead of sending these
 // few alone, each small segment a wake-up of the receiver on loopback.
 // It honours dst's write deadline.
-func (sp *splicer) sendMore(dst syscall.RawConn, b []byte) error {
+func (ms *moreSender) sendMore(dst syscall.RawConn, b []byte) error {
+	if ms.send == nil {
+		ms.send = func(fd uintptr) bool {
+			for {
+				n, err := syscall.SendmsgN(int(fd), ms.out, nil, nil, syscall.MSG_MORE|syscall.MSG_DONTWAIT)
+				switch err {
+				case syscall.EINTR:
+					continue
+				case syscall.EAGAIN:
+					return false
+				}
+				ms.sent, ms.serr = max(n, 0), err
+				return true
+			}
+		}
+	}
 	for len(b) > 0 {
-		sp.out = b
-		err := dst.Write(sp.send)
-		sp.out = nil
+		ms.out, ms.sent, ms.serr = b, 0, nil
+		err := dst.Write(ms.send)
+		ms.out = nil
 		if err == nil {
-			err = sp.err
+			err = ms.serr
 		}
 		if err != nil {
 			return err
 		}
-		b = b[sp.moved:]
+		b = b[ms.sent:]
 	}
 	return nil
 }

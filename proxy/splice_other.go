@@ -29,4 +29,9 @@ func tcpRawConn(net.Conn) syscall.RawConn { return nil }
 
 func readFD(uintptr, []byte) (int, bool, error) { return 0, false, errors.ErrUnsupported }
 
+// moreSender is Linux-only (MSG_MORE through a RawConn).
+type moreSender struct{}
+
 func (sp *splicer) sendMore(syscall.RawConn, []byte) error { return errors.ErrUnsupported }
+
+func (ms *moreSender) sendMore(syscall.RawConn, []byte) error { return errors.ErrUnsupported }
