@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -295,4 +296,40 @@ func TestExitCodes(t *testing.T) {
 		t.Fatal("no exit 30 s after the signal")
 	}
 	logs.await(t, `drain timed out`)
+}
+
+// TestClusterTimeOutOnce: with --time-out-once every write is stored and
+// its first send answered REQUEST_TIMED_OUT, so a producer without
+// idempotence that retries has written it twice, while an idempotent one's
+// retry is deduplicated by the broker, as Kafka does.
+func TestClusterTimeOutOnce(t *testing.T) {
+	addr := startCluster(t, "--time-out-once")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		topic string
+		opts  []kgo.Opt
+		want  int
+	}{
+		{"legacy", []kgo.Opt{kgo.DisableIdempotentWrite()}, 2},
+		{"idempotent", nil, 1},
+	} {
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addr), kgo.DefaultProduceTopic(tc.topic), kgo.AllowAutoTopicCreation()}, tc.opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("once")}).FirstErr(); err != nil {
+			t.Fatalf("%s: %v", tc.topic, err)
+		}
+		ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, tc.topic)
+		cl.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		ends.Each(func(o kadm.ListedOffset) { got += int(o.Offset) })
+		if got != tc.want {
+			t.Errorf("%s producer: the topic holds %d records, want %d", tc.topic, got, tc.want)
+		}
+	}
 }
