@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/replica"
 )
 
 // ErrDraining is Ready's answer once Shutdown has begun.
@@ -34,7 +36,7 @@ func (s *Server) Ready(ctx context.Context) error {
 		return ErrDraining
 	}
 	if rs := s.replicas; rs != nil {
-		if err := rs.readyErr(); err != nil {
+		if err := replicasReady(rs); err != nil {
 			return err
 		}
 	}
@@ -137,12 +139,12 @@ type requestTracker struct {
 
 	hungUp atomic.Bool // the client closed its side normally (EOF)
 
-	// With replicas (handover.go): the node whose listener took the
+	// With replicas (replicas.go): the node whose listener took the
 	// connection, and the correlation ids of the Produce requests forwarded
 	// on it whose answers are not yet written, oldest first (answers go out
 	// in request order). Requests read ahead but not yet handled are not
 	// in it, so a node's drain waits only for what was really forwarded.
-	rnode    *replicaNode
+	rnode    *replica.Node
 	awaited  []int32 // ring, under mu
 	awaitHd  int
 	awaitLen int
@@ -189,13 +191,13 @@ func (t *requestTracker) produceUnsent() {
 // its answer: a node being drained for a handover looks whether it is
 // drained now.
 func (t *requestTracker) awaitedFewer() {
-	if n := t.rnode; n != nil && n.draining.Load() {
-		n.checkDrained()
+	if n := t.rnode; n != nil && n.Draining() {
+		n.CheckDrained()
 	}
 }
 
-// producesAwaited is how many forwarded Produce requests await an answer.
-func (t *requestTracker) producesAwaited() int {
+// ProducesAwaited is how many forwarded Produce requests await an answer.
+func (t *requestTracker) ProducesAwaited() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.awaitLen

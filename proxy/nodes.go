@@ -141,9 +141,9 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 	if rs := r.s.replicas; rs != nil {
 		// Node id is advertised at the replica that serves it, which
 		// this one relays to the broker too (docs/replicas.md).
-		rs.node(id)
-		if i := rs.advertised(id); i != rs.l.Self {
-			if h, p, ok := rs.l.NodeAddr(&r.s.Config, i, id); ok {
+		rs.Node(id)
+		if i := rs.Advertised(id); i != rs.Layout.Self {
+			if h, p, ok := rs.Layout.NodeAddr(&r.s.Config, i, id); ok {
 				return h, p
 			}
 			return "", protocol.OmitBroker
@@ -160,7 +160,7 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 // the nodes this replica decides.
 func (r *nodeRegistry) ObserveLeaders(topic string, leaders []protocol.PartitionLeader) {
 	if rs := r.s.replicas; rs != nil {
-		rs.observeLeaders(topic, leaders)
+		rs.ObserveLeaders(topic, leaders)
 	}
 }
 

@@ -1,590 +1,300 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/tls"
-	"encoding/hex"
-	"encoding/json"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/dedupproxy/dedupproxy/config"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/auth"
+	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
+	"github.com/dedupproxy/dedupproxy/tail"
 )
 
-// Replicas (docs/replicas.md). R copies of the proxy each own a share of the
-// broker nodes; a node's Produce requests are decided by one replica at a
-// time, the one that serves it. Ownership is fixed by configuration;
-// serving moves only by a handover between two replicas, which each
-// publishes in its status (GET /replica on its admin listener) and reads in
-// its peers'. No replica takes a node on suspicion: one that cannot be
-// reached is taken to decide nothing, and its nodes wait for it.
-//
-// Who decides which node is the pure machine of package owner; this file is
-// its shell: it reads the peers' statuses over HTTP and feeds them to the
-// machine, with the drains, takes and ticks it asks for, and carries out
-// its effects (the node states the Produce path reads, advertised
-// addresses, wake-ups, logs and metrics).
+// Replicas (docs/replicas.md): package replica holds the protocol and the
+// decisions of a node in motion; this file is the proxy's side of it: the
+// gate every Produce request passes (session.readLoop), the answer that
+// redirects one, the replica set built at Start, and the decision core as
+// a node's move reaches it (replicaCore).
 
-// A node's state as the Produce path reads it (owner.State).
-const (
-	nodeForeign    = int32(owner.Foreign)
-	nodeServing    = int32(owner.Serving)
-	nodeCovering   = int32(owner.Covering)
-	nodeTakingBack = int32(owner.TakingBack)
-	nodeReleasing  = int32(owner.Releasing)
-	nodeReleased   = int32(owner.Released)
-)
-
-// replicaNode mirrors one broker node's state in the machine. The state is
-// read without the lock on every Produce request (the fast path is one
-// load); it is written under replicaSet.mu, from the machine's effects.
-type replicaNode struct {
-	rs     *replicaSet
-	id     int32
-	owner  int
-	state  atomic.Int32 // owner.State
-	target atomic.Int32 // the replica a releasing or released node goes to; -1 none
-	// draining: the machine asked for this node's drain (owner.Drain): a
-	// Produce answer written, taken back or dropped on its connections
-	// looks whether the drain ended.
-	draining atomic.Bool
-}
-
-// decides reports whether this replica decides the node's Produce
-// requests now, or is about to (so a returning owner must wait for it).
-func decides(state int32) bool { return owner.State(state).Decides() }
-
-// replicaStatus is what a replica publishes at GET /replica and reads in
-// its peers'. Field names are the protocol (docs/replicas.md).
-type replicaStatus struct {
-	Index       int    `json:"index"`
-	Incarnation string `json:"incarnation"` // new at every start
-	Phase       string `json:"phase"`
-	// Serving lists the nodes whose Produce requests this replica decides,
-	// or still has in flight (releasing).
-	Serving []int32 `json:"serving"`
-	// Released maps each node this replica handed over to the replica it
-	// handed it to.
-	Released map[int32]int `json:"released,omitempty"`
-	// From maps each node it serves that it took from a peer (covered or
-	// taken back) to that peer. The peer, restarted, redirects the node's
-	// Produce requests here instead of relaying them.
-	From map[int32]int `json:"from,omitempty"`
-	// Yields maps each peer this replica saw up to the incarnation it saw:
-	// it will not take that peer's nodes unless that incarnation hands
-	// them over.
-	Yields map[int]string `json:"yields,omitempty"`
-	// Replicas is the replica list this replica was configured with, and
-	// Layout a digest of everything that says which replica owns which
-	// node and where it is advertised (layoutDigest). Peers compare them
-	// with their own; a replica that publishes neither (an older version)
-	// is not compared.
-	Replicas []string `json:"replicas,omitempty"`
-	Layout   string   `json:"layout,omitempty"`
-}
-
-func wireStatus(st owner.Status) replicaStatus {
-	return replicaStatus{Index: st.Index, Incarnation: st.Incarnation, Phase: st.Phase.String(), Serving: st.Serving,
-		Released: st.Released, From: st.From, Yields: st.Yields, Replicas: st.Replicas, Layout: st.Layout}
-}
-
-// Timings of the replica protocol.
-const (
-	replicaPollEvery   = 250 * time.Millisecond // peers' statuses, at rest
-	replicaPollBusy    = 25 * time.Millisecond  // while something waits on a peer
-	replicaPeerTimeout = 500 * time.Millisecond // one status request
-	// replicaFresh is how old a peer's status may be when a Produce request
-	// for a node this replica does not serve is decided on it.
-	replicaFresh = 100 * time.Millisecond
-	// handoverQuiet: after its last node is released, a replica leaving
-	// answers redirects until none was needed for this long (and the
-	// takers serve their nodes), so active clients learn where to go
-	// rather than find the connection closed.
-	handoverQuiet = 300 * time.Millisecond
-)
-
-// replicaSet is this replica's side of the replica protocol: the shell of
-// its owner.Machine.
-type replicaSet struct {
-	s           *Server
-	m           *replicaMetrics
-	l           *config.Layout
-	incarnation string
-	client      *http.Client
-	log         *slog.Logger
-
-	mu       sync.Mutex
-	own      *owner.Machine
-	nodes    map[int32]*replicaNode
-	deadline time.Time     // the machine's, as the tick timer is armed
-	polledAt time.Time     // the last poll's end
-	changed  chan struct{} // closed and replaced whenever a node's state, the phase or a take changes
-	busy     int           // waits on a peer: poll fast
-
-	adv        atomic.Pointer[map[int32]int] // node → the replica it is advertised at
-	wake       chan struct{}                 // poll now
-	rearm      chan struct{}                 // the machine's deadline changed
-	polled     chan struct{}                 // closed and replaced after every poll
-	handed     chan struct{}                 // closed when the handover ended
-	handOnce   sync.Once
-	handedAll  bool // every node handed over, each drained (handOver)
-	attachedMu sync.Mutex
-	attached   map[*requestTracker]*replicaNode
-}
-
-func newReplicaSet(s *Server, l *config.Layout) *replicaSet {
-	var b [8]byte
-	rand.Read(b[:])
-	rs := &replicaSet{
-		s: s, l: l, incarnation: hex.EncodeToString(b[:]),
-		log:      s.Logger.With("replica", l.Self),
-		nodes:    map[int32]*replicaNode{},
-		changed:  make(chan struct{}),
-		wake:     make(chan struct{}, 1),
-		rearm:    make(chan struct{}, 1),
-		polled:   make(chan struct{}),
-		handed:   make(chan struct{}),
-		attached: map[*requestTracker]*replicaNode{},
+// replicaGate is the replicas' one hook into the Produce path
+// (session.readLoop): it sees every Produce request before it is warmed or
+// decided. It returns true when it answered the request itself, with
+// NOT_LEADER_OR_FOLLOWER pointing at the replica that serves the node now;
+// the caller then reads the next request. Without replicas, or on a node
+// this replica serves, it returns at once.
+func (c *session) replicaGate(h protocol.RequestHeader, body []byte, acks int16, start time.Time, api *apiMetrics) bool {
+	rs := c.s.replicas
+	if rs == nil {
+		return false
 	}
-	rs.own = owner.New(owner.Config{
-		Self: l.Self, Count: l.Count, Owners: l.Owners, Incarnation: rs.incarnation,
-		Replicas: l.Addrs, Layout: l.Digest,
-		DrainTimeout: s.Config.DrainTimeout, PeerTimeout: replicaPeerTimeout, Quiet: handoverQuiet,
-		TakeState: s.core != nil,
-	}, s.now())
-	tr := &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second}
-	if s.Config.AdminTLS.Enabled() {
-		// Peers' admin listeners serve HTTPS; their certificates are
-		// verified against the system roots like any other server's.
-		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	tr, ok := c.client.(*requestTracker)
+	if !ok || tr.rnode == nil || acks == 0 {
+		// acks=0: no answer to redirect and no retry to protect; the
+		// broker is still the partition's leader, so forwarding is right.
+		return false
 	}
-	rs.client = &http.Client{Transport: tr, Timeout: replicaPeerTimeout}
-	empty := map[int32]int{}
-	rs.adv.Store(&empty)
-	// The bootstrap listener is every replica's own, served from the start.
-	boot := &replicaNode{rs: rs, id: -1, owner: l.Self}
-	boot.state.Store(nodeServing)
-	boot.target.Store(-1)
-	rs.nodes[-1] = boot
-	return rs
+	// Counted before the state is read: a release that begins after this
+	// read waits for its answer (drained), so no request slips upstream
+	// between the two.
+	tr.produceSent(h.CorrelationID)
+	if tr.rnode.Serving() {
+		return false
+	}
+	tr.produceUnsent()
+	return c.replicaGateSlow(rs, tr, h, body, start, api)
 }
 
-// node returns node id's state, making it known to the machine on first
-// sight: an owned node is served at once while this replica serves, and
-// taken back from the peers otherwise; any other node is foreign.
-func (rs *replicaSet) node(id int32) *replicaNode {
-	rs.mu.Lock()
-	if n, ok := rs.nodes[id]; ok {
-		rs.mu.Unlock()
-		return n
+// replicaGateSlow handles a Produce request for a node this replica does
+// not serve plainly now: the replica set holds it while the node moves
+// here or away (replica.Set.Hold), then the session forwards or redirects
+// it.
+func (c *session) replicaGateSlow(rs *replica.Set, tr *requestTracker, h protocol.RequestHeader, body []byte, start time.Time, api *apiMetrics) bool {
+	if !c.isAuthenticated() {
+		// Not authenticated: the broker answers it (and decides nothing
+		// here depends on it), as without replicas.
+		tr.produceSent(h.CorrelationID)
+		return false
 	}
-	n := rs.mirrorLocked(id)
-	effects := rs.stepLocked(owner.Seen{Node: id})
-	rs.mu.Unlock()
-	rs.carry(effects)
-	return n
+	n := tr.rnode
+	var req kmsg.ProduceRequest
+	req.SetVersion(h.APIVersion)
+	if err := req.ReadFrom(body[h.BodyOffset:]); err != nil {
+		tr.produceSent(h.CorrelationID)
+		return false // the Produce path closes the connection on a bad request
+	}
+	// Wait at most the request's own timeout (the client gives up then),
+	// and no longer than a drain.
+	bound := min(max(time.Duration(req.TimeoutMillis)*time.Millisecond, 250*time.Millisecond), c.s.Config.DrainTimeout)
+	switch v, target := rs.Hold(n, &heldRequest{tr: tr, corr: h.CorrelationID, closed: c.closed}, bound, start); v {
+	case replica.Forward:
+		return false
+	case replica.Redirect:
+		c.redirect(rs, &req, h, n, target, start, api)
+	case replica.Stopping:
+		c.closeAll()
+	}
+	return true
 }
 
-func (rs *replicaSet) mirrorLocked(id int32) *replicaNode {
-	n, ok := rs.nodes[id]
-	if !ok {
-		n = &replicaNode{rs: rs, id: id, owner: rs.own.Owner(id)}
-		n.target.Store(-1)
-		rs.nodes[id] = n
-	}
-	return n
+// heldRequest is a Produce request's connection as the gate holds it.
+type heldRequest struct {
+	tr     *requestTracker
+	corr   int32
+	closed chan struct{}
 }
 
-// step feeds the machine one event and carries out its effects.
-func (rs *replicaSet) step(ev owner.Event) {
-	rs.mu.Lock()
-	effects := rs.stepLocked(ev)
-	rs.mu.Unlock()
-	rs.carry(effects)
+func (r *heldRequest) Sent()                   { r.tr.produceSent(r.corr) }
+func (r *heldRequest) Unsent()                 { r.tr.produceUnsent() }
+func (r *heldRequest) Closed() <-chan struct{} { return r.closed }
+func (r *heldRequest) Gone() <-chan struct{}   { return r.tr.gone }
+
+// redirect answers a Produce request NOT_LEADER_OR_FOLLOWER pointing at
+// target, then stops reading the connection: it closes once that answer
+// and those before it are written, as a broker that stops leading closes
+// its connections. Some clients (kafka-python) keep using an open
+// connection to a node whatever the metadata says, and would be
+// redirected here until their retries ran out; on a new connection they
+// go where the metadata points.
+func (c *session) redirect(rs *replica.Set, req *kmsg.ProduceRequest, h protocol.RequestHeader, n *replica.Node, target int, start time.Time, api *apiMetrics) {
+	c.answerNotLeader(rs, req, h, n, target, start, api)
+	c.stopReading()
 }
 
-// stepLocked steps the machine and applies, under rs.mu, the effects that
-// others read under it or without a lock: node states, advertised
-// addresses, the change broadcast and the tick timer. carry does the rest,
-// without the lock.
-func (rs *replicaSet) stepLocked(ev owner.Event) []owner.Effect {
-	now := rs.s.now()
-	effects := rs.own.Step(ev, now)
-	changed := false
-	if _, ok := ev.(owner.Taken); ok {
-		changed = true // a handler waits for the take's end (serveLegacy)
+// answerNotLeader queues, in order, the answer to a Produce request the
+// proxy does not forward: NOT_LEADER_OR_FOLLOWER for every partition, the
+// answer Kafka gives a client that asked the wrong broker, which every
+// client retries after refreshing where the partition's leader is. From
+// v10 on, CurrentLeader names the node (its epoch -1: unknown, so clients
+// refresh their metadata rather than trust an epoch the proxy cannot
+// know) and NodeEndpoints gives the node at target's address (KIP-951).
+func (c *session) answerNotLeader(rs *replica.Set, req *kmsg.ProduceRequest, h protocol.RequestHeader, n *replica.Node, target int, start time.Time, api *apiMetrics) {
+	resp := kmsg.NewPtrProduceResponse()
+	resp.SetVersion(h.APIVersion)
+	leader := n.ID()
+	if target < 0 || leader < 0 {
+		leader = -1
 	}
-	for _, e := range effects {
-		switch e := e.(type) {
-		case owner.SetState:
-			n := rs.mirrorLocked(e.Node)
-			n.target.Store(int32(e.Target))
-			n.state.Store(int32(e.State))
-			if e.State != owner.Releasing {
-				n.draining.Store(false)
-			}
-			changed = true
-		case owner.Advertise:
-			at := e.At
-			rs.adv.Store(&at)
-		case owner.PhaseChanged:
-			changed = true
+	for _, rt := range req.Topics {
+		t := kmsg.NewProduceResponseTopic()
+		t.Topic, t.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			p := kmsg.NewProduceResponseTopicPartition()
+			p.Partition = rp.Partition
+			p.ErrorCode = kerr.NotLeaderForPartition.Code
+			p.BaseOffset, p.LogAppendTime, p.LogStartOffset = -1, -1, -1
+			p.CurrentLeader.LeaderID, p.CurrentLeader.LeaderEpoch = leader, -1
+			t.Partitions = append(t.Partitions, p)
+		}
+		resp.Topics = append(resp.Topics, t)
+	}
+	if h.APIVersion >= 10 && leader >= 0 {
+		if host, port, ok := rs.Layout.NodeAddr(&c.s.Config, target, n.ID()); ok {
+			b := kmsg.NewProduceResponseBroker()
+			b.NodeID, b.Host, b.Port = n.ID(), host, port
+			resp.Brokers = append(resp.Brokers, b)
 		}
 	}
-	if changed {
-		rs.broadcastLocked()
-	}
-	if at, _ := rs.own.Deadline(now); !at.Equal(rs.deadline) {
-		rs.deadline = at
-		select {
-		case rs.rearm <- struct{}{}:
-		default:
-		}
-	}
-	return effects
+	bp := getFrame(256)
+	buf := append((*bp)[:0], 0, 0, 0, 0)
+	buf = protocol.AppendResponseHeader(buf, int16(kmsg.Produce), h.APIVersion, h.CorrelationID)
+	buf = resp.AppendTo(buf)
+	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
+	*bp = buf
+	p := c.newPending(h, start, api)
+	p.resp = bp
+	c.enqueue(p)
+	c.kickResponseLoop()
+	rs.Redirected() // counted; a handover waits for the redirects to stop
 }
 
-// carry carries out what needs no lock: drains, takes, wake-ups, logs and
-// metrics. It may step the machine again (a drain already over).
-func (rs *replicaSet) carry(effects []owner.Effect) {
-	for _, e := range effects {
-		switch e := e.(type) {
-		case owner.SetState:
-			if e.Was != e.State {
-				rs.log.Info("replica node state", "node", e.Node, "from", e.Was.String(), "to", e.State.String(), "target", e.Target)
-			}
-		case owner.Drain:
-			rs.mu.Lock()
-			n := rs.nodes[e.Node]
-			rs.mu.Unlock()
-			if n != nil {
-				n.draining.Store(true)
-				n.checkDrained()
-			}
-		case owner.Take:
-			if e.Rewarm {
-				rs.log.Info("covering a node a peer released", "node", e.Node, "from", e.From)
-			}
-			rs.s.spawn(func() { rs.take(e) })
-		case owner.Moved:
-			if e.Counted {
-				rs.m.handovers[e.How].Inc()
-			}
-			switch {
-			case e.How == owner.MoveReleased && e.Forced:
-				rs.log.Warn("handing a node over with Produce requests still unanswered after drain_timeout", "node", e.Node, "to", e.Peer)
-			case e.How == owner.MoveTookBack && e.Forced:
-				rs.log.Warn("a peer did not let go of this replica's node within drain_timeout; serving it anyway", "node", e.Node)
-			}
-		case owner.WakePeers:
-			rs.wakePeers()
-		case owner.PhaseChanged:
-			if e.Phase == owner.PhaseServing {
-				rs.mu.Lock()
-				owned, _, _ := rs.own.Count()
-				rs.mu.Unlock()
-				rs.log.Info("replica serving: every node it owns is back", "owned", owned)
-			}
-		case owner.PeerChanged:
-			rs.log.Info("replica peer", "peer", e.Peer, "phase", e.Phase.String(), "incarnation", e.Incarnation)
-		case owner.PeerLost:
-			rs.log.Warn("replica peer unreachable; it is taken to decide nothing until it answers again", "peer", e.Peer, "err", e.Err)
-		case owner.LayoutDiffers:
-			if e.Differs {
-				rs.log.Error("replica peer publishes another replica list or layout than this replica's: the two advertise broker nodes at different addresses, some where nothing serves them; give every replica the same replicas, replica_count, replica_owners and node ports",
-					"peer", e.Peer, "peer_replicas", e.Replicas, "peer_layout", e.Layout, "replicas", rs.l.Addrs, "layout", rs.l.Digest)
-			} else {
-				rs.log.Info("replica peer publishes this replica's list and layout again", "peer", e.Peer)
-			}
-		case owner.HandingOver:
-			rs.log.Info("handing nodes over before stopping", "nodes", e.Nodes, "ready_peers", e.Ready)
-		case owner.HandedOver:
-			rs.log.Info("handed nodes over", "took", e.Took.Round(time.Millisecond), "released_after", e.ReleasedAfter.Round(time.Millisecond), "all", e.All)
-			close(rs.handed)
-		}
+// replicaStart sets up the replicas' side of Start, after the listeners:
+// the status loop, and for a replica that just started, the taking back of
+// its nodes.
+func (s *Server) replicaStart() error {
+	l, err := s.Config.ReplicaLayout()
+	if err != nil || l == nil {
+		return err
 	}
+	if s.Config.Advertise == "" {
+		s.Config.Advertise = l.Addrs[l.Self]
+	}
+	o := replica.Options{
+		Layout: l, DrainTimeout: s.Config.DrainTimeout, DialTimeout: s.Config.DialTimeout, AdminTLS: s.Config.AdminTLS.Enabled(),
+		Log: s.Logger, Now: s.now, Ctx: s.dialCtx, Stop: s.stop, Spawn: s.spawn, Metrics: s.replicaMetrics,
+	}
+	if s.core != nil {
+		o.Core = replicaCore{s}
+	}
+	s.replicas = replica.New(o)
+	s.Logger.Info("replica", "index", l.Self, "replicas", l.Count, "addresses", l.Addrs, "admin", l.Admins, "incarnation", s.replicas.Incarnation())
+	return nil
 }
 
-func (rs *replicaSet) broadcastLocked() {
-	close(rs.changed)
-	rs.changed = make(chan struct{})
-}
-
-// waitChange returns a channel closed at the next change of state.
-func (rs *replicaSet) waitChange() <-chan struct{} {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	return rs.changed
-}
-
-// status is this replica's published state.
-func (rs *replicaSet) status() replicaStatus {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	return wireStatus(rs.own.Status())
-}
-
-// ready reports whether this replica serves every node it owns (and so
-// takes traffic), and its replica list is not outnumbered by its peers'.
-func (rs *replicaSet) ready() error {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	err := rs.own.Ready()
-	if errors.Is(err, owner.ErrHandingOver) {
-		return ErrDraining
-	}
-	return err
-}
-
-// advertised returns the replica clients are told serves node id.
-func (rs *replicaSet) advertised(id int32) int {
-	if i, ok := (*rs.adv.Load())[id]; ok {
-		return i
-	}
-	return rs.l.Owner(id)
-}
-
-// pollLoop reads the peers' statuses, quickly while something waits on a
-// peer, and ticks the machine at its deadlines, until the server stops.
-func (rs *replicaSet) pollLoop() {
-	poll := time.NewTimer(0)
-	defer poll.Stop()
-	tick := time.NewTimer(time.Hour)
-	defer tick.Stop()
-	rearm := func() {
-		rs.mu.Lock()
-		at := rs.deadline
-		rs.mu.Unlock()
-		tick.Stop()
-		if !at.IsZero() {
-			tick.Reset(max(at.Sub(rs.s.now()), 0))
-		}
-	}
-	rearm()
-	for first := true; ; {
-		select {
-		case <-rs.s.stop:
-			return
-		case <-rs.rearm:
-			rearm()
-			continue
-		case <-tick.C:
-			rs.step(owner.Tick{})
-			rearm()
-			continue
-		case <-rs.wake:
-		case <-poll.C:
-		}
-		if rs.l.Count > 1 {
-			rs.pollOnce()
-			if first {
-				// Tell the peers this incarnation is up: those covering its
-				// nodes give them back without waiting for their next poll.
-				rs.wakePeers()
-				first = false
-			}
-		}
-		rs.mu.Lock()
-		every := replicaPollEvery
-		if rs.busy > 0 || rs.own.Busy() {
-			every = replicaPollBusy
-		}
-		rs.mu.Unlock()
-		if rs.l.Count > 1 {
-			poll.Reset(every)
-		}
-	}
-}
-
-// poke asks pollLoop to poll now.
-func (rs *replicaSet) poke() {
-	select {
-	case rs.wake <- struct{}{}:
-	default:
-	}
-}
-
-// pollNow polls the peers once more (pollLoop does it, now) and waits for
-// that poll, at most until ctx ends.
-func (rs *replicaSet) pollNow(ctx context.Context) {
-	for range 2 {
-		// One that started before the poke may have read an older status:
-		// wait for the next one too.
-		rs.mu.Lock()
-		polled := rs.polled
-		rs.mu.Unlock()
-		rs.poke()
-		select {
-		case <-polled:
-		case <-ctx.Done():
-		case <-rs.s.stop:
-		}
-	}
-}
-
-// pollOnce reads every peer's status at once and feeds them to the
-// machine.
-func (rs *replicaSet) pollOnce() {
-	events := make([]owner.Event, rs.l.Count)
-	var wg sync.WaitGroup
-	for i := range events {
-		if i == rs.l.Self {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			events[i] = rs.fetch(i)
-		}()
-	}
-	wg.Wait()
-	for _, ev := range events {
-		if ev != nil {
-			rs.step(ev)
-		}
-	}
-	rs.mu.Lock()
-	rs.polledAt = rs.s.now()
-	close(rs.polled)
-	rs.polled = make(chan struct{})
-	rs.mu.Unlock()
-}
-
-// fetch reads peer i's status. A peer that does not answer, or answers
-// nonsense, is unreachable: to this replica, it decides nothing.
-func (rs *replicaSet) fetch(i int) owner.Event {
-	lost := func(err error) owner.Event { return owner.PeerUnreachable{Peer: i, Err: err} }
-	ctx, cancel := context.WithTimeout(rs.s.dialCtx, replicaPeerTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rs.peerURL(i, "/replica"), nil)
-	if err != nil {
-		return lost(err)
-	}
-	resp, err := rs.client.Do(req)
-	if err != nil {
-		return lost(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return lost(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return lost(fmt.Errorf("GET /replica: %s", resp.Status))
-	}
-	var st replicaStatus
-	if err := json.Unmarshal(body, &st); err != nil {
-		return lost(fmt.Errorf("GET /replica: %w", err))
-	}
-	phase, ok := owner.ParsePhase(st.Phase)
-	if !ok || st.Index != i {
-		return lost(fmt.Errorf("GET /replica: replica %d answered as replica %d in phase %q (check replica_admin)", i, st.Index, st.Phase))
-	}
-	return owner.PeerStatus{Peer: i, Status: owner.Status{Index: st.Index, Incarnation: st.Incarnation, Phase: phase,
-		Serving: st.Serving, Released: st.Released, From: st.From, Yields: st.Yields, Replicas: st.Replicas, Layout: st.Layout}}
-}
-
-func (rs *replicaSet) peerURL(i int, path string) string {
-	scheme := "http"
-	if rs.s.Config.AdminTLS.Enabled() {
-		scheme = "https"
-	}
-	return scheme + "://" + rs.l.Admins[i] + path
-}
-
-// wakePeers asks every peer to poll now (POST /replica/wake): a hint that
-// something changed here. It changes nothing there by itself.
-func (rs *replicaSet) wakePeers() {
-	for i := range rs.l.Count {
-		if i == rs.l.Self {
-			continue
-		}
-		rs.s.spawn(func() {
-			ctx, cancel := context.WithTimeout(rs.s.dialCtx, replicaPeerTimeout)
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.peerURL(i, "/replica/wake"), nil)
-			if err != nil {
-				return
-			}
-			if resp, err := rs.client.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		})
-	}
-}
-
-// Handover events, for dedupproxy_replica_handovers_total{event}: indexed
-// by owner.Move.
-const (
-	handoverReleased  = int(owner.MoveReleased)
-	handoverCovered   = int(owner.MoveCovered)
-	handoverReclaimed = int(owner.MoveTookBack)
-	numHandoverEvents = 3
-)
-
-var handoverEvents = [numHandoverEvents]string{
-	handoverReleased: owner.MoveReleased.String(), handoverCovered: owner.MoveCovered.String(), handoverReclaimed: owner.MoveTookBack.String()}
-
-// observeLeaders notes where each partition of topic is led, as a
-// Metadata response (a client's, or the proxy's own) names it. A partition
-// whose leader moved from a node this replica decides to one it does not
-// is marked to be warmed from the log again here: should its leadership
-// come back, the batches appended meanwhile through another replica are
-// read before its next batch is decided (docs/replicas.md, "Leader moves").
-func (rs *replicaSet) observeLeaders(topic string, leaders []protocol.PartitionLeader) {
-	s := rs.s
-	if s.table == nil {
-		return
-	}
-	id, ok := s.table.LookupTopic([]byte(topic))
-	if !ok {
-		return
-	}
-	var moved []seqstate.Key
-	rs.mu.Lock()
-	for _, pl := range leaders {
-		if n := rs.nodes[pl.Leader]; n != nil && decides(n.state.Load()) {
-			continue
-		}
-		if k := (seqstate.Key{Topic: id, Partition: pl.Partition}); s.core.Warm(k.Topic, k.Partition) {
-			moved = append(moved, k)
-		}
-	}
-	rs.mu.Unlock()
-	if len(moved) > 0 {
-		rs.s.rewarm(moved)
-	}
-}
-
-// statusHandler serves GET /replica (this replica's status), POST
-// /replica/wake (poll the peers now) and POST /replica/legacy (give the
-// legacy state of a node's partitions to the peer taking it:
-// handoverlegacy.go).
-func (rs *replicaSet) statusHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /replica", func(w http.ResponseWriter, _ *http.Request) {
-		var b bytes.Buffer
-		json.NewEncoder(&b).Encode(rs.status())
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(b.Bytes())
+// newReplicaMetrics makes the replicas' metrics on s's registry: a proxy
+// on its own exports them too, as the one replica of every node.
+func newReplicaMetrics(s *Server) *replica.Metrics {
+	return replica.NewMetrics(s.Metrics.reg, replica.Gauges{
+		Set:      func() *replica.Set { return s.replicas },
+		Nodes:    func() int { return len(s.NodeListeners()) },
+		Draining: s.Draining,
 	})
-	mux.HandleFunc("POST /replica/wake", func(w http.ResponseWriter, _ *http.Request) {
-		rs.poke()
-		w.WriteHeader(http.StatusNoContent)
-	})
-	mux.HandleFunc("POST /replica/legacy", rs.serveLegacy)
-	return mux
+}
+
+// replicaCore is the decision core as a node's move sees it
+// (replica.Core).
+type replicaCore struct{ s *Server }
+
+func (rc replicaCore) Rewarm(k seqstate.Key) {
+	rc.s.step(&decide.Event{Kind: decide.EvRewarm, Topic: k.Topic, Partition: k.Partition}, rc.s.now(), nil)
+}
+
+func (rc replicaCore) Warm(topic seqstate.TopicID, partition int32) bool {
+	return rc.s.core.Warm(topic, partition)
+}
+
+func (rc replicaCore) LookupTopic(name string) (seqstate.TopicID, bool) {
+	return rc.s.table.LookupTopic([]byte(name))
+}
+
+func (rc replicaCore) TopicName(id seqstate.TopicID) (string, bool) { return rc.s.table.TopicName(id) }
+
+func (rc replicaCore) HandOff(want func(seqstate.TopicID, int32) bool) []decide.Handed {
+	var fx decide.Effects
+	rc.s.step(&decide.Event{Kind: decide.EvHandOff, Want: want}, rc.s.now(), &fx)
+	return fx.Handed
+}
+
+func (rc replicaCore) TakeOver(hs []decide.Handed) int {
+	var fx decide.Effects
+	rc.s.step(&decide.Event{Kind: decide.EvTakeOver, Handed: hs}, rc.s.now(), &fx)
+	return fx.Taken
+}
+
+func (rc replicaCore) PrincipalName(id auth.PrincipalID) (string, bool) {
+	return rc.s.principals.Name(id)
+}
+
+func (rc replicaCore) PrincipalID(name string) (auth.PrincipalID, bool) {
+	return rc.s.principals.ID(name)
+}
+
+// PartitionsLedBy asks a bootstrap broker which partitions node leads,
+// keyed as the table keys them. The topics of the answer are interned (they
+// come from the cluster): a replica that just started knows none yet, and
+// takes the legacy state of their partitions back from a peer.
+func (rc replicaCore) PartitionsLedBy(ctx context.Context, node int32) ([]seqstate.Key, error) {
+	s, t := rc.s, rc.s.table
+	var errs []error
+	for _, addr := range s.Config.Upstream {
+		conn, err := s.own.Open(ctx, addr)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		req := kmsg.NewPtrMetadataRequest()
+		req.SetVersion(tail.MetadataVersion) // nil topics: every topic
+		resp := kmsg.NewPtrMetadataResponse()
+		resp.SetVersion(tail.MetadataVersion)
+		err = conn.RoundTrip(req, resp)
+		conn.Close()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		refs := make([]seqstate.TopicRef, 0, len(resp.Topics))
+		for _, tp := range resp.Topics {
+			if tp.Topic != nil && tp.ErrorCode == 0 {
+				refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID, Partitions: int32(len(tp.Partitions))})
+			}
+		}
+		t.InternTopics(refs)
+		var keys []seqstate.Key
+		for _, tp := range resp.Topics {
+			if tp.Topic == nil || tp.ErrorCode != 0 {
+				continue
+			}
+			id, ok := t.LookupTopic([]byte(*tp.Topic))
+			if !ok {
+				continue
+			}
+			for _, p := range tp.Partitions {
+				if p.Leader == node {
+					keys = append(keys, seqstate.Key{Topic: id, Partition: p.Partition})
+				}
+			}
+		}
+		return keys, nil
+	}
+	if len(errs) == 0 {
+		return nil, errors.New("no upstream brokers")
+	}
+	return nil, errors.Join(errs...)
+}
+
+// errReplicaNotReady wraps Ready's answer while a replica takes back its
+// nodes.
+var errReplicaNotReady = errors.New("proxy: replica not ready")
+
+// replicasReady is the replicas' part of Ready: ErrDraining once this
+// replica hands its nodes over.
+func replicasReady(rs *replica.Set) error {
+	if err := rs.Ready(); err != nil {
+		if errors.Is(err, owner.ErrHandingOver) {
+			return ErrDraining
+		}
+		return fmt.Errorf("%w: %v", errReplicaNotReady, err)
+	}
+	return nil
 }
 
 // ReplicaHandler serves the replica protocol's endpoints, GET /replica and
@@ -594,5 +304,5 @@ func (s *Server) ReplicaHandler() http.Handler {
 	if s == nil || s.replicas == nil {
 		return http.NotFoundHandler()
 	}
-	return s.replicas.statusHandler()
+	return s.replicas.Handler()
 }

@@ -28,9 +28,9 @@ func TestReplicaReleaseWakesEveryPeer(t *testing.T) {
 	r := f.replica(owner)
 	stopped := make(chan error, 1)
 	go func() { stopped <- f.stop(owner) }()
-	n := r.replicas.node(owner) // node 0: replica 0's
-	waitFor(t, 10*time.Second, "the node released", func() bool { return n.state.Load() == nodeReleased })
-	target := int(n.target.Load())
+	n := r.replicas.Node(owner) // node 0: replica 0's
+	waitFor(t, 10*time.Second, "the node released", func() bool { return n.State() == nodeReleased })
+	target := n.Target()
 	if target == owner || target < 0 {
 		t.Fatalf("released to %d", target)
 	}
@@ -42,7 +42,7 @@ func TestReplicaReleaseWakesEveryPeer(t *testing.T) {
 		return u.wakes.Load()-before[other] >= 3
 	})
 	waitFor(t, 5*time.Second, "the third replica to advertise the node at its taker", func() bool {
-		return u.replicas.advertised(owner) == target
+		return u.replicas.Advertised(owner) == target
 	})
 	if err := <-stopped; err != nil {
 		t.Errorf("stop: %v", err)
@@ -69,7 +69,7 @@ func TestReplicaRestartedCoverRedirects(t *testing.T) {
 	cover := f.stopOwner(owner)
 	f.start(owner)
 	f.waitReady(owner) // it took the node back from cover
-	if from, ok := f.replica(owner).replicas.status().From[owner]; !ok || from != cover {
+	if from, ok := f.replica(owner).replicas.Status().From[owner]; !ok || from != cover {
 		t.Fatalf("the owner's status says it took node %d from %v (%v), want replica %d", owner, from, ok, cover)
 	}
 	if err := f.stop(cover); err != nil {
@@ -92,8 +92,8 @@ func TestReplicaRestartedCoverRedirects(t *testing.T) {
 	if after := partitionEnd(t, c.ListenAddrs()[owner], topic, 0); after != before {
 		t.Errorf("log end %d -> %d: the batch was relayed", before, after)
 	}
-	if r := f.replica(cover); testutil.ToFloat64(r.replicaMetrics.foreignProduce) != 0 {
-		t.Errorf("the restarted cover relayed %v Produce requests", testutil.ToFloat64(r.replicaMetrics.foreignProduce))
+	if r := f.replica(cover); testutil.ToFloat64(r.replicaMetrics.ForeignProduce) != 0 {
+		t.Errorf("the restarted cover relayed %v Produce requests", testutil.ToFloat64(r.replicaMetrics.ForeignProduce))
 	}
 }
 
@@ -164,11 +164,11 @@ func TestReplicaHandoverCarriesLegacyState(t *testing.T) {
 // its node owner went to.
 func (f *fleet) stopOwner(owner int) int {
 	f.t.Helper()
-	n := f.replica(owner).replicas.node(int32(owner))
+	n := f.replica(owner).replicas.Node(int32(owner))
 	stopped := make(chan error, 1)
 	go func() { stopped <- f.stop(owner) }()
-	waitFor(f.t, 10*time.Second, "the owner's node released", func() bool { return n.state.Load() == nodeReleased })
-	cover := int(n.target.Load())
+	waitFor(f.t, 10*time.Second, "the owner's node released", func() bool { return n.State() == nodeReleased })
+	cover := n.Target()
 	if err := <-stopped; err != nil {
 		f.t.Fatalf("stop: %v", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/dedupproxy/dedupproxy/internal/testports"
+	"github.com/dedupproxy/dedupproxy/owner"
 )
 
 // fleet is R replicas of the proxy on loopback, each its own Server with
@@ -240,3 +241,7 @@ func (f *fleet) nodeAddr(i int, id int32) string {
 
 // bootstrap lists every replica's bootstrap address.
 func (f *fleet) bootstrap() []string { return append([]string(nil), f.listen...) }
+
+// nodeReleased is a node's state at a replica that handed it over (tests
+// name a node's owner "owner").
+const nodeReleased = owner.Released

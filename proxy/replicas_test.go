@@ -17,6 +17,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -247,8 +248,8 @@ func TestReplicasRollingRestartFranzGo(t *testing.T) {
 		if err := f.stop(i); err != nil {
 			t.Errorf("replica %d shutdown: %v", i, err)
 		}
-		redirected += testutil.ToFloat64(r.replicaMetrics.redirected)
-		t.Logf("replica %d stopped in %v (redirected %v)", i, time.Since(start).Round(time.Millisecond), testutil.ToFloat64(r.replicaMetrics.redirected))
+		redirected += testutil.ToFloat64(r.replicaMetrics.Redirected)
+		t.Logf("replica %d stopped in %v (redirected %v)", i, time.Since(start).Round(time.Millisecond), testutil.ToFloat64(r.replicaMetrics.Redirected))
 		f.start(i)
 		f.waitReady(i)
 		t.Logf("replica %d back and serving its nodes %v after its stop began", i, time.Since(start).Round(time.Millisecond))
@@ -256,8 +257,8 @@ func TestReplicasRollingRestartFranzGo(t *testing.T) {
 	var rewarmed float64
 	f.mu.Lock()
 	for _, r := range f.all {
-		covered += testutil.ToFloat64(r.replicaMetrics.handovers[handoverCovered])
-		rewarmed += testutil.ToFloat64(r.replicaMetrics.rewarmed)
+		covered += testutil.ToFloat64(r.replicaMetrics.Handovers[owner.MoveCovered])
+		rewarmed += testutil.ToFloat64(r.replicaMetrics.Rewarmed)
 	}
 	f.mu.Unlock()
 	close(stop)
@@ -342,7 +343,7 @@ func TestReplicaLeaderMovedAwayRewarms(t *testing.T) {
 	if r.core.Warm(key.Topic, key.Partition) {
 		t.Fatalf("replica %d still takes partition 0 as warm after its leader moved to node %d", leader, to)
 	}
-	if n := testutil.ToFloat64(r.replicaMetrics.rewarmed); n != 1 {
+	if n := testutil.ToFloat64(r.replicaMetrics.Rewarmed); n != 1 {
 		t.Errorf("rewarm_partitions_total %v, want 1", n)
 	}
 	// The leadership comes back: the next batch here reads the log first.
@@ -366,12 +367,12 @@ func TestReplicaLeaderMovedAwayRewarms(t *testing.T) {
 func gateFixture() (*session, *requestTracker, protocol.RequestHeader) {
 	l := &config.Layout{Self: 0, Count: 3, Owners: map[int32]int{}}
 	s := &Server{Logger: slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil)}
-	s.replicas = newReplicaSet(s, l)
+	s.replicas = replica.New(replica.Options{Layout: l, Log: s.Logger, Now: time.Now, Ctx: context.Background(), Spawn: func(func()) bool { return false }})
 	for peer := 1; peer < l.Count; peer++ { // nobody else decides anything: serving
-		s.replicas.step(owner.PeerUnreachable{Peer: peer})
+		s.replicas.Step(owner.PeerUnreachable{Peer: peer})
 	}
 	tr := newRequestTracker(nil)
-	s.replicas.attach(tr, 0)
+	tr.rnode = s.replicas.Attach(tr, 0)
 	return &session{s: s, client: tr}, tr, protocol.RequestHeader{APIKey: 0, APIVersion: 9, CorrelationID: 7}
 }
 
@@ -423,10 +424,10 @@ func TestReplicaForeignConnectionRelayed(t *testing.T) {
 		t.Errorf("log end %d -> %d, want one record more", before, after)
 	}
 	r := f.replica(other)
-	if n := testutil.ToFloat64(r.replicaMetrics.foreignConns); n != 1 {
+	if n := testutil.ToFloat64(r.replicaMetrics.ForeignConns); n != 1 {
 		t.Errorf("foreign_connections_total %v, want 1", n)
 	}
-	if n := testutil.ToFloat64(r.replicaMetrics.foreignProduce); n != 1 {
+	if n := testutil.ToFloat64(r.replicaMetrics.ForeignProduce); n != 1 {
 		t.Errorf("foreign_produce_requests_total %v, want 1", n)
 	}
 }
@@ -455,9 +456,9 @@ func TestReplicaHandoverRedirect(t *testing.T) {
 	r := f.replica(owner)
 	stopped := make(chan error, 1)
 	go func() { stopped <- f.stop(owner) }()
-	n := r.replicas.node(leader)
-	waitFor(t, 10*time.Second, "the node released", func() bool { return n.state.Load() == nodeReleased })
-	target := int(n.target.Load())
+	n := r.replicas.Node(leader)
+	waitFor(t, 10*time.Second, "the node released", func() bool { return n.State() == nodeReleased })
+	target := n.Target()
 	if target == owner || target < 0 {
 		t.Fatalf("released to %d", target)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/certprincipal"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 	"github.com/dedupproxy/dedupproxy/tail"
 )
@@ -77,8 +78,8 @@ type Server struct {
 	warmSlots       chan struct{}   // one per warm-up running (dedup.warm.max_concurrent)
 	warmLog         logLimiter      // warm-up failures
 	unfollowedMechs sync.Map        // SASL mechanisms the proxy cannot follow, said once each
-	replicas        *replicaSet     // nil when the proxy runs on its own (replicas.go)
-	replicaMetrics  *replicaMetrics
+	replicas        *replica.Set    // nil when the proxy runs on its own (replicas.go)
+	replicaMetrics  *replica.Metrics
 
 	// TLS (tls.go), set by Start: the client listeners' and the admin
 	// listener's certificates, TLS to brokers, and every certificate
@@ -248,7 +249,7 @@ func (s *Server) Start(ctx context.Context) error {
 		s.spawn(s.topicRefreshLoop)
 	}
 	if s.replicas != nil {
-		s.spawn(s.replicas.pollLoop)
+		s.spawn(s.replicas.PollLoop)
 	}
 	// A node listener on the admin port is a configuration mistake that
 	// would leave that broker unreachable for good: refuse to start.
@@ -503,8 +504,8 @@ func (s *Server) handle(c net.Conn, node int32) {
 	}
 	tr := newRequestTracker(c)
 	if rs := s.replicas; rs != nil {
-		rs.attach(tr, node)
-		defer rs.detach(tr)
+		tr.rnode = rs.Attach(tr, node)
+		defer rs.Detach(tr)
 	}
 	sess := newSession(s, id, tr, up, log.With("broker", addr))
 	if tc, ok := c.(*auth.Conn); ok {
@@ -570,8 +571,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	handed := false
 	if rs := s.replicas; rs != nil && ctx.Err() == nil && !s.closing.Load() {
 		// Listeners and connections stay open while the nodes move, so
-		// clients are answered where to go (handover.go).
-		handed = rs.handOver(ctx)
+		// clients are answered where to go (package replica).
+		handed = rs.HandOver(ctx)
 	}
 	s.mu.Lock()
 	s.closing.Store(true)
@@ -603,7 +604,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// it stops at once (docs/replicas.md).
 	cut := (*requestTracker).onlyFetch
 	if handed {
-		cut = func(tr *requestTracker) bool { return tr.producesAwaited() == 0 }
+		cut = func(tr *requestTracker) bool { return tr.ProducesAwaited() == 0 }
 	}
 	go s.cutFetchOnly(sessions, cut, done, ctx.Done())
 	select {

@@ -325,7 +325,7 @@ func (c *session) readLoop() {
 			// acks=0: the broker sends nothing back, so nothing is queued.
 			respond = acks != 0
 			if c.replicaGate(h, body, acks, start, api) {
-				continue // answered: its node is moving between replicas (handover.go)
+				continue // answered: its node is moving between replicas (replicas.go)
 			}
 			plan, err := c.decideProduce(h, body)
 			switch {

@@ -1,4 +1,4 @@
-package proxy
+package replica
 
 import (
 	"bytes"
@@ -20,8 +20,8 @@ import (
 // partitions whose acknowledgement their client may not hold. Without
 // them it knows those batches only from the log, where a retry stamped
 // anew (kafka-go, kafkajs) matches nothing and is written again. The
-// decision core's two halves of it are the core's `EvHandOff` step (the giver's)
-// and TakeOver (the taker's).
+// decision core's two halves of it are its EvHandOff step (the giver's)
+// and EvTakeOver (the taker's): Core.HandOff and Core.TakeOver.
 
 // legacyRequest names the node moving and its partitions.
 type legacyRequest struct {
@@ -64,13 +64,13 @@ const (
 // batches of the named partitions, but only once node is not decided here
 // (released to a peer, or never served): a node still decided here keeps
 // them (409).
-func (rs *replicaSet) serveLegacy(w http.ResponseWriter, r *http.Request) {
+func (rs *Set) serveLegacy(w http.ResponseWriter, r *http.Request) {
 	var req legacyRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, maxLegacyRequest)).Decode(&req); err != nil {
 		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if n := rs.node(req.Node); n != nil {
+	if n := rs.Node(req.Node); n != nil {
 		// The node's state may still be coming in here (a cover or a
 		// take-back under way, released meanwhile by a stop): handed on
 		// before it arrived, it would stay behind. Wait for the take's end
@@ -96,12 +96,11 @@ func (rs *replicaSet) serveLegacy(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s := rs.s
 	resp := legacyResponse{Batches: []handedBatch{}}
-	if s.core != nil && s.table != nil {
+	if c := rs.Core; c != nil {
 		want := map[seqstate.Key]bool{}
 		for _, tp := range req.Partitions {
-			id, ok := s.table.LookupTopic([]byte(tp.Topic))
+			id, ok := c.LookupTopic(tp.Topic)
 			if !ok {
 				continue
 			}
@@ -109,12 +108,10 @@ func (rs *replicaSet) serveLegacy(w http.ResponseWriter, r *http.Request) {
 				want[seqstate.Key{Topic: id, Partition: p}] = true
 			}
 		}
-		var fx decide.Effects
-		s.step(&decide.Event{Kind: decide.EvHandOff, Want: func(t seqstate.TopicID, p int32) bool { return want[seqstate.Key{Topic: t, Partition: p}] }}, s.now(), &fx)
-		hs := fx.Handed
+		hs := c.HandOff(func(t seqstate.TopicID, p int32) bool { return want[seqstate.Key{Topic: t, Partition: p}] })
 		for _, h := range hs {
-			principal, ok1 := s.principals.Name(h.Principal)
-			topic, ok2 := s.table.TopicName(h.Topic)
+			principal, ok1 := c.PrincipalName(h.Principal)
+			topic, ok2 := c.TopicName(h.Topic)
 			if !ok1 || !ok2 {
 				continue
 			}
@@ -138,7 +135,7 @@ func (rs *replicaSet) serveLegacy(w http.ResponseWriter, r *http.Request) {
 
 // fetching reports whether n's take (its legacy state from a peer) is
 // under way.
-func (rs *replicaSet) fetching(n *replicaNode) bool {
+func (rs *Set) fetching(n *Node) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return rs.own.Fetching(n.id)
@@ -148,15 +145,15 @@ func (rs *replicaSet) fetching(n *replicaNode) bool {
 // (keys), as serveLegacy gives it, into the core. A peer that does not
 // answer costs what it cost before: the retries of those batches stamped
 // anew are written again.
-func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
-	s := rs.s
-	if s.core == nil || s.table == nil || from < 0 || from == rs.l.Self || len(keys) == 0 {
+func (rs *Set) takeLegacy(from int, node int32, keys []seqstate.Key) {
+	c := rs.Core
+	if c == nil || from < 0 || from == rs.l.Self || len(keys) == 0 {
 		return
 	}
 	req := legacyRequest{Node: node}
 	byTopic := map[string]int{}
 	for _, k := range keys {
-		name, ok := s.table.TopicName(k.Topic)
+		name, ok := c.TopicName(k.Topic)
 		if !ok {
 			continue
 		}
@@ -175,11 +172,11 @@ func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
 	}
 	hs := make([]decide.Handed, 0, len(resp.Batches))
 	for _, b := range resp.Batches {
-		topic, ok := s.table.LookupTopic([]byte(b.Topic))
+		topic, ok := c.LookupTopic(b.Topic)
 		if !ok || len(b.Host) != 16 || len(b.Records)%16 != 0 || b.LeftMillis <= 0 {
 			continue
 		}
-		principal, ok := s.principals.ID(b.Principal)
+		principal, ok := c.PrincipalID(b.Principal)
 		if !ok {
 			continue
 		}
@@ -194,18 +191,16 @@ func (rs *replicaSet) takeLegacy(from int, node int32, keys []seqstate.Key) {
 		}
 		hs = append(hs, h)
 	}
-	var fx decide.Effects
-	s.step(&decide.Event{Kind: decide.EvTakeOver, Handed: hs}, s.now(), &fx)
-	taken := fx.Taken
+	taken := c.TakeOver(hs)
 	rs.log.Info("took the legacy state of a node from the peer that decided it", "node", node, "peer", from, "batches", taken)
 }
 
-func (rs *replicaSet) postLegacy(peer int, req *legacyRequest) (*legacyResponse, error) {
+func (rs *Set) postLegacy(peer int, req *legacyRequest) (*legacyResponse, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(rs.s.dialCtx, min(legacyTimeout, rs.s.Config.DrainTimeout))
+	ctx, cancel := context.WithTimeout(rs.Ctx, min(legacyTimeout, rs.DrainTimeout))
 	defer cancel()
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.peerURL(peer, "/replica/legacy"), bytes.NewReader(body))
 	if err != nil {
