@@ -307,7 +307,11 @@ func writeMarkdown(w io.Writer, r *Report) {
 	p("\n## Throughput\n\nMB = 10⁶ bytes of record values acknowledged (produce) or read (consume), ÷ the phases' wall time. " +
 		"CPU per MB and peak RSS (VmHWM, reset per phase) are the floor's and the proxy's own processes (/proc) over their timed phases: CPU from each thread's /proc schedstat (nanoseconds). " +
 		"A stalled phase acknowledged no record before its deadline (the producers filled their buffers, then waited seconds): it happens to any target under heavy load from other jobs, and drags its pairs.\n\n")
-	p("| scenario | upstream | record | pairs | direct MB/s | A/A ÷ direct | floor ÷ direct | proxy ÷ direct | floor CPU ms/MB | proxy CPU ms/MB | proxy CPU ms/MB per phase | floor / proxy peak RSS MiB | acked/sent D · A/A · F · P | stalled phases D · A/A · F · P |\n")
+	peerCol := ""
+	if peer {
+		peerCol = " · peer"
+	}
+	p("| scenario | upstream | record | pairs | direct MB/s | A/A ÷ direct | floor ÷ direct | proxy ÷ direct | floor CPU ms/MB | proxy CPU ms/MB | proxy CPU ms/MB per phase | floor / proxy peak RSS MiB | acked/sent D · A/A · F · P%s | stalled phases D · A/A · F · P%s |\n", peerCol, peerCol)
 	p("|%s\n", strings.Repeat("---|", 14))
 	for _, row := range r.Rows {
 		if row.Scenario != "batched" && row.Scenario != "consume" {
@@ -396,7 +400,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 	}
 	if m := r.Idle; m != nil {
 		p("\n## Memory per idle client connection\n\n")
-		p("%d client connections (in the bench process) each send one ApiVersions (v3), read its answer and stay open, to the floor relay and then to the proxy (dedup enforce), both in front of the sink; "+
+		p("%d client connections (in the bench process) each send one ApiVersions (v3), read its answer and stay open, to the floor relay, then to the proxy (dedup enforce), then to the peer if the run has one, each in front of the sink; "+
 			"each process's VmRSS growth ÷ connections, after %d connections came and went. The proxy holds an upstream connection per client connection; the kernel's socket memory is not in RSS.\n\n", m.Conns, idleWarmConns)
 		p("| process | RSS before MiB | RSS with the connections MiB | KiB per connection |\n|---|---|---|---|\n")
 		for _, name := range []string{"floor", "proxy", "peer"} {
