@@ -24,9 +24,6 @@ type peerProc struct {
 	pid  int
 	addr string
 	done chan struct{}
-
-	mu   sync.Mutex
-	tail []string
 }
 
 // startPeer runs kafka-proxy's server in front of the single broker at
