@@ -106,6 +106,8 @@ type requestBuffer struct {
 	head  [4]byte // the size prefix of the request being read
 	buf   []byte  // the request being handled, when it is small
 	small *[]byte // buf's pooled buffer
+	// lastLarge: the request read last was larger than smallRequest.
+	lastLarge bool
 	// limit, when set, is the largest request size, asked once a
 	// request's size has arrived (in place of read's maxSize).
 	limit func() int32
@@ -139,11 +141,26 @@ type requestBuffer struct {
 // size-class pools: every request but a big Produce.
 const smallRequest = 64 << 10
 
+// requestHeadFill is the most the read of a request's size prefix asks
+// for after a large request.
+const requestHeadFill = 4 << 10
+
 // read reads one request frame and returns its body; the whole frame is
 // frame(body). Call release once the request's bytes are no longer needed.
 // done is closed when the connection closes: a wait for budget ends.
 func (rb *requestBuffer) read(r *connReader, maxSize int32, done <-chan struct{}) ([]byte, error) {
-	if _, err := io.ReadFull(r, rb.head[:]); err != nil {
+	if rb.lastLarge {
+		// The client sends large requests: the read that brings the
+		// next one's first bytes asks for a few KiB, not a whole
+		// buffer, which would take up to 32 KiB of its records along,
+		// to be copied (into a mapping's fresh pages, with holes)
+		// where they could be spliced. Smaller requests are read in one
+		// read, as before.
+		r.limit = requestHeadFill
+	}
+	_, err := io.ReadFull(r, rb.head[:])
+	r.limit = 0
+	if err != nil {
 		return nil, err
 	}
 	if rb.limit != nil {
@@ -154,7 +171,8 @@ func (rb *requestBuffer) read(r *connReader, maxSize int32, done <-chan struct{}
 		return nil, err
 	}
 	n := 4 + int(size)
-	if n > smallRequest {
+	rb.lastLarge = n > smallRequest
+	if rb.lastLarge {
 		return rb.readLarge(r, n, done)
 	}
 	// n is at most smallRequest here: a size prefix alone cannot make

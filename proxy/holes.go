@@ -31,8 +31,11 @@ import (
 const minHole = 16 << 10
 
 // directRead is the largest read that bypasses the buffered reader while
-// a request with holes is read.
-const directRead = 4 << 10
+// a request with holes is read: the fields before a batch's records (its
+// 61-byte header, the partition's and topic's before it) in one read,
+// with few record bytes after them, which are copied and touch a page of
+// the mapping where spliced they would not.
+const directRead = 512
 
 // maxHoles bounds the pipes one request holds; the records of further
 // batches are read.
