@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"encoding/binary"
 	"fmt"
 	"testing"
 	"time"
@@ -10,23 +9,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// manyRecordsBatch builds a legacy batch of the given values, stamped ts.
+// manyRecordsBatch builds a legacy batch of the given values, every one
+// stamped ts.
 func manyRecordsBatch(t testing.TB, values []string, ts int64) []byte {
 	t.Helper()
-	var recs []byte
-	for i, v := range values {
-		rec := []byte{0}
-		rec = binary.AppendVarint(rec, 0)
-		rec = binary.AppendVarint(rec, int64(i))
-		rec = binary.AppendVarint(rec, -1)
-		rec = binary.AppendVarint(rec, int64(len(v)))
-		rec = append(rec, v...)
-		rec = binary.AppendVarint(rec, 0)
-		recs = append(binary.AppendVarint(recs, int64(len(rec))), rec...)
+	stamps := make([]int64, len(values))
+	for i := range stamps {
+		stamps[i] = ts
 	}
-	b := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(len(values)),
-		LastOffsetDelta: int32(len(values) - 1), FirstTimestamp: ts, MaxTimestamp: ts, Records: recs}
-	return fixBatchLengthAndCRC(b.AppendTo(nil))
+	return stampedLegacyBatch(t, values, stamps)
 }
 
 // pipelineAndAbort sends reqs on a new connection of client id, all before

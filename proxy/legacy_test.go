@@ -430,7 +430,7 @@ func TestLegacyUnreadAnswers(t *testing.T) {
 
 // stampedLegacyBatch builds a legacy batch of values, record i stamped at
 // ts[i] (ms).
-func stampedLegacyBatch(t *testing.T, values []string, ts []int64) []byte {
+func stampedLegacyBatch(t testing.TB, values []string, ts []int64) []byte {
 	t.Helper()
 	var recs []byte
 	for i, v := range values {

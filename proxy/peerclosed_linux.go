@@ -14,20 +14,10 @@ import (
 // peek that does not wait returns end of stream. False when it cannot
 // tell (data waiting, a connection that is not TCP, an error).
 func peerClosed(conn net.Conn) bool {
-	tc, ok := tcpOf(conn)
-	if !ok {
-		return false
-	}
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return false
-	}
 	closed := false
 	var b [1]byte
-	// Control, not Read: it takes no read lock, so it never waits behind
-	// a read in progress.
-	raw.Control(func(fd uintptr) {
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	withFD(conn, func(fd int) {
+		n, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		closed = n == 0 && err == nil || errors.Is(err, syscall.ECONNRESET)
 	})
 	return closed
@@ -37,17 +27,9 @@ func peerClosed(conn net.Conn) bool {
 // not yet acknowledged (SIOCOUTQ), and false when it cannot tell (a
 // connection that is not TCP, an error).
 func unacked(conn net.Conn) (int, bool) {
-	tc, ok := tcpOf(conn)
-	if !ok {
-		return 0, false
-	}
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return 0, false
-	}
 	n, got := 0, false
-	raw.Control(func(fd uintptr) {
-		v, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+	withFD(conn, func(fd int) {
+		v, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
 		n, got = v, err == nil
 	})
 	return n, got
@@ -58,17 +40,9 @@ func unacked(conn net.Conn) (int, bool) {
 // Read from TCP_INFO, not by a read: a read reports a reset once, and the
 // reader of the connection must see it too.
 func peerReset(conn net.Conn) bool {
-	tc, ok := tcpOf(conn)
-	if !ok {
-		return false
-	}
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return false
-	}
 	reset := false
-	raw.Control(func(fd uintptr) {
-		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	withFD(conn, func(fd int) {
+		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
 		reset = err == nil && info.State == tcpClose
 	})
 	return reset
@@ -76,6 +50,21 @@ func peerReset(conn net.Conn) bool {
 
 // tcpClose is Linux's TCP_CLOSE state (include/net/tcp_states.h).
 const tcpClose = 7
+
+// withFD runs fn with the descriptor of the TCP connection under conn's
+// wrappers, if there is one. Control, not Read: it takes no read lock, so
+// it never waits behind a read in progress.
+func withFD(conn net.Conn, fn func(fd int)) {
+	tc, ok := tcpOf(conn)
+	if !ok {
+		return
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return
+	}
+	raw.Control(func(fd uintptr) { fn(int(fd)) })
+}
 
 // tcpOf returns the TCP connection under conn's wrappers.
 func tcpOf(conn net.Conn) (*net.TCPConn, bool) {
