@@ -48,8 +48,32 @@ func peerReset(conn net.Conn) bool {
 	return reset
 }
 
-// tcpClose is Linux's TCP_CLOSE state (include/net/tcp_states.h).
-const tcpClose = 7
+// peerGone reports whether the peer of conn has closed or reset it,
+// whatever it sent before is still unread: the connection's TCP state is
+// CLOSE_WAIT (its end of stream received) or CLOSE (reset). Read from
+// TCP_INFO, which a peek cannot see past unread data.
+func peerGone(conn net.Conn) bool {
+	tc, ok := tcpOf(conn)
+	if !ok {
+		return false
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	raw.Control(func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		gone = err == nil && (info.State == tcpCloseWait || info.State == tcpClose)
+	})
+	return gone
+}
+
+// Linux's TCP_CLOSE and TCP_CLOSE_WAIT states (include/net/tcp_states.h).
+const (
+	tcpClose     = 7
+	tcpCloseWait = 8
+)
 
 // withFD runs fn with the descriptor of the TCP connection under conn's
 // wrappers, if there is one. Control, not Read: it takes no read lock, so

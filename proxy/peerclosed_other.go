@@ -12,3 +12,6 @@ func unacked(net.Conn) (int, bool) { return 0, false }
 
 // peerReset cannot tell without Linux's non-blocking peek: false.
 func peerReset(net.Conn) bool { return false }
+
+// peerGone cannot tell without Linux's TCP_INFO: false.
+func peerGone(net.Conn) bool { return false }

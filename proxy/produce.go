@@ -138,6 +138,15 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	waited := false // waited for an outcome
 	held := false   // waited for an outcome or a tail
 	for round := 0; ; round++ {
+		if held && (core.Gone(conn) || c.clientHungUp()) {
+			// Its client gave up on this connection while the request
+			// waited (its timeout shorter than the broker's slowness) and
+			// resends elsewhere: an answer would reach no one, and a
+			// decision would use up the records its resend repeats, which
+			// would then be written again (docs/produce-path.md).
+			putPlan(pl)
+			return nil, errClientGone
+		}
 		now := c.s.now()
 		if round == maxDecideRounds {
 			req.GiveUp = true
@@ -184,7 +193,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		}
 		break
 	}
-	if pl.AnyUp && pl.acks != 0 && (core.Gone(conn) || held && c.clientClosedBehind()) {
+	if pl.AnyUp && pl.acks != 0 && (core.Gone(conn) || held && c.clientHungUp()) {
 		// Its client gave up on this connection (and resends elsewhere,
 		// perhaps already did): the core heard the connection break
 		// before this request was decided (read behind a full queue or a
@@ -202,11 +211,11 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	return pl, nil
 }
 
-// clientClosedBehind reports whether the client has closed this connection behind
-// the request being decided: nothing more of it is buffered, and the kernel
-// holds its end of stream.
-func (c *session) clientClosedBehind() bool {
-	return c.in != nil && c.in.Buffered() == 0 && peerClosed(c.client)
+// clientHungUp reports whether the client has closed or reset this
+// connection, whatever of it is still buffered unread: no Kafka client
+// closes only its sending side, so no answer written now reaches it.
+func (c *session) clientHungUp() bool {
+	return peerGone(c.client)
 }
 
 // coreConn returns the core's state of this connection once the broker has
