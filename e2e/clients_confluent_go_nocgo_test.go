@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-
-	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
 // confluentGoClient without cgo: confluent-kafka-go links librdkafka
@@ -21,7 +19,7 @@ func confluentGoClient(paced bool) legacyClient {
 			return errors.New("confluent-kafka-go needs cgo, and this test binary was built without it " +
 				"(CGO_ENABLED=0, or no C compiler: install gcc, .ci/deps does)")
 		},
-		produce: func(context.Context, *testing.T, string, string, int, testcluster.SASL) (produceResult, error) {
+		produce: func(context.Context, *testing.T, string, string, produceOpts) (produceResult, error) {
 			return produceResult{}, errors.New("confluent-kafka-go needs cgo")
 		},
 	}

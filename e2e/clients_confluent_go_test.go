@@ -11,8 +11,6 @@ import (
 	"testing"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-
-	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
 // confluentGoModule is the module whose version the results name.
@@ -38,20 +36,25 @@ func confluentGoClient(paced bool) legacyClient {
 	if paced {
 		c.name, c.paced, c.dropAt = c.name+" paced", true, pacedDropEvery
 	}
-	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
-		return confluentGoProduce(ctx, t, bootstrap, topic, n, paced, auth)
+	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, o produceOpts) (produceResult, error) {
+		return confluentGoProduce(ctx, t, bootstrap, topic, o, paced)
 	}
 	return c
 }
 
-func confluentGoProduce(ctx context.Context, t *testing.T, bootstrap, topic string, n int, paced bool, auth testcluster.SASL) (produceResult, error) {
+func confluentGoProduce(ctx context.Context, t *testing.T, bootstrap, topic string, o produceOpts, paced bool) (produceResult, error) {
+	n, auth := o.n, o.auth
+	timeout := int64(5000)
+	if o.timeout > 0 {
+		timeout = o.timeout.Milliseconds()
+	}
 	cfg := kafka.ConfigMap{
 		"bootstrap.servers":  bootstrap,
 		"client.id":          "e2e-confluent-go",
 		"enable.idempotence": false,
 		"acks":               "all",
-		"socket.timeout.ms":  5000,
-		"request.timeout.ms": 5000,
+		"socket.timeout.ms":  int(timeout),
+		"request.timeout.ms": int(timeout),
 		"message.timeout.ms": 25000,
 		// Its log goes to the test's log, not to stderr.
 		"go.logs.channel.enable": true,

@@ -13,8 +13,6 @@ import (
 	"github.com/IBM/sarama"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
 // The Go clients run in the test process, so they are always available.
@@ -63,21 +61,28 @@ func indexOf(v []byte) (int, error) {
 func franzClient() legacyClient {
 	return legacyClient{
 		name: "franz-go", clientID: "e2e-franz-go", retries: true, dropAt: 10, available: goAvailable,
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
-			return franzProduce(ctx, bootstrap, topic, n, false, auth)
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, o produceOpts) (produceResult, error) {
+			return franzProduce(ctx, bootstrap, topic, o, false)
 		},
 	}
 }
 
-func franzProduce(ctx context.Context, bootstrap, topic string, n int, idempotent bool, auth testcluster.SASL) (produceResult, error) {
+func franzProduce(ctx context.Context, bootstrap, topic string, o produceOpts, idempotent bool) (produceResult, error) {
+	// It gives up on a Produce request after its timeout plus the
+	// overhead.
+	timeout := 2 * time.Second
+	if o.timeout > 0 {
+		timeout = o.timeout
+	}
+	n, auth := o.n, o.auth
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(bootstrap),
 		kgo.DefaultProduceTopic(topic),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ClientID("e2e-franz-go"),
 		kgo.MetadataMinAge(200 * time.Millisecond),
-		kgo.ProduceRequestTimeout(time.Second),
-		kgo.RequestTimeoutOverhead(time.Second),
+		kgo.ProduceRequestTimeout(timeout / 2),
+		kgo.RequestTimeoutOverhead(timeout / 2),
 		kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }),
 		kgo.ProducerBatchMaxBytes(2 << 10),
 	}
@@ -110,8 +115,8 @@ func franzProduce(ctx context.Context, bootstrap, topic string, n int, idempoten
 func franzIdempotentClient() legacyClient {
 	c := franzClient()
 	c.name, c.idempotent = "franz-go idempotent", true
-	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
-		return franzProduce(ctx, bootstrap, topic, n, true, auth)
+	c.produce = func(ctx context.Context, t *testing.T, bootstrap, topic string, o produceOpts) (produceResult, error) {
+		return franzProduce(ctx, bootstrap, topic, o, true)
 	}
 	return c
 }
@@ -123,9 +128,13 @@ func franzIdempotentClient() legacyClient {
 func saramaClient() legacyClient {
 	return legacyClient{
 		// sarama stamps a record without a timestamp of its own each time
-		// it adds it to a batch, a retry included (produceSet.add).
-		name: "sarama", clientID: "e2e-sarama", retries: true, restampsResends: true, dropAt: 10, available: goAvailable,
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+		// it adds it to a batch, a retry included (produceSet.add). In
+		// flight: 5 requests (Net.MaxOpenRequests) of at most 100 records
+		// (Flush.MaxMessages).
+		name: "sarama", clientID: "e2e-sarama", retries: true, restampsResends: true, dropAt: 10,
+		inFlight: 500, recordsPerRequest: 100, available: goAvailable,
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, o produceOpts) (produceResult, error) {
+			n := o.n
 			cfg := sarama.NewConfig()
 			cfg.ClientID = "e2e-sarama"
 			cfg.Producer.RequiredAcks = sarama.WaitForAll
@@ -135,12 +144,19 @@ func saramaClient() legacyClient {
 			cfg.Producer.Flush.Frequency = 5 * time.Millisecond
 			cfg.Producer.Flush.MaxMessages = 100
 			cfg.Producer.Retry.Max = 5
-			saramaSASL(cfg, auth)
+			saramaSASL(cfg, o.auth)
 			cfg.Producer.Retry.Backoff = 50 * time.Millisecond
 			cfg.Metadata.Retry.Backoff = 50 * time.Millisecond
 			cfg.Net.DialTimeout = 5 * time.Second
 			cfg.Net.ReadTimeout = 5 * time.Second
 			cfg.Net.WriteTimeout = 5 * time.Second
+			if o.timeout > 0 {
+				// A read that times out fails every request in flight
+				// on the connection, which sarama closes; it retries
+				// their records on a new one.
+				cfg.Net.ReadTimeout = o.timeout
+				cfg.Producer.Retry.Max = 10
+			}
 			p, err := sarama.NewAsyncProducer([]string{bootstrap}, cfg)
 			if err != nil {
 				return produceResult{}, err
@@ -208,8 +224,18 @@ func mustBytes(e sarama.Encoder) []byte {
 // returns per-message errors as WriteErrors.
 func kafkaGoClient() legacyClient {
 	return legacyClient{
-		name: "kafka-go", clientID: "e2e-kafka-go", retries: true, restampsResends: true, dropAt: 10, available: goAvailable,
-		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, n int, auth testcluster.SASL) (produceResult, error) {
+		// In flight: a batch of at most 100 records (BatchSize) to each
+		// of the 3 partitions.
+		name: "kafka-go", clientID: "e2e-kafka-go", retries: true, restampsResends: true, dropAt: 10,
+		inFlight: 3 * 100, recordsPerRequest: 100, available: goAvailable,
+		produce: func(ctx context.Context, t *testing.T, bootstrap, topic string, o produceOpts) (produceResult, error) {
+			n, timeout := o.n, 5*time.Second
+			if o.timeout > 0 {
+				// A Produce request's deadline (its context's, and so its
+				// connection's): past it the Writer closes the
+				// connection and retries the batch.
+				timeout = o.timeout
+			}
 			w := &kafkago.Writer{
 				Addr:            kafkago.TCP(bootstrap),
 				Topic:           topic,
@@ -220,9 +246,9 @@ func kafkaGoClient() legacyClient {
 				MaxAttempts:     10,
 				WriteBackoffMin: 50 * time.Millisecond,
 				WriteBackoffMax: 500 * time.Millisecond,
-				ReadTimeout:     5 * time.Second,
-				WriteTimeout:    5 * time.Second,
-				Transport:       &kafkago.Transport{ClientID: "e2e-kafka-go", MetadataTTL: time.Second, DialTimeout: 5 * time.Second, SASL: kafkaGoSASL(auth)},
+				ReadTimeout:     timeout,
+				WriteTimeout:    timeout,
+				Transport:       &kafkago.Transport{ClientID: "e2e-kafka-go", MetadataTTL: time.Second, DialTimeout: 5 * time.Second, SASL: kafkaGoSASL(o.auth)},
 			}
 			defer func() {
 				if ctx.Err() != nil {

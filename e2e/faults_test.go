@@ -58,6 +58,35 @@ func holdProduce(c *kfake.Cluster, n int64, fired *atomic.Int64, during func()) 
 	return held
 }
 
+// holdProduces makes the broker hold each Produce request that expects a
+// response (counted from 1 as they reach kfake) that plan hits for hold,
+// then append it and answer: a broker slower than its clients' timeouts.
+// One request is held at a time: a hit while one is held is not. fired
+// counts the holds; the returned function reports whether every held
+// request has been let go (the caller waits for that before reading the
+// log: its client may be done long before). The hold is the fault under
+// test, not a wait for an event.
+func holdProduces(c *kfake.Cluster, plan faultPlan, hold time.Duration, fired *atomic.Int64) (released func() bool) {
+	var seen, done atomic.Int64
+	var holding atomic.Bool
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if req.(*kmsg.ProduceRequest).Acks == 0 || !plan.hits(seen.Add(1)) || !holding.CompareAndSwap(false, true) {
+			return nil, nil, false
+		}
+		fired.Add(1)
+		c.SleepControl(func() {
+			t := time.NewTimer(hold)
+			defer t.Stop()
+			<-t.C
+		})
+		done.Add(1)
+		holding.Store(false)
+		return nil, nil, false
+	})
+	return func() bool { return done.Load() == fired.Load() }
+}
+
 // eventually polls cond until it holds or d passes, and reports which.
 func eventually(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)

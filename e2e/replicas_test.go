@@ -626,7 +626,7 @@ func runReplicaLostAck(t *testing.T, c legacyClient, mode string, via int) {
 	}
 
 	start := time.Now()
-	res, err := c.produce(ctx, t, shim.Addr(), tc.topic(topic), records, tc.sasl())
+	res, err := c.produce(ctx, t, shim.Addr(), tc.topic(topic), produceOpts{n: records, auth: tc.sasl()})
 	elapsed := time.Since(start)
 	close(clientDone)
 	if err != nil {
@@ -816,7 +816,7 @@ func notLeaderControl(t *testing.T, c legacyClient) (duplicated, lost int) {
 		When: func(kmsg.Request) bool { return n.Add(1) == 10 }})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	res, err := c.produce(ctx, t, cluster.ListenAddrs()[0], tc.topic(topic), recordsPerRun, tc.sasl())
+	res, err := c.produce(ctx, t, cluster.ListenAddrs()[0], tc.topic(topic), produceOpts{n: recordsPerRun, auth: tc.sasl()})
 	if err != nil {
 		t.Fatalf("control: %v", err)
 	}

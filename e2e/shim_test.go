@@ -257,6 +257,11 @@ func (s *ackShim) serveConn(client net.Conn, target string) {
 		defer close(requestsDone)
 		defer close(fifo)
 		s.relayRequests(client, up, fifo)
+		// The client closed (no Kafka client half-closes): the proxy
+		// sees it at once, as it would without the shim, not once the
+		// answers still due have come back. Closed with answers unread,
+		// the connection is reset, as the client's own would be.
+		up.Close()
 	}()
 	s.relayResponses(client, up, fifo, target)
 	// Unblock the request side (it may be reading, writing upstream or

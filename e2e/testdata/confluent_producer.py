@@ -8,7 +8,8 @@ prints one JSON line: {"version", "acked": [indices], "failed": [indices],
 
 With BURST and EVERY_MS the values come as from a live source: BURST of them
 every EVERY_MS, and CONFIG (a JSON object) is added to the producer's
-configuration (e2e's paced rows).
+configuration (e2e's paced rows). E2E_TIMEOUT_MS, when set, is its request
+timeout (5000 ms otherwise).
 """
 import json
 import os
@@ -22,6 +23,9 @@ def main():
     bootstrap, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     paced = len(sys.argv) > 4
     acked, failed, errors = [], [], []
+    # E2E_TIMEOUT_MS: how long it waits for an answer before giving up on
+    # a request (e2e's slow-broker runs).
+    timeout = int(os.environ.get("E2E_TIMEOUT_MS", "5000"))
 
     def on_delivery(err, msg):
         i = int(msg.value().decode()[2:])
@@ -37,8 +41,8 @@ def main():
         "client.id": "e2e-confluent-python",
         "enable.idempotence": False,
         "acks": "all",
-        "socket.timeout.ms": 5000,
-        "request.timeout.ms": 5000,
+        "socket.timeout.ms": timeout,
+        "request.timeout.ms": timeout,
         "message.timeout.ms": 25000,
     }
     if paced:

@@ -53,7 +53,9 @@ def main():
         # Small batches: the stream is many Produce requests long, so the
         # dropped acknowledgement is mid-stream.
         batch_size=2048,
-        request_timeout_ms=5000,
+        # E2E_TIMEOUT_MS: how long it waits for an answer before giving
+        # up on a request (e2e's slow-broker runs).
+        request_timeout_ms=int(os.environ.get("E2E_TIMEOUT_MS", "5000")),
         **sasl,
     )
     for i in range(n):

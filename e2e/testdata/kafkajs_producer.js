@@ -20,7 +20,9 @@ async function main () {
     brokers: [bootstrap],
     logLevel: logLevel.NOTHING,
     connectionTimeout: 3000,
-    requestTimeout: 5000,
+    // E2E_TIMEOUT_MS: how long it waits for an answer before giving up on
+    // a request (e2e's slow-broker runs).
+    requestTimeout: parseInt(process.env.E2E_TIMEOUT_MS || '5000', 10),
     retry: { retries: 5, initialRetryTime: 50, maxRetryTime: 1000 },
     // A real cluster with SASL (e2e: DEDUPPROXY_TEST_SASL_*), through the proxy.
     sasl: process.env.E2E_SASL_MECHANISM
