@@ -224,7 +224,7 @@ func TestLegacySlowBroker(t *testing.T) {
 	// The client gives up on the held request and retries on a new
 	// connection; the proxy parks the retry on the original.
 	waitFor(t, 10*time.Second, "the client's retry to wait on the original", func() bool {
-		return testutil.ToFloat64(p.Metrics.batches[outLegacyInFlight]) >= 1
+		return p.waitingRequests() >= 1
 	})
 	close(release)
 	if err := <-done; err != nil {

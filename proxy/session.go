@@ -503,10 +503,11 @@ func (c *session) responseLoop() {
 			c.closeAll()
 		}
 		told, locked := false, false
-		if pl := p.plan; pl != nil && pl.held && !dead && !p.relayed && !p.failed && peerClosed(c.client) {
+		if pl := p.plan; pl != nil && pl.held && !dead && !p.relayed && !p.failed && c.clientHungUp() {
 			// Its decision waited, and meanwhile the client closed this
-			// connection (its end of stream is in the kernel): the answer
-			// will not be read, whatever the write says.
+			// connection (its end of stream is in the kernel, perhaps
+			// behind requests of it not yet read): the answer will not be
+			// read, whatever the write says.
 			dead = true
 			c.closeAll()
 		}
