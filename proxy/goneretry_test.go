@@ -136,3 +136,103 @@ func TestWaitingRetryOfClosedConnectionNotAnswered(t *testing.T) {
 		t.Fatalf("the log holds %d records, want 2 (x and y once each)", end)
 	}
 }
+
+// TestHeldAnswerToGoneClientKeepsBrokerConnection: a connection's retry
+// waits for its original while a request before it is held by the broker;
+// once decided, a request the client pipelined behind the retry goes
+// upstream too; then the client gives up on the connection. When the
+// answer of a request whose decision waited comes up, its client is found
+// gone, and the answer is not taken as delivered. The broker connection
+// must stay: the request behind is still in flight, and its outcome is
+// read and committed as for any client that left ("never abandon an
+// in-flight Produce", docs/produce-path.md). Cut, its outcome was
+// unknown, and its resend had to be looked for in the log.
+func TestHeldAnswerToGoneClientKeepsBrokerConnection(t *testing.T) {
+	t.Parallel()
+	const topic = "gone-behind"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
+	// The broker holds the first Produce to partition 0 and the first
+	// two to partition 1, each until released: the broker's slowness
+	// under test.
+	var entered, release [3]chan struct{}
+	var frees [3]sync.Once
+	for i := range entered {
+		entered[i], release[i] = make(chan struct{}), make(chan struct{})
+	}
+	free := func(i int) { frees[i].Do(func() { close(release[i]) }) }
+	for i := range frees {
+		defer free(i)
+	}
+	var toZero, toOne atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		i := -1
+		if req.(*kmsg.ProduceRequest).Topics[0].Partitions[0].Partition == 0 {
+			if toZero.Add(1) == 1 {
+				i = 0
+			}
+		} else if n := toOne.Add(1); n <= 2 {
+			i = int(n)
+		}
+		if i >= 0 {
+			close(entered[i])
+			c.SleepControl(func() { <-release[i] })
+		}
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	dial := func() *rawConn {
+		conn := dialRaw(t, p.addr())
+		conn.learnTopics(topic)
+		return conn
+	}
+	held := func(i int) {
+		t.Helper()
+		select {
+		case <-entered[i]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the broker never held Produce %d", i+1)
+		}
+	}
+	t0 := time.Now().UnixMilli()
+	batch := func(partition int32, v string) *kmsg.ProduceRequest {
+		return produceParts(topic, -1, part{partition, stampedLegacyBatch(t, []string{v}, []int64{t0})})
+	}
+
+	// x's original, on a connection its client gives up on.
+	a := dial()
+	a.send(batch(0, "x"))
+	held(0)
+	a.conn.Close()
+
+	// v, held by the broker; the retry of x, waiting for its original;
+	// w, pipelined behind, forwarded once the retry is decided.
+	b := dial()
+	b.send(batch(1, "v"))
+	held(1)
+	b.send(batch(0, "x"))
+	waitFor(t, 10*time.Second, "the retry of x to wait for its original", func() bool { return p.waitingRequests() == 1 })
+	b.send(batch(1, "w"))
+	free(0)
+	waitFor(t, 10*time.Second, "the retry to be answered and w forwarded behind v", func() bool {
+		return testutil.ToFloat64(p.Metrics.batches[outLegacyInFlight]) == 1 && p.pendingBatches.Load() == 2
+	})
+	b.conn.Close()
+	// v is appended and answered; w, behind it, is held in turn: in
+	// flight when the retry's answer comes up.
+	free(1)
+	held(2)
+	free(2)
+
+	// w was appended after v: its resend on the client's next connection
+	// is answered with its offset.
+	if r := onlyPartition(t, dial().roundTrip(batch(1, "w"))); r.ErrorCode != 0 || r.BaseOffset != 1 {
+		t.Errorf("the resend of w: error %d, base offset %d; want 0, 1 (the original's)", r.ErrorCode, r.BaseOffset)
+	}
+	if n := testutil.ToFloat64(p.Metrics.brokerErrors.WithLabelValues(brokerRead)); n != 0 {
+		t.Errorf("%v broker connections failed: the proxy cut one with a request in flight", n)
+	}
+	if end := partitionEnd(t, c.ListenAddrs()[0], topic, 1); end != 2 {
+		t.Errorf("partition 1 holds %d records, want 2 (v and w once each)", end)
+	}
+}

@@ -507,9 +507,12 @@ func (c *session) responseLoop() {
 			// Its decision waited, and meanwhile the client closed this
 			// connection (its end of stream is in the kernel, perhaps
 			// behind requests of it not yet read): the answer will not be
-			// read, whatever the write says.
+			// read, whatever the write says. The broker connection stays:
+			// requests forwarded behind this one are still in flight, and
+			// their outcomes are read and committed as for any client
+			// that left (docs/produce-path.md).
 			dead = true
-			c.closeAll()
+			c.client.Close()
 		}
 		if pl := p.plan; pl != nil && !dead && !p.relayed && !p.failed && !c.clientLeft.Load() {
 			c.writeMu.Lock()
