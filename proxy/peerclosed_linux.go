@@ -2,26 +2,10 @@ package proxy
 
 import (
 	"crypto/tls"
-	"errors"
 	"net"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
-
-// peerClosed reports whether the client behind conn has closed (or reset)
-// its connection with nothing of it left unread in the kernel: a one-byte
-// peek that does not wait returns end of stream. False when it cannot
-// tell (data waiting, a connection that is not TCP, an error).
-func peerClosed(conn net.Conn) bool {
-	closed := false
-	var b [1]byte
-	withFD(conn, func(fd int) {
-		n, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		closed = n == 0 && err == nil || errors.Is(err, syscall.ECONNRESET)
-	})
-	return closed
-}
 
 // unacked returns how many bytes written to conn its peer's TCP stack has
 // not yet acknowledged (SIOCOUTQ), and false when it cannot tell (a
@@ -53,17 +37,9 @@ func peerReset(conn net.Conn) bool {
 // CLOSE_WAIT (its end of stream received) or CLOSE (reset). Read from
 // TCP_INFO, which a peek cannot see past unread data.
 func peerGone(conn net.Conn) bool {
-	tc, ok := tcpOf(conn)
-	if !ok {
-		return false
-	}
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return false
-	}
 	gone := false
-	raw.Control(func(fd uintptr) {
-		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	withFD(conn, func(fd int) {
+		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
 		gone = err == nil && (info.State == tcpCloseWait || info.State == tcpClose)
 	})
 	return gone

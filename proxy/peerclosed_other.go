@@ -4,9 +4,6 @@ package proxy
 
 import "net"
 
-// peerClosed cannot tell without Linux's non-blocking peek: false.
-func peerClosed(net.Conn) bool { return false }
-
 // unacked cannot tell without Linux's SIOCOUTQ: false.
 func unacked(net.Conn) (int, bool) { return 0, false }
 

@@ -250,9 +250,10 @@ func (s *Server) disconnectGoneSiblings(conn *decide.Conn) {
 		if !ok {
 			continue
 		}
-		if sib := v.(*session); peerClosed(sib.client) {
-			// Its end of stream is in the kernel: it closed cleanly if its
-			// answers are all acknowledged and it did not reset.
+		if sib := v.(*session); sib.clientHungUp() {
+			// Its end of stream is in the kernel (perhaps behind requests
+			// its session has not read): it closed cleanly if its answers
+			// are all acknowledged and it did not reset.
 			s.step(&decide.Event{Kind: decide.EvSiblingClosed, Conn: conn, ID: id, How: sib.howClosed(io.EOF)}, s.now(), nil)
 		}
 	}
