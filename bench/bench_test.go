@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // TestMain lets the test binary serve as the bench's child processes
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 	if isChild() {
 		os.Exit(childMain(os.Args[1:]))
 	}
-	os.Exit(m.Run())
+	os.Exit(testskip.Run(m))
 }
 
 // TestPipelineTiny runs the whole benchmark at a tiny size — upstream,
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 // and no child process left behind.
 func TestPipelineTiny(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the proxy process")
+		testskip.Skip(t, "builds and runs the proxy process")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -327,7 +328,7 @@ func TestCountRecords(t *testing.T) {
 // report's figures are finite.
 func TestTLSCostTiny(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the proxy process")
+		testskip.Skip(t, "builds and runs the proxy process")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -370,7 +371,7 @@ func TestTLSCostTiny(t *testing.T) {
 // created are deleted.
 func TestPipelineRealCluster(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the proxy process")
+		testskip.Skip(t, "builds and runs the proxy process")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

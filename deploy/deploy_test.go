@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"gopkg.in/yaml.v3"
 
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -258,7 +259,7 @@ func TestBuildIsStatic(t *testing.T) {
 		t.Error("make build does not run deploy/build.sh")
 	}
 	if testing.Short() {
-		t.Skip("builds the binary")
+		testskip.Skip(t, "builds the binary")
 	}
 	bin, err := releaseBuild()
 	if err != nil {
@@ -321,10 +322,10 @@ func checkSystemdUnit(t *testing.T, path string) {
 	}
 	analyze, err := exec.LookPath("systemd-analyze")
 	if err != nil {
-		t.Skip("systemd-analyze not installed; the unit was checked by its keys only")
+		testskip.Skip(t, "systemd-analyze not installed; the unit was checked by its keys only")
 	}
 	if testing.Short() {
-		t.Skip("builds the binary")
+		testskip.Skip(t, "builds the binary")
 	}
 	bin, err := releaseBuild()
 	if err != nil {
@@ -352,7 +353,7 @@ func promtool(t *testing.T) string {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("promtool missing (Debian package prometheus; .ci/run installs it)")
 		}
-		t.Skip("promtool not installed (Debian package prometheus)")
+		testskip.Skip(t, "promtool not installed (Debian package prometheus)")
 	}
 	return p
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -107,7 +108,7 @@ func (c *testCluster) topic(name string) string {
 func (c *testCluster) kfake(t testing.TB, need string) *kfake.Cluster {
 	t.Helper()
 	if c.fake == nil {
-		t.Skipf("needs kfake's %s, which a real cluster (%s) does not have", need, testcluster.EnvUpstream)
+		testskip.Skipf(t, "needs kfake's %s, which a real cluster (%s) does not have", need, testcluster.EnvUpstream)
 	}
 	return c.fake
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -281,16 +282,17 @@ func requireClient(t testing.TB, client string, err error) {
 	case inCI():
 		t.Fatalf("%s not installed (CI=true: .ci/deps should have installed it): %v", client, err)
 	case skipMissing(client):
-		t.Skipf("%s not installed, skipped (%s=%s): %v", client, skipMissingEnv, os.Getenv(skipMissingEnv), err)
+		testskip.Skipf(t, "%s not installed, skipped (%s=%s): %v", client, skipMissingEnv, os.Getenv(skipMissingEnv), err)
 	default:
 		t.Fatalf("%s not installed: %v\n\tbash .ci/deps installs every client the tests drive (kcat, python3-confluent-kafka, python3-kafka, node, npm, then kafkajs with npm ci in e2e/);\n\tor run with %s=%s (or =all) to skip it", client, err, skipMissingEnv, client)
 	}
 }
 
-// TestMain runs the tests, then names every client that did not run and
-// why: with -v, and in the output of a failed run.
+// TestMain runs the tests and lists the skipped ones (testskip.Run), then
+// names every client that did not run and why: with -v, and in the output
+// of a failed run.
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testskip.Run(m)
 	notRun.Lock()
 	names := make([]string, 0, len(notRun.why))
 	for name := range notRun.why {

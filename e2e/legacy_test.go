@@ -4,12 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
+
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"net"
 
-	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +18,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupproxy/dedupproxy/internal/testcluster"
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 var update = flag.Bool("update", false, "write results/legacy-clients.md from this run")
@@ -483,7 +486,7 @@ func runLostAck(t *testing.T, c legacyClient, mode string) {
 		fake = cluster.kfake(t, "held Produce requests (ControlKey, SleepControl)")
 	case modeCut:
 		if cluster.tls() {
-			t.Skip("cut reads Kafka frames on the proxy's broker connection, which TLS hides")
+			testskip.Skip(t, "cut reads Kafka frames on the proxy's broker connection, which TLS hides")
 		}
 	}
 	target := cluster.addrs()[0]

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // TestRealClusterSwitch runs the lost-acknowledgement harness against a
@@ -21,7 +22,7 @@ import (
 // refuse; a real Kafka serves them all (docs/real-cluster.md).
 func TestRealClusterSwitch(t *testing.T) {
 	if real, _ := realCluster(); real != nil {
-		t.Skipf("the run is against %s already", real.Describe())
+		testskip.Skipf(t, "the run is against %s already", real.Describe())
 	}
 	goClient := map[string]bool{"franz-go": true, "sarama": true, "kafka-go": true}
 	for _, setup := range []struct {

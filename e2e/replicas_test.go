@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/internal/testports"
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -497,7 +498,7 @@ func TestReplicasLostAck(t *testing.T) {
 				// It never retries: any leader change, Kafka's own
 				// included, fails its records; nothing for the proxy to
 				// hand over without an error.
-				t.Skip("never retries (retries=0): a moving node fails its records with or without replicas")
+				testskip.Skip(t, "never retries (retries=0): a moving node fails its records with or without replicas")
 			}
 			for _, mode := range []string{replicaRolling, replicaKill, replicaLeader} {
 				t.Run(mode, func(t *testing.T) { runReplicaLostAck(t, c, mode, k%fleetSize) })
@@ -736,8 +737,14 @@ func runReplicaLostAck(t *testing.T, c legacyClient, mode string, via int) {
 		if lost > 0 {
 			t.Errorf("%d acknowledged records are not in the log: %s", lost, strings.Join(lostVals, " "))
 		}
-		if duplicated > 0 {
-			t.Skipf("not caught (docs/replicas.md, \"Why nothing is written twice or lost\"): %s assigns its retry to partitions anew, and the copies sent to partitions another replica serves meet no original there; %d written twice", c.name, duplicated)
+		// At most one send's records: the one whose answer was lost.
+		switch bound := c.recordsPerRequest; {
+		case duplicated > bound:
+			t.Errorf("through three replicas (%s), %d records were written twice, more than the %d documented (docs/replicas.md, \"Why nothing is written twice or lost\": "+
+				"%s assigns its retry to partitions anew, and the copies sent to partitions another replica serves meet no original there)", mode, duplicated, bound, c.name)
+		case duplicated > 0:
+			t.Logf("not caught, as documented, within its bound: %d written twice, at most %d (docs/replicas.md, \"Why nothing is written twice or lost\": "+
+				"%s assigns its retry to partitions anew, and the copies sent to partitions another replica serves meet no original there)", duplicated, bound, c.name)
 		}
 	case c.restampsResends && mode == replicaKill && duplicated > 0:
 		// A retry that reaches a replica which knows the original only
@@ -758,8 +765,15 @@ func runReplicaLostAck(t *testing.T, c legacyClient, mode string, via int) {
 				mode, duplicated, same, strings.Join(dupVals, " "))
 			break
 		}
-		t.Skipf("not caught (docs/legacy.md, \"After a restart\"): %s stamps a resend anew, and a replica that knows the original only from the log matches it only with its timestamp; %d written twice (each copy with its own timestamp), the first ones: %s",
-			c.name, duplicated, strings.Join(dupVals[:min(20, len(dupVals))], " "))
+		// At most the records it had in flight when the replica died.
+		if duplicated > c.inFlight {
+			t.Errorf("through three replicas (%s), %d records were written twice, more than the %d %s can have in flight (docs/legacy.md, \"After a restart\")",
+				mode, duplicated, c.inFlight, c.name)
+			break
+		}
+		t.Logf("not caught, as documented, within its bound (docs/legacy.md, \"After a restart\"): %s stamps a resend anew, and a replica that knows the original only from the log "+
+			"matches it only with its timestamp; %d written twice (each copy with its own timestamp), at most %d, the first ones: %s",
+			c.name, duplicated, c.inFlight, strings.Join(dupVals[:min(20, len(dupVals))], " "))
 	default:
 		if duplicated > 0 {
 			t.Errorf("through three replicas (%s), %d records were written twice: %s", mode, duplicated, strings.Join(dupVals, " "))

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/config"
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // librdkafka clients (kcat, confluent-kafka-python) over TLS and SASL_SSL.
@@ -44,7 +45,7 @@ func TestKcatTLS(t *testing.T) {
 	t.Parallel()
 	kcat, err := exec.LookPath("kcat")
 	if err != nil {
-		t.Skip("kcat not installed (apt-get install -y kcat); .ci/run installs it")
+		testskip.Skip(t, "kcat not installed (apt-get install -y kcat); .ci/run installs it")
 	}
 	for _, tc := range []struct {
 		name string
@@ -126,7 +127,7 @@ func TestConfluentPythonSASLSSL(t *testing.T) {
 	t.Parallel()
 	const python, n = "/usr/bin/python3", 2000
 	if err := exec.Command(python, "-c", "import confluent_kafka").Run(); err != nil {
-		t.Skip("python3-confluent-kafka not installed (apt-get install -y python3-confluent-kafka); .ci/run installs it")
+		testskip.Skip(t, "python3-confluent-kafka not installed (apt-get install -y python3-confluent-kafka); .ci/run installs it")
 	}
 	const topic = "confluent-sasl-ssl"
 	certs, p := securedSetup(t, topic)

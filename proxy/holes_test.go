@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // Socket tests of produce_splice (holes.go): the records of large
@@ -23,7 +25,7 @@ import (
 func requireHoles(t *testing.T) {
 	t.Helper()
 	if !holesSupported {
-		t.Skip("splice(2) is Linux-only")
+		testskip.Skip(t, "splice(2) is Linux-only")
 	}
 }
 

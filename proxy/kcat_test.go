@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // TestKcatThroughProxy drives librdkafka's kcat through the proxy: the
@@ -19,7 +21,7 @@ func TestKcatThroughProxy(t *testing.T) {
 	t.Parallel()
 	kcat, err := exec.LookPath("kcat")
 	if err != nil {
-		t.Skip("kcat not installed (apt-get install -y kcat); .ci/run installs it")
+		testskip.Skip(t, "kcat not installed (apt-get install -y kcat); .ci/run installs it")
 	}
 	const topic, n = "kcat", 1000
 	c := newCluster(t, kfake.SeedTopics(3, topic))

@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -190,7 +191,7 @@ func freePorts(t testing.TB, lo, hi, n int) int {
 			return p
 		}
 	}
-	t.Skipf("no %d consecutive free ports in %d..%d", n, lo, hi)
+	testskip.Skipf(t, "no %d consecutive free ports in %d..%d", n, lo, hi)
 	return 0
 }
 
@@ -522,7 +523,7 @@ func TestNodeListenerOnAdminPortFailsStart(t *testing.T) {
 	listen := freePorts(t, 30000, 32000, 2)
 	admin, err := net.Listen("tcp", hostPort("127.0.0.1", listen+1))
 	if err != nil {
-		t.Skipf("port %d taken meanwhile: %v", listen+1, err)
+		testskip.Skipf(t, "port %d taken meanwhile: %v", listen+1, err)
 	}
 	defer admin.Close()
 	s := &Server{

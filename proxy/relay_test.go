@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -402,7 +403,7 @@ func TestRelayLargeNoAllocs(t *testing.T) {
 	for _, v := range []int16{15, 16} {
 		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
 			if !spliceSupported {
-				t.Skip("no splice here")
+				testskip.Skip(t, "no splice here")
 			}
 			body := fetchBody(v, 64<<10)
 			frame := binary.BigEndian.AppendUint32(nil, 0)

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // TestRetryAcrossRestart: a batch is appended through one proxy, which
@@ -322,7 +323,7 @@ var soak = flag.Duration("soak", 0, "run TestSoak for this long (opt-in; e.g. -s
 // more than a fixed margin.
 func TestSoak(t *testing.T) {
 	if *soak <= 0 {
-		t.Skip("opt-in: go test ./proxy -run TestSoak -soak 10m")
+		testskip.Skip(t, "opt-in: go test ./proxy -run TestSoak -soak 10m")
 	}
 	const topic, partitions = "soak", 12
 	fb := newSinkBroker(t, topic, partitions)

@@ -18,6 +18,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -221,7 +222,7 @@ func docsWithCommands(t *testing.T) []string {
 // missing client fails e2e, unless E2E_SKIP_MISSING is set outside CI.
 func TestDocCommands(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the documents' sessions take a while")
+		testskip.Skip(t, "-short: the documents' sessions take a while")
 	}
 	for _, path := range docsWithCommands(t) {
 		raw, err := os.ReadFile(path)
@@ -363,7 +364,7 @@ func runDocSession(t *testing.T, cmds []docCommand) {
 		code, out := s.run(text, 3*time.Minute)
 		if code == 127 {
 			if skip := os.Getenv("E2E_SKIP_MISSING"); skip != "" && os.Getenv("CI") != "true" {
-				t.Skipf("%s:%d: %s: a program is missing, and E2E_SKIP_MISSING=%s lets it be:\n%s", c.file, c.line, c.text, skip, out)
+				testskip.Skipf(t, "%s:%d: %s: a program is missing, and E2E_SKIP_MISSING=%s lets it be:\n%s", c.file, c.line, c.text, skip, out)
 			}
 			t.Fatalf("%s:%d: %s: a program is missing (bash .ci/deps installs kcat, curl and the clients; E2E_SKIP_MISSING=all skips):\n%s", c.file, c.line, c.text, out)
 		}

@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
+
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // TestEmbeddedAutoCreate: the embedded cluster creates a topic on a
@@ -73,7 +75,7 @@ func TestEmbeddedAutoCreate(t *testing.T) {
 // not installed; e2e runs it as a client under test).
 func TestEmbeddedAutoCreateKafkaPython(t *testing.T) {
 	if err := exec.Command("/usr/bin/python3", "-c", "import kafka").Run(); err != nil {
-		t.Skipf("kafka-python not installed (apt-get install python3-kafka): %v", err)
+		testskip.Skipf(t, "kafka-python not installed (apt-get install python3-kafka): %v", err)
 	}
 	logs := newLogWatcher()
 	ctx, cancel := context.WithCancel(context.Background())

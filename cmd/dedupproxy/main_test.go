@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"gopkg.in/yaml.v3"
 
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	os.Exit(m.Run())
+	os.Exit(testskip.Run(m))
 }
 
 // TestConfigExample keeps config.example.yaml and proxy.Config in step:
@@ -367,7 +368,7 @@ func TestAdminPortCheck(t *testing.T) {
 		}
 	}
 	if port == 0 {
-		t.Skip("no two consecutive free ports")
+		testskip.Skip(t, "no two consecutive free ports")
 	}
 	logs := newLogWatcher()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/internal/testports"
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // processFleet is three dedupproxy processes (this test binary run as the
@@ -120,7 +121,7 @@ func (f *processFleet) signal(i int, sig syscall.Signal) error {
 // and at the end nothing was written twice or lost.
 func TestReplicaProcesses(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs three proxy processes")
+		testskip.Skip(t, "runs three proxy processes")
 	}
 	const topic = "processes"
 	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(6, topic))
