@@ -28,3 +28,9 @@ func confluentGoClient(paced bool) legacyClient {
 	}
 	return c
 }
+
+// openConfluentGoBeater without cgo: the client is missing (its available
+// says so first).
+func openConfluentGoBeater(*testing.T, hbEnv) (beater, error) {
+	return nil, errors.New("confluent-kafka-go needs cgo")
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 )
@@ -187,4 +188,55 @@ func confluentGoProduce(ctx context.Context, t *testing.T, bootstrap, topic stri
 		return acks.result(version), errors.Join(err, ctx.Err())
 	}
 	return acks.result(version), err
+}
+
+// confluentGoBeater: confluent-kafka-go, idempotence off, each beat to
+// partition 0, awaited on its delivery report.
+type confluentGoBeater struct {
+	p     *kafka.Producer
+	topic string
+}
+
+func openConfluentGoBeater(t *testing.T, e hbEnv) (beater, error) {
+	bootstrap, topic, id := e.bootstrap, e.topic, e.id
+	p, err := kafka.NewProducer(&kafka.ConfigMap{
+		"bootstrap.servers": bootstrap, "client.id": id, "enable.idempotence": false, "acks": "all",
+		"linger.ms": 0, "retry.backoff.ms": 50, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500,
+		"message.timeout.ms": 25000, "go.logs.channel.enable": true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for range p.Logs() { // its log is not the test's concern; drained so it never blocks
+		}
+	}()
+	go func() {
+		for range p.Events() {
+		}
+	}()
+	return confluentGoBeater{p: p, topic: topic}, nil
+}
+
+func (b confluentGoBeater) beat() error {
+	report := make(chan kafka.Event, 1)
+	err := b.p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &b.topic, Partition: 0}, Value: []byte(heartbeatValue)}, report)
+	if err != nil {
+		return err
+	}
+	select {
+	case ev := <-report:
+		if m, ok := ev.(*kafka.Message); ok {
+			return m.TopicPartition.Error
+		}
+		return fmt.Errorf("delivery report %v", ev)
+	case <-time.After(30 * time.Second):
+		return errors.New("no delivery report in 30 s")
+	}
+}
+
+func (b confluentGoBeater) close() error {
+	b.p.Flush(10000)
+	b.p.Close()
+	return nil
 }

@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
 
 // The false-positive suite (docs/legacy.md, "What is left"): records that
@@ -399,5 +403,178 @@ func TestSharedIdentity(t *testing.T) {
 	}
 	if all-turns != 2 {
 		t.Errorf("copies of a record in flight: %d of 3 written, docs/legacy.md says 2 (the copy identical to the millisecond is taken for a retry)", all-turns)
+	}
+}
+
+// The reconnects of TestHeartbeatsAcrossReconnect.
+const (
+	// reconnectClose: the client closes; a new one with the same client
+	// id goes on (the same client instance to the proxy).
+	reconnectClose = "client closes"
+	// reconnectRestart: the proxy is killed and a new one starts on its
+	// ports; the same client reconnects and goes on.
+	reconnectRestart = "proxy restarts"
+	// reconnectHandover: through three replicas, the one serving the
+	// partition's node stops as SIGTERM does, handing the node to
+	// another (docs/replicas.md); the same client follows it and goes on.
+	reconnectHandover = "handover"
+)
+
+// heartbeatsPerSide is how many beats a client sends before the reconnect,
+// and again after it, each at least heartbeatEvery after the one before
+// (a timer's beats, ms apart: the workload's shape, not a
+// synchronisation).
+const (
+	heartbeatsPerSide = 40
+	heartbeatEvery    = 5 * time.Millisecond
+)
+
+// TestHeartbeatsAcrossReconnect: one client instance sends the same record
+// (hb=ok, partition 0) on a timer, each beat once the last is acknowledged,
+// reconnects, and goes on (docs/legacy.md, "What is left"). Every beat is
+// new data, and every one must be written, after each kind of reconnect:
+// a client that keeps its timestamps sends a later record each time; one
+// that stamps a resend anew (compared by content) closes cleanly itself,
+// having read every answer, or reaches a proxy that knows the earlier
+// beats only from the log (a restart: matched only with their
+// timestamps) or a replica that took the node over with only what its
+// client may not have acknowledged (a handover: nothing, between beats).
+// The documented loss of such a client after a reset (at most its last
+// 64 requests' records) is proxy/heartbeat_test.go's.
+func TestHeartbeatsAcrossReconnect(t *testing.T) {
+	for _, c := range heartbeatClients() {
+		t.Run(c.name, func(t *testing.T) {
+			if c.open == nil {
+				if err := c.available(); err != nil {
+					testskip.Skipf(t, "%s runs only where installed: %v", c.name, err)
+				}
+			}
+			requireClient(t, c.name, c.available())
+			for _, kind := range []string{reconnectClose, reconnectRestart, reconnectHandover} {
+				t.Run(kind, func(t *testing.T) { runHeartbeats(t, c, kind) })
+			}
+		})
+	}
+}
+
+func runHeartbeats(t *testing.T, c hbClient, kind string) {
+	name := strings.NewReplacer(" ", "-", "/", "-", "@", "").Replace(c.name)
+	const topicName = "heartbeats"
+	var (
+		tc          *testCluster
+		bootstrap   string
+		reconnect   func()
+		newInstance bool
+	)
+	switch kind {
+	case reconnectClose, reconnectRestart:
+		tc = newCluster(t, topicName)
+		listen := freeListenPair(t)
+		px := startProxyOn(t, tc, listen)
+		bootstrap = px.addr()
+		if kind == reconnectClose {
+			newInstance = true
+			reconnect = func() {
+				if !eventually(10*time.Second, func() bool { return px.metric("dedupproxy_client_connections", "") == 0 }) {
+					t.Fatalf("the proxy still has %v client connections 10 s after the client closed", px.metric("dedupproxy_client_connections", ""))
+				}
+			}
+			break
+		}
+		reconnect = func() {
+			px.kill()
+			next, err := startProxyOnErr(tc, listen)
+			if err != nil {
+				t.Fatalf("restarting the proxy: %v", err)
+			}
+			t.Cleanup(next.kill)
+		}
+	case reconnectHandover:
+		tc = newClusterOf(t, fleetSize, topicName)
+		cluster := tc.kfake(t, "in-process replicas")
+		f := newReplicaFleet(t, cluster, nil)
+		bootstrap = strings.Join(f.listen, ",")
+		// Node N is replica N mod 3's (docs/replicas.md).
+		owner := int(cluster.LeaderFor(tc.topic(topicName), 0)) % fleetSize
+		reconnect = func() {
+			if n := f.member(owner).metric("dedupproxy_requests_total", "api=Produce"); n < heartbeatsPerSide {
+				t.Fatalf("replica %d, the node's owner, served %v Produce requests of %d beats", owner, n, heartbeatsPerSide)
+			}
+			if err := f.stop(owner); err != nil {
+				t.Fatalf("stopping replica %d: %v", owner, err)
+			}
+			if n := f.sum("dedupproxy_replica_handovers_total", "event=covered"); n < 1 {
+				t.Fatalf("replica %d stopped, and no replica covers its nodes (%v covered)", owner, n)
+			}
+		}
+	}
+	topic := tc.topic(topicName)
+	env := hbEnv{bootstrap: bootstrap, topic: topic, id: "beater-" + name, logged: partitionZeroEnd(t, tc, topic)}
+	b, err := c.open(t, env)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	beats := func(side string) {
+		tick := time.NewTicker(heartbeatEvery)
+		defer tick.Stop()
+		for i := range heartbeatsPerSide {
+			if i > 0 {
+				<-tick.C
+			}
+			if err := b.beat(); err != nil {
+				t.Fatalf("%s: beat %d %s: %v", c.name, i+1, side, err)
+			}
+		}
+	}
+	beats("before the reconnect")
+	newInstance = newInstance || c.onePass
+	if newInstance {
+		if err := b.close(); err != nil {
+			t.Fatalf("%s: close: %v", c.name, err)
+		}
+	}
+	reconnect()
+	if newInstance {
+		if b, err = c.open(t, env); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+	}
+	beats("after the reconnect")
+	if err := b.close(); err != nil {
+		t.Errorf("%s: close: %v", c.name, err)
+	}
+	copies, stored := storedValues(t, tc, topic)
+	written, want := copies[heartbeatValue], 2*heartbeatsPerSide
+	t.Logf("%s, %s: %d of %d beats written (%d records stored)", c.name, kind, written, want, stored)
+	switch {
+	case written > want:
+		t.Errorf("%d of %d beats written: beats written twice", written, want)
+	case written < want:
+		t.Errorf("%d of %d beats written: beats this client really sent were taken for retries", written, want)
+	}
+}
+
+// partitionZeroEnd returns a function that asks the cluster for the end
+// offset of topic's partition 0 (how many records it holds), -1 if it
+// cannot tell.
+func partitionZeroEnd(t *testing.T, c *testCluster, topic string) func() int64 {
+	cl, err := kgo.NewClient(c.clientOpts(t)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	adm := kadm.NewClient(cl)
+	return func() int64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		if err != nil {
+			return -1
+		}
+		o, ok := ends.Lookup(topic, 0)
+		if !ok || o.Err != nil {
+			return -1
+		}
+		return o.Offset
 	}
 }
