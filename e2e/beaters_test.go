@@ -355,7 +355,6 @@ type lineBeater struct {
 	lines   chan string // what answers a beat: "ok" or "error: ..."
 	other   chan string // everything else the child prints, for the log
 	done    chan error
-	waitErr error
 	t       *testing.T
 	beatTxt string // what one beat writes to stdin
 }
