@@ -160,19 +160,6 @@ func benchDecideSettle(b *testing.B, batch func(i int) []byte) {
 	b.ReportMetric(4, "batches/op")
 }
 
-func TestFrameClasses(t *testing.T) {
-	for _, n := range []int{1, 16 << 10, 16<<10 + 1, 64 << 10, 64<<10 + 1, 1 << 20, 64 << 20} {
-		bp := getFrame(n)
-		if cap(*bp) < n || len(*bp) != 0 {
-			t.Fatalf("getFrame(%d): len %d cap %d", n, len(*bp), cap(*bp))
-		}
-		putFrame(bp)
-	}
-	if frameClass(64<<20+1) != -1 {
-		t.Fatal("a frame above the largest class must not be pooled")
-	}
-}
-
 // TestLegacySteadyStateNoAllocs pins zero allocations per request for
 // legacy batches (producer id -1) on the steady-state path: scan, record
 // identities, decision, the broker's answer and the delivered answer.

@@ -100,7 +100,7 @@ func coreMatch(m string) decide.Match {
 }
 
 // keysOn reports whether some topic reads idempotency keys now: requests
-// are then read whole (holes.go).
+// are then read whole (relay/holes.go).
 func (s *Server) keysOn() bool {
 	if s.core == nil || s.keys == nil {
 		return false

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
+	"github.com/dedupproxy/dedupproxy/relay"
 )
 
 // Socket tests of produce_splice (holes.go): the records of large
@@ -24,7 +25,7 @@ import (
 
 func requireHoles(t *testing.T) {
 	t.Helper()
-	if !holesSupported {
+	if !relay.HolesSupported {
 		testskip.Skip(t, "splice(2) is Linux-only")
 	}
 }
@@ -85,7 +86,7 @@ func TestProduceSpliceRetries(t *testing.T) {
 	if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b0}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("original: %+v", r)
 	}
-	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s < minHole || s > float64(len(b0)) {
+	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s < relay.MinHole || s > float64(len(b0)) {
 		t.Fatalf("%.0f bytes spliced of a %d-byte batch", s, len(b0))
 	}
 	if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b0}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
@@ -97,7 +98,7 @@ func TestProduceSpliceRetries(t *testing.T) {
 	if n := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]); n != 1 {
 		t.Fatalf("retries answered by the proxy: %v, want 1", n)
 	}
-	if rb := testutil.ToFloat64(p.Metrics.produceReadBack); rb < minHole {
+	if rb := testutil.ToFloat64(p.Metrics.produceReadBack); rb < relay.MinHole {
 		t.Fatalf("%.0f bytes read back to answer the retry", rb)
 	}
 
@@ -110,7 +111,7 @@ func TestProduceSpliceRetries(t *testing.T) {
 	}
 	checkValues(t, partitionValues(t, c, topic, 0, 3), 3, v0)
 	checkValues(t, partitionValues(t, c, topic, 1, 2), 2, v1)
-	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.inUseNow() == 0 })
+	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.InUse() == 0 })
 }
 
 // TestProduceSpliceBatchLargerThanPipe: a batch that outgrows its pipe is
@@ -129,11 +130,11 @@ func TestProduceSpliceBatchLargerThanPipe(t *testing.T) {
 	if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("produce: %+v", r)
 	}
-	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s < minHole || s >= float64(len(b)-batchHeaderLen) {
+	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s < relay.MinHole || s >= float64(len(b)-batchHeaderLen) {
 		t.Fatalf("%.0f of %d record bytes spliced: want the pipe's share, not all", s, len(b)-batchHeaderLen)
 	}
 	checkValues(t, partitionValues(t, c, topic, 0, 2), 2, v)
-	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.inUseNow() == 0 })
+	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.InUse() == 0 })
 }
 
 // batchHeaderLen is a v2 record batch's header.
@@ -161,13 +162,11 @@ func TestProduceSpliceClientGone(t *testing.T) {
 	if _, err := conn.Write(frame[:len(frame)/2]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the hole to be spliced", func() bool { return p.pipes.inUseNow() > 0 })
+	waitFor(t, 10*time.Second, "the hole to be spliced", func() bool { return p.pipes.InUse() > 0 })
 	conn.Close()
 	waitFor(t, 10*time.Second, "the pipe and the budget to be given back", func() bool {
 		pool := p.requestPool()
-		pool.mu.Lock()
-		defer pool.mu.Unlock()
-		return p.pipes.inUseNow() == 0 && pool.held == 0
+		return p.pipes.InUse() == 0 && pool.Held() == 0
 	})
 	if !strings.Contains(p.logs.String(), "truncated frame") {
 		t.Fatalf("no log line for the truncated request:\n%s", p.logs.String())
@@ -218,7 +217,7 @@ func TestProduceSpliceByteExact(t *testing.T) {
 		idempotent := false
 		for _, part := range rng.Perm(partitions)[:1+rng.IntN(partitions)] {
 			pid := int64(1000 + i*partitions + part) // a new producer: always accepted
-			size := []int{1 << 10, minHole - 100, minHole + 100, 70 << 10, 300 << 10}[rng.IntN(5)]
+			size := []int{1 << 10, relay.MinHole - 100, relay.MinHole + 100, 70 << 10, 300 << 10}[rng.IntN(5)]
 			if rng.IntN(5) == 0 {
 				pid = -1
 			}
@@ -284,7 +283,7 @@ func TestProduceSpliceByteExact(t *testing.T) {
 	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s == 0 {
 		t.Fatal("nothing spliced")
 	}
-	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.inUseNow() == 0 })
+	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.InUse() == 0 })
 }
 
 // ptrTo returns a pointer to v, for Config's optional settings.

@@ -19,7 +19,7 @@ var layers = [][]string{
 	{"decide"},
 	{"config"},
 	{"auth"},
-	{"tail", "replica"},
+	{"tail", "replica", "relay"},
 	{"proxy"},
 }
 

@@ -50,11 +50,11 @@ type Metrics struct {
 	passthrough       [decide.NumPass]prometheus.Counter
 	waitTimeouts      prometheus.Counter
 	waiting           prometheus.Gauge
-	// The large-request budget (buffers.go).
+	// The large-request budget (relay.RequestPool).
 	reqMemWaits   [numReqMemWaits]prometheus.Counter
 	reqMemStalled prometheus.Counter
 	reqMemHeld    prometheus.Gauge
-	// Produce record bytes kept out of the proxy's memory (holes.go).
+	// Produce record bytes kept out of the proxy's memory (relay/holes.go).
 	produceSpliced  prometheus.Counter
 	produceReadBack prometheus.Counter
 

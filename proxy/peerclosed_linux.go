@@ -5,6 +5,8 @@ import (
 	"net"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dedupproxy/dedupproxy/relay"
 )
 
 // unacked returns how many bytes written to conn its peer's TCP stack has
@@ -70,7 +72,7 @@ func withFD(conn net.Conn, fn func(fd int)) {
 func tcpOf(conn net.Conn) (*net.TCPConn, bool) {
 	for {
 		switch c := conn.(type) {
-		case *requestTracker:
+		case *relay.Tracker:
 			conn = c.Conn
 			continue
 		case *tls.Conn:

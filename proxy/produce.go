@@ -12,6 +12,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -33,7 +34,7 @@ type producePlan struct {
 	// the proxy answers some part; skeletonHold holds its budget when it
 	// is large.
 	skeleton     []byte
-	skeletonHold *requestBuffer
+	skeletonHold *relay.RequestBuffer
 	upstream     *[]byte // the broker's response frame, when AnyUp and AnyLocal
 	upOff        int     // its body offset after the size prefix
 	pending      int     // batches counted in Server.pendingBatches
@@ -51,10 +52,10 @@ func getPlan() *producePlan {
 }
 
 func putPlan(pl *producePlan) {
-	putFrame(pl.upstream)
+	relay.PutFrame(pl.upstream)
 	pl.upstream = nil
 	if h := pl.skeletonHold; h != nil {
-		h.pool.put(h, nil)
+		h.Unreserve()
 		pl.skeletonHold = nil
 	}
 	if cap(pl.skeleton) > maxPooledFrame {
@@ -97,7 +98,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	// Before the broker has authenticated the client, nothing is decided
 	// or looked up for it (docs/security.md).
 	conn := c.coreConn()
-	holes := c.req != nil && len(c.req.holes) > 0
+	holes := c.req != nil && c.req.HasHoles()
 	for sc.Next() {
 		part := sc.Partition()
 		if conn == nil {
@@ -379,7 +380,7 @@ func (c *session) sendDecided(pl *producePlan, h protocol.RequestHeader, body, f
 	c.unqueued = pl
 	testHook("plan")
 	// Parts answered or left out: the request's bytes are needed whole.
-	if (pl.AnyLocal && !c.fillRequest()) || (c.req != nil && c.req.broken) {
+	if (pl.AnyLocal && !c.fillRequest()) || (c.req != nil && c.req.Broken()) {
 		c.log.Error("closing connection: cannot read back the records of a produce request held in pipes")
 		return false
 	}
@@ -458,7 +459,7 @@ func (c *session) settled(pl *producePlan) {
 // keepSkeleton keeps in pl what its answer is built from: the request's
 // topics and partitions in order, without their records (a few bytes per
 // partition), so that a request the proxy answers copies none of its
-// records. A skeleton larger than smallRequest holds request_memory budget
+// records. A skeleton larger than relay.SmallRequest holds request_memory budget
 // until the answer is written (docs/security.md, "Memory").
 func (c *session) keepSkeleton(pl *producePlan, h protocol.RequestHeader, body []byte) bool {
 	out, _, err := protocol.RewriteProduce(pl.skeleton[:0], body[h.BodyOffset:], h.APIVersion, withoutRecords)
@@ -467,10 +468,8 @@ func (c *session) keepSkeleton(pl *producePlan, h protocol.RequestHeader, body [
 		return false
 	}
 	pl.skeleton = out
-	if len(out) > smallRequest {
-		hold := &requestBuffer{pool: c.s.requestPool()}
-		hold.pool.reserve(hold, len(out), c.closed)
-		pl.skeletonHold = hold
+	if len(out) > relay.SmallRequest {
+		pl.skeletonHold = c.s.requestPool().Reserve(len(out), c.closed)
 	}
 	return true
 }
@@ -550,7 +549,7 @@ func (c *session) finishProduce(p *pending) {
 	if pl.upstream != nil {
 		upBody = (*pl.upstream)[4+pl.upOff:]
 	}
-	bp := getFrame(len(pl.skeleton) + 64)
+	bp := relay.GetFrame(len(pl.skeleton) + 64)
 	dst := append((*bp)[:0], 0, 0, 0, 0)
 	dst = protocol.AppendResponseHeader(dst, int16(kmsg.Produce), pl.version, pl.corrID)
 	cursor := 0
@@ -559,7 +558,7 @@ func (c *session) finishProduce(p *pending) {
 	})
 	if err != nil {
 		c.log.Error("cannot build produce response; closing connection", "err", err)
-		putFrame(bp)
+		relay.PutFrame(bp)
 		p.failed = true
 		return
 	}

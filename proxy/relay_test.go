@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/relay"
 )
 
 // fetchBody encodes a Fetch response body (after the header) of version
@@ -68,7 +68,7 @@ func fetchRequest(v int16) *kmsg.FetchRequest {
 // is walked and passed unchanged).
 func TestFetchRelayLarge(t *testing.T) {
 	t.Parallel()
-	sizes := []int{100, spliceMinFrame - 200, spliceMinFrame + 1, 200 << 10, 3 << 20}
+	sizes := []int{100, relay.SpliceMinFrame - 200, relay.SpliceMinFrame + 1, 200 << 10, 3 << 20}
 	bodies := map[int16]map[int][]byte{}
 	versions := []int16{4, 11, 12, 15, 16}
 	if mv, _ := protocol.MaxVersion(int16(kmsg.Fetch)); mv > 16 {
@@ -89,7 +89,7 @@ func TestFetchRelayLarge(t *testing.T) {
 				p := startProxyWith(t, nil, func(cfg *Config) { cfg.Upstream = []string{sb.addr()} },
 					func(s *Server) { s.copyOnly = copyOnly })
 				raw := dialRaw(t, p.addr())
-				order := []int{3 << 20, 100, 200 << 10, spliceMinFrame + 1, spliceMinFrame - 200, 3 << 20, 100, 100, 200 << 10}
+				order := []int{3 << 20, 100, 200 << 10, relay.SpliceMinFrame + 1, relay.SpliceMinFrame - 200, 3 << 20, 100, 100, 200 << 10}
 				var corrs []int32
 				var reqs []kmsg.Request
 				for i, n := range order {
@@ -179,31 +179,6 @@ func testFetchRelayClientGone(t *testing.T, v int16) {
 	})
 	if n := sb.produces.Load(); n != 1 {
 		t.Fatalf("the broker read %d Produce requests of the batch, want 1", n)
-	}
-}
-
-// TestSpliceOnlyPlainTCP: the splice path is taken only between two plain
-// TCP connections.
-func TestSpliceOnlyPlainTCP(t *testing.T) {
-	t.Parallel()
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	if _, _, ok := rawConns(a, b); ok {
-		t.Fatal("net.Pipe connections taken for splicing")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, _, ok := rawConns(c, c); ok != spliceSupported {
-		t.Fatalf("plain TCP: splicing %v, want %v", ok, spliceSupported)
 	}
 }
 
@@ -372,87 +347,6 @@ func TestIdleResponseLoopWokenForLocalAnswers(t *testing.T) {
 		if got := int32(binary.BigEndian.Uint32(body)); got != local {
 			t.Fatalf("round %d: correlation id %d, want %d", round, got, local)
 		}
-	}
-}
-
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(t testing.TB) (a, b *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	d, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	acc, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close(); acc.Close() })
-	return d.(*net.TCPConn), acc.(*net.TCPConn)
-}
-
-// TestRelayLargeNoAllocs pins zero allocations per large Fetch response
-// relayed on the splice path, whole (v15) and walked (v16), in steady
-// state: a broker goroutine writes one prebuilt frame per run, a client
-// goroutine drains what the session relays.
-func TestRelayLargeNoAllocs(t *testing.T) {
-	for _, v := range []int16{15, 16} {
-		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
-			if !spliceSupported {
-				testskip.Skip(t, "no splice here")
-			}
-			body := fetchBody(v, 64<<10)
-			frame := binary.BigEndian.AppendUint32(nil, 0)
-			frame = binary.BigEndian.AppendUint32(frame, 7) // correlation id
-			if v >= 12 {
-				frame = append(frame, 0)
-			}
-			frame = append(frame, body...)
-			binary.BigEndian.PutUint32(frame, uint32(len(frame)-4))
-
-			brokerSide, upSide := tcpPair(t)
-			clientSide, peer := tcpPair(t)
-			c := newDecisionSession(t)
-			c.client, c.upstream = clientSide, upSide
-			c.rawClient, c.rawUp, _ = rawConns(clientSide, upSide)
-			up := newConnReader(upSide, tcpRawConn(upSide), nil)
-
-			next := make(chan struct{})
-			go func() {
-				for range next {
-					if _, err := brokerSide.Write(frame); err != nil {
-						return
-					}
-				}
-			}()
-			defer close(next)
-			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					if _, err := peer.Read(buf); err != nil {
-						return
-					}
-				}
-			}()
-			api := c.s.Metrics.api(int16(kmsg.Fetch))
-			p := &pending{key: int16(kmsg.Fetch), version: v, corrID: 7, api: api}
-			run := func() {
-				next <- struct{}{}
-				p.start = time.Now()
-				handled, alive, err := c.relayLarge(up, p)
-				if !handled || !alive || err != nil {
-					t.Fatalf("handled %v alive %v err %v", handled, alive, err)
-				}
-			}
-			run()
-			if allocs := testing.AllocsPerRun(200, run); allocs != 0 && !raceEnabled {
-				t.Fatalf("%v allocations per relayed frame", allocs)
-			}
-		})
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 	"github.com/dedupproxy/dedupproxy/tail"
@@ -37,8 +38,8 @@ func (c *session) replicaGate(h protocol.RequestHeader, body []byte, acks int16,
 	if rs == nil {
 		return false
 	}
-	tr, ok := c.client.(*requestTracker)
-	if !ok || tr.rnode == nil || acks == 0 {
+	tr := c.tracker
+	if tr == nil || c.rnode == nil || acks == 0 {
 		// acks=0: no answer to redirect and no retry to protect; the
 		// broker is still the partition's leader, so forwarding is right.
 		return false
@@ -46,11 +47,11 @@ func (c *session) replicaGate(h protocol.RequestHeader, body []byte, acks int16,
 	// Counted before the state is read: a release that begins after this
 	// read waits for its answer (drained), so no request slips upstream
 	// between the two.
-	tr.produceSent(h.CorrelationID)
-	if tr.rnode.Serving() {
+	tr.ProduceSent(h.CorrelationID)
+	if c.rnode.Serving() {
 		return false
 	}
-	tr.produceUnsent()
+	tr.ProduceUnsent()
 	return c.replicaGateSlow(rs, tr, h, body, start, api)
 }
 
@@ -58,18 +59,18 @@ func (c *session) replicaGate(h protocol.RequestHeader, body []byte, acks int16,
 // not serve plainly now: the replica set holds it while the node moves
 // here or away (replica.Set.Hold), then the session forwards or redirects
 // it.
-func (c *session) replicaGateSlow(rs *replica.Set, tr *requestTracker, h protocol.RequestHeader, body []byte, start time.Time, api *apiMetrics) bool {
+func (c *session) replicaGateSlow(rs *replica.Set, tr *relay.Tracker, h protocol.RequestHeader, body []byte, start time.Time, api *apiMetrics) bool {
 	if !c.isAuthenticated() {
 		// Not authenticated: the broker answers it (and decides nothing
 		// here depends on it), as without replicas.
-		tr.produceSent(h.CorrelationID)
+		tr.ProduceSent(h.CorrelationID)
 		return false
 	}
-	n := tr.rnode
+	n := c.rnode
 	var req kmsg.ProduceRequest
 	req.SetVersion(h.APIVersion)
 	if err := req.ReadFrom(body[h.BodyOffset:]); err != nil {
-		tr.produceSent(h.CorrelationID)
+		tr.ProduceSent(h.CorrelationID)
 		return false // the Produce path closes the connection on a bad request
 	}
 	// Wait at most the request's own timeout (the client gives up then),
@@ -88,15 +89,15 @@ func (c *session) replicaGateSlow(rs *replica.Set, tr *requestTracker, h protoco
 
 // heldRequest is a Produce request's connection as the gate holds it.
 type heldRequest struct {
-	tr     *requestTracker
+	tr     *relay.Tracker
 	corr   int32
 	closed chan struct{}
 }
 
-func (r *heldRequest) Sent()                   { r.tr.produceSent(r.corr) }
-func (r *heldRequest) Unsent()                 { r.tr.produceUnsent() }
+func (r *heldRequest) Sent()                   { r.tr.ProduceSent(r.corr) }
+func (r *heldRequest) Unsent()                 { r.tr.ProduceUnsent() }
 func (r *heldRequest) Closed() <-chan struct{} { return r.closed }
-func (r *heldRequest) Gone() <-chan struct{}   { return r.tr.gone }
+func (r *heldRequest) Gone() <-chan struct{}   { return r.tr.Gone() }
 
 // redirect answers a Produce request NOT_LEADER_OR_FOLLOWER pointing at
 // target, then stops reading the connection: it closes once that answer
@@ -144,7 +145,7 @@ func (c *session) answerNotLeader(rs *replica.Set, req *kmsg.ProduceRequest, h p
 			resp.Brokers = append(resp.Brokers, b)
 		}
 	}
-	bp := getFrame(256)
+	bp := relay.GetFrame(256)
 	buf := append((*bp)[:0], 0, 0, 0, 0)
 	buf = protocol.AppendResponseHeader(buf, int16(kmsg.Produce), h.APIVersion, h.CorrelationID)
 	buf = resp.AppendTo(buf)

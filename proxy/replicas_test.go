@@ -17,6 +17,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -364,16 +365,17 @@ func TestReplicaLeaderMovedAwayRewarms(t *testing.T) {
 
 // gateFixture is a session on a node its replica serves, for the gate's
 // hot path: what every Produce request of a replica pays.
-func gateFixture() (*session, *requestTracker, protocol.RequestHeader) {
+func gateFixture() (*session, *relay.Tracker, protocol.RequestHeader) {
 	l := &config.Layout{Self: 0, Count: 3, Owners: map[int32]int{}}
 	s := &Server{Logger: slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil)}
 	s.replicas = replica.New(replica.Options{Layout: l, Log: s.Logger, Now: time.Now, Ctx: context.Background(), Spawn: func(func()) bool { return false }})
 	for peer := 1; peer < l.Count; peer++ { // nobody else decides anything: serving
 		s.replicas.Step(owner.PeerUnreachable{Peer: peer})
 	}
-	tr := newRequestTracker(nil)
-	tr.rnode = s.replicas.Attach(tr, 0)
-	return &session{s: s, client: tr}, tr, protocol.RequestHeader{APIKey: 0, APIVersion: 9, CorrelationID: 7}
+	tr := relay.NewTracker(nil)
+	n := s.replicas.Attach(tr, 0)
+	tr.Drain = n
+	return &session{s: s, client: tr, tracker: tr, rnode: n}, tr, protocol.RequestHeader{APIKey: 0, APIVersion: 9, CorrelationID: 7}
 }
 
 // TestReplicaGateNoAllocs: on a node its replica serves, the gate costs a
@@ -383,12 +385,12 @@ func TestReplicaGateNoAllocs(t *testing.T) {
 	if c.replicaGate(h, nil, -1, time.Time{}, nil) {
 		t.Fatal("a served node's request was answered by the gate")
 	}
-	tr.produceUnsent()
+	tr.ProduceUnsent()
 	if n := testing.AllocsPerRun(1000, func() {
 		if c.replicaGate(h, nil, -1, time.Time{}, nil) {
 			panic("answered")
 		}
-		tr.produceUnsent() // as its answer would
+		tr.ProduceUnsent() // as its answer would
 	}); n != 0 {
 		t.Errorf("%v allocations per Produce request", n)
 	}
@@ -400,7 +402,7 @@ func BenchmarkReplicaGate(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c.replicaGate(h, nil, -1, time.Time{}, nil)
-		tr.produceUnsent()
+		tr.ProduceUnsent()
 	}
 }
 

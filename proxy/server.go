@@ -16,6 +16,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/certprincipal"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 	"github.com/dedupproxy/dedupproxy/tail"
@@ -105,26 +106,26 @@ type Server struct {
 	warmCtx    context.Context
 	cancelWarm context.CancelFunc
 
-	// copyOnly turns off splicing large Fetch responses (relay.go), so
+	// copyOnly turns off splicing large Fetch responses (relay.Fetch), so
 	// tests and benchmarks can compare the two paths.
 	copyOnly bool
 
 	refusals refusalLog // connections refused for a limit, logged sparingly
 
-	reqPool     *requestPool // large requests' buffers (buffers.go), made on first use
-	pipes       pipePool     // pipes holding produce records (holes.go)
+	reqPool     *relay.RequestPool // large requests' buffers, made on first use
+	pipes       relay.PipePool     // pipes holding produce records
 	reqPoolOnce sync.Once
-	readBufs    atomic.Int64 // connection read buffers held now (connreader.go)
+	readBufs    atomic.Int64 // connection read buffers held now (relay.ConnReader)
 
 	// mu guards the fields below, and makes "not closing" and registering
 	// a listener, a session or a goroutine one step, so that nothing
 	// starts after Shutdown took its snapshot.
 	mu        sync.Mutex
 	listeners []net.Listener
-	clients   map[net.Conn]netip.Addr      // every client connection admitted and not yet finished, with its IP when counted in perIP
-	perIP     map[netip.Addr]int           // open connections per client IP, kept when MaxConnectionsPerIP is set
-	sessions  map[*session]*requestTracker // with what each awaits (drain.go)
-	closing   atomic.Bool                  // written under mu; read without it where a stale false is harmless
+	clients   map[net.Conn]netip.Addr     // every client connection admitted and not yet finished, with its IP when counted in perIP
+	perIP     map[netip.Addr]int          // open connections per client IP, kept when MaxConnectionsPerIP is set
+	sessions  map[*session]*relay.Tracker // with what each awaits (drain.go)
+	closing   atomic.Bool                 // written under mu; read without it where a stale false is harmless
 	started   bool
 	wg        sync.WaitGroup // accept loops, connections, background loops
 	connSeq   atomic.Uint64
@@ -177,7 +178,7 @@ func (s *Server) Start(ctx context.Context) error {
 		// Say so when it cannot apply, rather than leave an operator to
 		// wonder why dedupproxy_produce_spliced_bytes_total stays at 0.
 		switch {
-		case !holesSupported:
+		case !relay.HolesSupported:
 			s.Logger.Warn("produce_splice has no effect: it needs Linux's splice(2)")
 		case s.Config.TLS.Enabled() || s.Config.UpstreamTLS.Enabled:
 			s.Logger.Warn("produce_splice applies to plain TCP legs only: it has no effect where TLS is on")
@@ -193,7 +194,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return errors.New("proxy: server already started")
 	}
 	s.started = true
-	s.sessions = make(map[*session]*requestTracker)
+	s.sessions = make(map[*session]*relay.Tracker)
 	s.clients = make(map[net.Conn]netip.Addr)
 	s.perIP = make(map[netip.Addr]int)
 	s.stop = make(chan struct{})
@@ -454,7 +455,7 @@ func (s *Server) refused(reason string, c net.Conn) {
 
 // track registers sess, and the tracker of its client connection, unless
 // Shutdown has begun.
-func (s *Server) track(sess *session, tr *requestTracker) bool {
+func (s *Server) track(sess *session, tr *relay.Tracker) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing.Load() {
@@ -502,12 +503,15 @@ func (s *Server) handle(c net.Conn, node int32) {
 		c.Close()
 		return
 	}
-	tr := newRequestTracker(c)
+	tr := relay.NewTracker(c)
+	var rnode *replica.Node
 	if rs := s.replicas; rs != nil {
-		tr.rnode = rs.Attach(tr, node)
+		rnode = rs.Attach(tr, node)
+		tr.Drain = rnode
 		defer rs.Detach(tr)
 	}
 	sess := newSession(s, id, tr, up, log.With("broker", addr))
+	sess.rnode = rnode
 	if tc, ok := c.(*auth.Conn); ok {
 		sess.noteTLSPrincipal(tc.ConnectionState())
 	}
@@ -578,7 +582,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
 	lns := s.listeners
 	s.listeners = nil
-	sessions := make(map[*session]*requestTracker, len(s.sessions))
+	sessions := make(map[*session]*relay.Tracker, len(s.sessions))
 	for sess, tr := range s.sessions {
 		sessions[sess] = tr
 	}
@@ -602,21 +606,21 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// polls are not. A replica that handed every node over has no Produce
 	// request of its own in flight: nothing it waits for holds state, so
 	// it stops at once (docs/replicas.md).
-	cut := (*requestTracker).onlyFetch
+	cut := (*relay.Tracker).OnlyFetch
 	if handed {
-		cut = func(tr *requestTracker) bool { return tr.ProducesAwaited() == 0 }
+		cut = func(tr *relay.Tracker) bool { return tr.ProducesAwaited() == 0 }
 	}
 	go s.cutFetchOnly(sessions, cut, done, ctx.Done())
 	select {
 	case <-done:
-		s.pipes.close() // every session has ended
+		s.pipes.Close() // every session has ended
 		s.stopWarm()
 		return s.drainResult()
 	case <-ctx.Done():
 	}
 	select {
 	case <-done: // both ready: the drain finished in time
-		s.pipes.close()
+		s.pipes.Close()
 		s.stopWarm()
 		return s.drainResult()
 	default:

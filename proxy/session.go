@@ -20,6 +20,8 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/relay"
+	"github.com/dedupproxy/dedupproxy/replica"
 )
 
 // session is one client connection and its own upstream connection.
@@ -43,7 +45,7 @@ type session struct {
 	client   net.Conn
 	upstream net.Conn
 	log      *slog.Logger
-	in       *connReader // readLoop's reader of client
+	in       *relay.ConnReader // readLoop's reader of client
 
 	queue *pendingQueue
 
@@ -92,18 +94,18 @@ type session struct {
 	// wake receives when the core wakes this connection's waiting request.
 	wake chan struct{}
 
-	// Large Fetch responses are spliced socket to socket (relay.go) when
-	// both legs are plain TCP; nil otherwise.
+	// Large Fetch responses are spliced socket to socket (relay.Fetch)
+	// when both legs are plain TCP; nil otherwise.
 	rawClient, rawUp syscall.RawConn
 	// The legs' own RawConns when each is plain TCP, whether or not the
-	// other is: connReader reads them without holding a buffer idle.
+	// other is: relay.ConnReader reads them without holding a buffer idle.
 	readRawClient, readRawUp syscall.RawConn
 
-	tracker *requestTracker // the client connection's, when it has one
-	req     *requestBuffer  // readLoop's: the request being handled (holes.go)
-	splice  *splicer        // responseLoop's, made on first use
-	reqSend moreSender      // readLoop's: the bytes of a request between its holes (holes.go)
-	stream  fetchStream     // responseLoop's, for Fetch v16+ (fetchstream.go)
+	tracker *relay.Tracker       // the client connection's, when it has one
+	rnode   *replica.Node        // with replicas: the node whose listener took the connection
+	req     *relay.RequestBuffer // readLoop's: the request being handled
+	reqSend relay.MoreSender     // readLoop's: the bytes of a request between its holes
+	fetch   relay.Fetch          // responseLoop's: large Fetch responses
 
 	// waitUpstream's hand-shake with readLoop, under upMu.
 	upMu        sync.Mutex
@@ -119,18 +121,15 @@ type pending struct {
 	corrID       int32
 	start        time.Time
 	api          *apiMetrics
-	resp         *[]byte      // the whole response frame, from getFrame; set early when the proxy answers alone
+	resp         *[]byte      // the whole response frame, from relay.GetFrame; set early when the proxy answers alone
 	failed       bool         // no response will come; the connection closes
 	plan         *producePlan // Produce decided by the core, else nil
 	initTxn      bool         // InitProducerId for a transactional id: feeds fencing
-	relayed      bool         // the response went to the client as it was read (relayLarge)
+	relayed      bool         // the response went to the client as it was read (relay.Fetch)
 	sasl         *auth.Step   // SaslHandshake, SaslAuthenticate: what the request means (auth.go)
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{} }}
-
-// readBufferSize is the buffered reader on each side of a session.
-const readBufferSize = 32 << 10
 
 // maxPooledFrame bounds the buffers kept for reuse outside the size-class
 // pools (a Produce plan's copy of its request).
@@ -145,12 +144,19 @@ func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logge
 		wake:      make(chan struct{}, 1),
 	}
 	inner := client
-	if tr, ok := client.(*requestTracker); ok {
+	if tr, ok := client.(*relay.Tracker); ok {
 		inner, c.tracker = tr.Conn, tr
 	}
-	c.readRawClient, c.readRawUp = tcpRawConn(inner), tcpRawConn(upstream)
+	c.readRawClient, c.readRawUp = relay.TCPRawConn(inner), relay.TCPRawConn(upstream)
 	if !s.copyOnly {
-		c.rawClient, c.rawUp, _ = rawConns(inner, upstream)
+		c.rawClient, c.rawUp, _ = relay.RawConns(inner, upstream)
+	}
+	c.fetch = relay.Fetch{
+		Client: client, RawClient: c.rawClient, RawUp: c.rawUp, MaxFrame: s.Config.MaxFrameBytes,
+		Mapper:      &responseMapper{&s.nodes, s.table},
+		Metrics:     relay.FetchMetrics{BrokerRead: s.Metrics.BrokerReadBytes, ClientWritten: s.Metrics.ClientWrittenBytes},
+		ExtendWrite: c.extendClientWrite,
+		WriteFailed: c.clientWriteFailed,
 	}
 	return c
 }
@@ -253,15 +259,15 @@ func (c *session) readLoop() {
 
 	cfg := &c.s.Config
 	m := c.s.Metrics
-	rb := requestBuffer{pool: c.s.requestPool(), tracker: c.tracker}
-	if holesSupported && cfg.ProduceSpliceOn() && c.rawClient != nil && c.rawUp != nil {
-		rb.src, rb.direct, rb.mover, rb.pipes = c.rawClient, c.client, newHoleMover(), &c.s.pipes
+	rb := relay.NewRequestBuffer(c.s.requestPool(), c.tracker)
+	if relay.HolesSupported && cfg.ProduceSpliceOn() && c.rawClient != nil && c.rawUp != nil {
+		rb.SpliceFrom(c.rawClient, c.client, &c.s.pipes)
 	}
-	c.req = &rb
-	defer rb.release()
+	c.req = rb
+	defer rb.Release()
 	// Asked when a request's size has arrived, not before waiting for it:
 	// the answer that authenticated the connection may be read meanwhile.
-	rb.limit = func() int32 {
+	rb.SetLimit(func() int32 {
 		if c.preAuthentication() {
 			// Kafka's sasl.server.max.receive.size: before the broker
 			// knows who the client is, it may not make anyone buffer
@@ -269,23 +275,22 @@ func (c *session) readLoop() {
 			return min(cfg.MaxFrameBytes, cfg.UnauthenticatedMaxFrameBytes)
 		}
 		return cfg.MaxFrameBytes
-	}
+	})
 	// Buffered reads take a small request's size prefix and body, and often
 	// the next request too, in one syscall; large bodies bypass the buffer.
-	client := newConnReader(c.client, c.readRawClient, c.tracker)
-	client.held = &c.s.readBufs
+	client := relay.NewConnReader(c.client, c.readRawClient, c.tracker, &c.s.readBufs)
 	c.in = client
-	defer client.close()
+	defer client.Close()
 	for {
-		rb.release() // the previous request has been forwarded
+		rb.Release() // the previous request has been forwarded
 		if cfg.IdleTimeout > 0 {
 			c.client.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
 		}
 		if c.stopping.Load() { // after the deadline, so Shutdown's wins (see stopReading)
 			return
 		}
-		rb.holesOK = rb.src != nil && !c.s.keysOn()
-		body, err := rb.read(client, cfg.MaxFrameBytes, c.closed)
+		rb.SetHoles(!c.s.keysOn())
+		body, err := rb.Read(client, cfg.MaxFrameBytes, c.closed)
 		if err != nil {
 			c.readErr = err
 			c.readFailed(err)
@@ -293,7 +298,7 @@ func (c *session) readLoop() {
 		}
 		start := time.Now()
 		c.readAt = start
-		frame := rb.frame(body)
+		frame := rb.Frame(body)
 		m.ClientReadBytes.Add(float64(len(frame)))
 		h, err := protocol.ParseRequestHeader(body)
 		if err != nil {
@@ -383,8 +388,10 @@ func (c *session) forward(frame []byte) bool {
 		c.upstream.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
 	}
 	var err error
-	if rb := c.req; rb != nil && len(rb.holes) > 0 {
-		err = c.writeAround(rb, frame)
+	if rb := c.req; rb != nil && rb.HasHoles() {
+		var spliced int
+		spliced, err = rb.WriteAround(c.upstream, c.rawUp, &c.reqSend, frame)
+		c.s.Metrics.produceSpliced.Add(float64(spliced))
 	} else {
 		_, err = c.upstream.Write(frame)
 	}
@@ -396,6 +403,19 @@ func (c *session) forward(frame []byte) bool {
 	}
 	c.s.Metrics.BrokerWrittenBytes.Add(float64(len(frame)))
 	return true
+}
+
+// fillRequest reads back the record bytes of this connection's request
+// being read that are held in pipes, when the core asks (ReadRecords).
+func (c *session) fillRequest() bool {
+	if c.req == nil {
+		return true
+	}
+	ok, readBack := c.req.FillHoles()
+	if readBack > 0 {
+		c.s.Metrics.produceReadBack.Add(float64(readBack))
+	}
+	return ok
 }
 
 func (c *session) readFailed(err error) {
@@ -437,9 +457,7 @@ func (c *session) responseLoop() {
 		// release their batches and abandon their waits, so nothing stays
 		// pending in the table.
 		c.upstream.Close()
-		if c.splice != nil {
-			c.splice.close()
-		}
+		c.fetch.Close()
 		if p := c.current; p != nil {
 			c.current = nil
 			c.fail(p)
@@ -457,9 +475,8 @@ func (c *session) responseLoop() {
 		}
 	}()
 	defer c.recoverPanic("response")
-	upstream := newConnReader(c.upstream, c.readRawUp, nil)
-	upstream.held = &c.s.readBufs
-	defer upstream.close()
+	upstream := relay.NewConnReader(c.upstream, c.readRawUp, nil, &c.s.readBufs)
+	defer upstream.Close()
 	// Idle, wait on the broker rather than on the queue (waitUpstream);
 	// only on a plain TCP broker connection (a TLS one is left to the
 	// simpler wait), and not once that connection has failed.
@@ -481,8 +498,10 @@ func (c *session) responseLoop() {
 		default:
 			var err error
 			if !dead {
-				var alive bool
-				p.relayed, alive, err = c.relayLarge(upstream, p)
+				alive := true
+				if p.key == int16(kmsg.Fetch) && p.plan == nil {
+					p.relayed, alive, err = c.fetch.Relay(upstream, p.version, p.corrID, p.start, p.api.duration)
+				}
 				dead = !alive
 			}
 			if !p.relayed && err == nil {
@@ -567,7 +586,7 @@ func (c *session) responseLoop() {
 // proxy to answer alone (nothing will arrive from the broker), and the end
 // of the queue, it announces with a kick: a read deadline in the past,
 // which this function undoes under upMu before anything else reads.
-func (c *session) waitUpstream(upstream *connReader) bool {
+func (c *session) waitUpstream(upstream *relay.ConnReader) bool {
 	c.upMu.Lock()
 	if c.queue.len() > 0 || c.queueClosed {
 		c.upMu.Unlock()
@@ -607,7 +626,7 @@ func (c *session) awaitsUpstream(p *pending) bool {
 // what it decides. For a Produce the proxy partly answers itself it keeps
 // the response for the merge (finishProduce); otherwise it sets p.resp.
 func (c *session) readResponse(upstream io.Reader, p *pending) error {
-	bp, body, err := readPooledFrame(upstream, c.s.Config.MaxFrameBytes)
+	bp, body, err := relay.ReadPooledFrame(upstream, c.s.Config.MaxFrameBytes)
 	if err == nil && protocol.ResponseCorrelationID(body) != p.corrID {
 		err = errCorrelation
 	}
@@ -628,7 +647,7 @@ func (c *session) readResponse(upstream io.Reader, p *pending) error {
 		}
 	}
 	if err != nil {
-		putFrame(bp)
+		relay.PutFrame(bp)
 		return err
 	}
 	if pl := p.plan; pl != nil && pl.AnyLocal {
@@ -645,18 +664,24 @@ func (c *session) writeResponse(p *pending) bool {
 	frame := *p.resp
 	c.extendClientWrite()
 	if _, err := c.client.Write(frame); err != nil {
-		if !c.stopping.Load() {
-			c.s.Metrics.clientError(clientWrite)
-			c.log.Info("client write failed; draining broker responses", "err", err)
-		}
-		// readLoop ends on the closed socket; responseLoop keeps reading
-		// and committing what was forwarded until drained.
-		c.client.Close()
+		c.clientWriteFailed(err)
 		return false
 	}
 	c.s.Metrics.ClientWrittenBytes.Add(float64(len(frame)))
 	p.api.duration.Observe(time.Since(p.start).Seconds())
 	return true
+}
+
+// clientWriteFailed handles a failed write to the client: counted and
+// logged unless the proxy is stopping, and the client connection closed.
+// readLoop ends on the closed socket; responseLoop keeps reading and
+// committing what was forwarded until drained.
+func (c *session) clientWriteFailed(err error) {
+	if !c.stopping.Load() {
+		c.s.Metrics.clientError(clientWrite)
+		c.log.Info("client write failed; draining broker responses", "err", err)
+	}
+	c.client.Close()
 }
 
 // extendClientWrite sets the client's write deadline for one response.
@@ -762,7 +787,7 @@ func (c *session) release(p *pending) {
 	if pl := p.plan; pl != nil {
 		putPlan(pl)
 	}
-	putFrame(p.resp)
+	relay.PutFrame(p.resp)
 	*p = pending{}
 	pendingPool.Put(p)
 }
@@ -780,7 +805,7 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 	k := kmsg.NewApiVersionsResponseApiKey()
 	k.ApiKey, k.MinVersion, k.MaxVersion = int16(kmsg.ApiVersions), 0, maxV
 	resp.ApiKeys = append(resp.ApiKeys, k)
-	bp := getFrame(64)
+	bp := relay.GetFrame(64)
 	buf := append((*bp)[:0], 0, 0, 0, 0)
 	buf = binary.BigEndian.AppendUint32(buf, uint32(h.CorrelationID)) // v0 response header
 	buf = resp.AppendTo(buf)

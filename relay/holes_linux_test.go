@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import "testing"
 
@@ -6,8 +6,8 @@ import "testing"
 // and what idle ones hold stays bounded: one written beyond keptDirtyPages
 // is emptied before it is kept, and at most maxIdleMappings are kept.
 func TestRequestMappingsBounded(t *testing.T) {
-	var pp pipePool
-	defer pp.close()
+	var pp PipePool
+	defer pp.Close()
 	const n = 3 << 20
 	b, dirty := pp.mapping(n)
 	if len(b) < n || dirty != 0 {

@@ -1,8 +1,9 @@
-package proxy
+package relay
 
 import (
 	"errors"
 	"io"
+	"syscall"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -26,9 +27,9 @@ import (
 // request without some partitions), fillHoles first reads every hole back
 // into place, and the request is then exactly what a whole read gives.
 
-// minHole is the fewest record bytes worth a pipe: below it, splicing costs
-// more syscalls than the copy it saves (as for Fetch, relay.go).
-const minHole = 16 << 10
+// MinHole is the fewest record bytes worth a pipe: below it, splicing costs
+// more syscalls than the copy it saves (as for Fetch, fetch.go).
+const MinHole = 16 << 10
 
 // directRead is the largest read that bypasses the buffered reader while
 // a request with holes is read: the fields before a batch's records (its
@@ -50,7 +51,7 @@ type hole struct {
 // readSparse reads a Produce request of n bytes with holes (see above). ok
 // is false, with nothing read, when it cannot (no mapping): the caller reads
 // the request whole.
-func (rb *requestBuffer) readSparse(r *connReader, n int, done <-chan struct{}) (body []byte, ok bool, err error) {
+func (rb *RequestBuffer) readSparse(r *ConnReader, n int, done <-chan struct{}) (body []byte, ok bool, err error) {
 	buf, dirty := rb.pipes.mapping(n)
 	if buf == nil {
 		return nil, false, nil
@@ -64,7 +65,7 @@ func (rb *requestBuffer) readSparse(r *connReader, n int, done <-chan struct{}) 
 	defer rb.reading.Store(0)
 	progress := func() { rb.reading.Store(time.Now().UnixNano()) }
 	var w protocol.ProduceWalker
-	w.Reset(len(body), minHole)
+	w.Reset(len(body), MinHole)
 	have := 0
 	for have < len(body) {
 		progress()
@@ -82,7 +83,7 @@ func (rb *requestBuffer) readSparse(r *connReader, n int, done <-chan struct{}) 
 				return nil, true, bodyErr(err, int32(n-4))
 			}
 			have += k
-			if rest := need - have; rest >= minHole && len(rb.holes) < maxHoles {
+			if rest := need - have; rest >= MinHole && len(rb.holes) < maxHoles {
 				moved, err := rb.spliceIn(4+have, rest, progress)
 				if err != nil {
 					return nil, true, bodyErr(err, int32(n-4))
@@ -126,7 +127,7 @@ const pageSize = 4 << 10
 
 // pagesWritten is how many pages of a request of n bytes read with holes
 // hold bytes: all but the holes' insides.
-func (rb *requestBuffer) pagesWritten(n int) int {
+func (rb *RequestBuffer) pagesWritten(n int) int {
 	written, pos := 0, 0
 	for _, h := range rb.holes {
 		written += pages(pos, h.off)
@@ -138,7 +139,7 @@ func (rb *requestBuffer) pagesWritten(n int) int {
 // spliceIn moves up to n bytes of a hole at frame offset off from the
 // client's socket into a pipe, and reports how many it moved: fewer when no
 // pipe is free or the pipe filled up. The caller reads the rest.
-func (rb *requestBuffer) spliceIn(off, n int, progress func()) (int, error) {
+func (rb *RequestBuffer) spliceIn(off, n int, progress func()) (int, error) {
 	p := rb.pipes.get()
 	if p == nil {
 		return 0, nil
@@ -157,7 +158,7 @@ func (rb *requestBuffer) spliceIn(off, n int, progress func()) (int, error) {
 
 // fillHoles reads every hole back into place. False when a pipe fails: the
 // request can then be neither forwarded nor answered.
-func (rb *requestBuffer) fillHoles() bool {
+func (rb *RequestBuffer) fillHoles() bool {
 	if rb.broken {
 		return false
 	}
@@ -177,7 +178,7 @@ func (rb *requestBuffer) fillHoles() bool {
 }
 
 // dropHoles closes the pipes of holes neither forwarded nor read back.
-func (rb *requestBuffer) dropHoles() {
+func (rb *RequestBuffer) dropHoles() {
 	for i := range rb.holes {
 		if p := rb.holes[i].p; p != nil {
 			rb.pipes.put(p, false)
@@ -192,25 +193,27 @@ func (rb *requestBuffer) dropHoles() {
 // bug, caught before a byte of it goes upstream.
 var errHolesElsewhere = errors.New("a produce request with holes is not the frame being forwarded")
 
-// writeAround writes the request frame upstream around its holes, splicing
-// each from its pipe.
-func (c *session) writeAround(rb *requestBuffer, frame []byte) error {
+// WriteAround writes the request frame, the one read last, to up around
+// its holes, splicing each from its pipe to rawUp (up's socket); send
+// sends the bytes before each hole. It returns the record bytes spliced
+// once every hole went (0 when one failed).
+func (rb *RequestBuffer) WriteAround(up io.Writer, rawUp syscall.RawConn, send *MoreSender, frame []byte) (spliced int, err error) {
 	if len(frame) == 0 || len(rb.large) == 0 || &frame[0] != &rb.large[0] {
-		return errHolesElsewhere
+		return 0, errHolesElsewhere
 	}
-	pos, spliced := 0, 0
+	pos := 0
 	for i := range rb.holes {
 		h := &rb.holes[i]
 		if h.off+h.n > len(frame) {
-			return errHolesElsewhere
+			return 0, errHolesElsewhere
 		}
 		// The bytes before a hole go with MSG_MORE: TCP sends them in
 		// the segment of the records spliced after them.
-		if err := c.reqSend.sendMore(c.rawUp, frame[pos:h.off]); err != nil {
-			return err
+		if err := send.sendMore(rawUp, frame[pos:h.off]); err != nil {
+			return 0, err
 		}
-		if err := rb.mover.out(c.rawUp, h.p, h.n); err != nil {
-			return err
+		if err := rb.mover.out(rawUp, h.p, h.n); err != nil {
+			return 0, err
 		}
 		rb.pipes.put(h.p, true)
 		h.p = nil
@@ -218,22 +221,19 @@ func (c *session) writeAround(rb *requestBuffer, frame []byte) error {
 		spliced += h.n
 	}
 	rb.holes = rb.holes[:0]
-	c.s.Metrics.produceSpliced.Add(float64(spliced))
-	_, err := c.upstream.Write(frame[pos:])
-	return err
+	_, err = up.Write(frame[pos:])
+	return spliced, err
 }
 
-// fillRequest reads back the record bytes of this connection's request
-// being read that are held in pipes, when the core asks (ReadRecords).
-func (c *session) fillRequest() bool {
-	rb := c.req
-	if rb == nil || len(rb.holes) == 0 {
-		return rb == nil || !rb.broken
+// FillHoles reads back the record bytes of the request read last that are
+// held in pipes, when the decision core asks (ReadRecords), and returns
+// how many it read back. ok is false when the request is broken: it can
+// be neither forwarded nor answered.
+func (rb *RequestBuffer) FillHoles() (ok bool, readBack int) {
+	if len(rb.holes) == 0 {
+		return !rb.broken, 0
 	}
-	ok := rb.fillHoles()
-	if rb.readBack > 0 {
-		c.s.Metrics.produceReadBack.Add(float64(rb.readBack))
-		rb.readBack = 0
-	}
-	return ok
+	ok = rb.fillHoles()
+	readBack, rb.readBack = rb.readBack, 0
+	return ok, readBack
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package proxy
+package relay
 
 import (
 	"errors"
@@ -19,13 +19,13 @@ func (m *holeMover) in(syscall.RawConn, *recordPipe, int, func()) (int, error) {
 	return 0, errors.ErrUnsupported
 }
 
-const holesSupported = false
+const HolesSupported = false
 
-type pipePool struct{}
+type PipePool struct{}
 
-func (pp *pipePool) get() *recordPipe          { return nil }
-func (pp *pipePool) put(*recordPipe, bool)     {}
-func (pp *pipePool) inUseNow() int             { return 0 }
-func (pp *pipePool) close()                    {}
-func (pp *pipePool) mapping(int) ([]byte, int) { return nil, 0 }
-func (pp *pipePool) keepMapping([]byte, int)   {}
+func (pp *PipePool) get() *recordPipe          { return nil }
+func (pp *PipePool) put(*recordPipe, bool)     {}
+func (pp *PipePool) InUse() int                { return 0 }
+func (pp *PipePool) Close()                    {}
+func (pp *PipePool) mapping(int) ([]byte, int) { return nil, 0 }
+func (pp *PipePool) keepMapping([]byte, int)   {}

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package proxy
+package relay
 
 import (
 	"errors"
@@ -16,22 +16,22 @@ func newSplicer() *splicer      { return &splicer{} }
 func (sp *splicer) close()      {}
 func (sp *splicer) open() error { return errors.ErrUnsupported }
 
-func rawConns(dst, src net.Conn) (d, s syscall.RawConn, ok bool) { return nil, nil, false }
+func RawConns(dst, src net.Conn) (d, s syscall.RawConn, ok bool) { return nil, nil, false }
 
 func (sp *splicer) move(dst, src syscall.RawConn, n int64) (int64, error, error) {
 	return 0, nil, errors.ErrUnsupported
 }
 
-const spliceSupported = false
+const SpliceSupported = false
 
-// tcpRawConn is nil here: connReader reads through the connection.
-func tcpRawConn(net.Conn) syscall.RawConn { return nil }
+// TCPRawConn is nil here: ConnReader reads through the connection.
+func TCPRawConn(net.Conn) syscall.RawConn { return nil }
 
 func readFD(uintptr, []byte) (int, bool, error) { return 0, false, errors.ErrUnsupported }
 
 // moreSender is Linux-only (MSG_MORE through a RawConn).
-type moreSender struct{}
+type MoreSender struct{}
 
 func (sp *splicer) sendMore(syscall.RawConn, []byte) error { return errors.ErrUnsupported }
 
-func (ms *moreSender) sendMore(syscall.RawConn, []byte) error { return errors.ErrUnsupported }
+func (ms *MoreSender) sendMore(syscall.RawConn, []byte) error { return errors.ErrUnsupported }

@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	"syscall"
 )
 
-// connReader is a buffered reader of one connection, like bufio.Reader,
+// ConnReader is a buffered reader of one connection, like bufio.Reader,
 // whose buffer is taken from a pool shared by every connection when bytes
 // arrive and given back whenever it holds none. An idle connection — most
 // of a proxy's connections, most of the time — then holds no read buffer:
@@ -27,10 +27,10 @@ import (
 //
 // Slices from Peek are valid until the next Read, Discard or Peek, as with
 // bufio.
-type connReader struct {
+type ConnReader struct {
 	conn    io.Reader       // a net.Conn, or in tests any reader
 	raw     syscall.RawConn // nil: read through conn
-	tracker *requestTracker // told of bytes read raw; nil on the broker leg
+	tracker *Tracker        // told of bytes read raw; nil on the broker leg
 
 	buf  *[]byte // nil while empty
 	r, w int     // buffered bytes are (*buf)[r:w]
@@ -46,17 +46,20 @@ type connReader struct {
 	rerr   error
 }
 
+// readBufferSize is the buffer of each leg's reader while bytes are read.
+const readBufferSize = 32 << 10
+
 // readBufPool holds the connection read buffers, all of readBufferSize.
 var readBufPool = sync.Pool{New: func() any {
 	b := make([]byte, readBufferSize)
 	return &b
 }}
 
-// newConnReader reads conn; raw is conn's RawConn when it is plain TCP,
+// NewConnReader reads conn; raw is conn's RawConn when it is plain TCP,
 // else nil. tracker, if not nil, is what conn wraps and is told of the
-// bytes read raw.
-func newConnReader(conn io.Reader, raw syscall.RawConn, tracker *requestTracker) *connReader {
-	cr := &connReader{conn: conn, raw: raw, tracker: tracker}
+// bytes read raw; held, if not nil, counts the read buffers held.
+func NewConnReader(conn io.Reader, raw syscall.RawConn, tracker *Tracker, held *atomic.Int64) *ConnReader {
+	cr := &ConnReader{conn: conn, raw: raw, tracker: tracker, held: held}
 	if raw != nil {
 		cr.readFn = cr.rawRead
 	}
@@ -66,7 +69,7 @@ func newConnReader(conn io.Reader, raw syscall.RawConn, tracker *requestTracker)
 // rawRead is the poller's callback: one read(2) into the buffer. It
 // reports false (wait, then call again) when there is nothing to read, and
 // gives the buffer back meanwhile if it holds nothing.
-func (cr *connReader) rawRead(fd uintptr) bool {
+func (cr *ConnReader) rawRead(fd uintptr) bool {
 	cr.take()
 	b := (*cr.buf)[cr.w:]
 	if cr.limit > 0 && len(b) > cr.limit {
@@ -82,7 +85,7 @@ func (cr *connReader) rawRead(fd uintptr) bool {
 }
 
 // take makes sure the reader has a buffer.
-func (cr *connReader) take() {
+func (cr *ConnReader) take() {
 	if cr.buf == nil {
 		cr.buf = readBufPool.Get().(*[]byte)
 		if cr.held != nil {
@@ -92,14 +95,14 @@ func (cr *connReader) take() {
 }
 
 // releaseIfEmpty gives the buffer back when it holds no bytes.
-func (cr *connReader) releaseIfEmpty() {
+func (cr *ConnReader) releaseIfEmpty() {
 	if cr.buf != nil && cr.r == cr.w {
-		cr.close()
+		cr.Close()
 	}
 }
 
 // fill reads once into the buffer, after what it holds.
-func (cr *connReader) fill() {
+func (cr *ConnReader) fill() {
 	if cr.buf != nil && cr.r > 0 && cr.r == cr.w {
 		cr.r, cr.w = 0, 0
 	}
@@ -139,7 +142,7 @@ func (cr *connReader) fill() {
 }
 
 // opError wraps a read(2) error as net.Conn's Read would.
-func (cr *connReader) opError(err error) error {
+func (cr *ConnReader) opError(err error) error {
 	op := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", err)}
 	if c, ok := cr.conn.(net.Conn); ok {
 		op.Source, op.Addr = c.LocalAddr(), c.RemoteAddr()
@@ -148,18 +151,18 @@ func (cr *connReader) opError(err error) error {
 }
 
 // readErr returns and clears the sticky error.
-func (cr *connReader) readErr() error {
+func (cr *ConnReader) readErr() error {
 	err := cr.err
 	cr.err = nil
 	return err
 }
 
 // Buffered is how many bytes can be read without a syscall.
-func (cr *connReader) Buffered() int { return cr.w - cr.r }
+func (cr *ConnReader) Buffered() int { return cr.w - cr.r }
 
 // Read reads into p: what is buffered, or, with nothing buffered, one read
 // (straight into p when p is at least as large as the buffer).
-func (cr *connReader) Read(p []byte) (int, error) {
+func (cr *ConnReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -189,7 +192,7 @@ var errPeekTooLarge = errors.New("proxy: peek larger than the read buffer")
 
 // Peek returns the next n bytes without consuming them, reading as needed.
 // Fewer come back only with an error.
-func (cr *connReader) Peek(n int) ([]byte, error) {
+func (cr *ConnReader) Peek(n int) ([]byte, error) {
 	if n > readBufferSize {
 		return nil, errPeekTooLarge
 	}
@@ -211,7 +214,7 @@ func (cr *connReader) Peek(n int) ([]byte, error) {
 }
 
 // Discard skips the next n bytes, reading as needed.
-func (cr *connReader) Discard(n int) (int, error) {
+func (cr *ConnReader) Discard(n int) (int, error) {
 	done := 0
 	for done < n {
 		if cr.r == cr.w {
@@ -229,9 +232,9 @@ func (cr *connReader) Discard(n int) (int, error) {
 	return done, nil
 }
 
-// close gives the buffer back, whatever it holds: the reader is not used
+// Close gives the buffer back, whatever it holds: the reader is not used
 // again, or holds nothing.
-func (cr *connReader) close() {
+func (cr *ConnReader) Close() {
 	if cr.buf != nil {
 		readBufPool.Put(cr.buf)
 		cr.buf, cr.r, cr.w = nil, 0, 0

@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"errors"
@@ -27,11 +27,11 @@ type splicer struct {
 	moved       int   // bytes it moved
 	err         error // its error
 
-	moreSender
+	MoreSender
 }
 
 // moreSender writes with MSG_MORE (sendMore); one goroutine's.
-type moreSender struct {
+type MoreSender struct {
 	send func(fd uintptr) bool // made once: a closure per write would allocate
 	out  []byte                // what send writes
 	sent int
@@ -61,7 +61,7 @@ func newSplicer() *splicer {
 // segment of what follows (a splice of records) instead of sending these
 // few alone, each small segment a wake-up of the receiver on loopback.
 // It honours dst's write deadline.
-func (ms *moreSender) sendMore(dst syscall.RawConn, b []byte) error {
+func (ms *MoreSender) sendMore(dst syscall.RawConn, b []byte) error {
 	if ms.send == nil {
 		ms.send = func(fd uintptr) bool {
 			for {
@@ -121,7 +121,7 @@ var errSpliceEOF = errors.New("connection closed inside a frame")
 // rawConns returns the syscall.RawConn of two plain TCP connections, or
 // ok false when either is something else (TLS, a test's wrapper): those
 // take the copy path.
-func rawConns(dst, src net.Conn) (d, s syscall.RawConn, ok bool) {
+func RawConns(dst, src net.Conn) (d, s syscall.RawConn, ok bool) {
 	dt, ok1 := dst.(*net.TCPConn)
 	st, ok2 := src.(*net.TCPConn)
 	if !ok1 || !ok2 {
@@ -191,10 +191,10 @@ func splice(in, out, n, flags int) (int, error) {
 	}
 }
 
-const spliceSupported = true
+const SpliceSupported = true
 
 // tcpRawConn returns the syscall.RawConn of a plain TCP connection, or nil.
-func tcpRawConn(c net.Conn) syscall.RawConn {
+func TCPRawConn(c net.Conn) syscall.RawConn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return nil
@@ -206,7 +206,7 @@ func tcpRawConn(c net.Conn) syscall.RawConn {
 	return rc
 }
 
-// readFD is one read(2) for connReader's raw path: n bytes, or wait true
+// readFD is one read(2) for ConnReader's raw path: n bytes, or wait true
 // when there is nothing to read yet.
 func readFD(fd uintptr, b []byte) (n int, wait bool, err error) {
 	for {

@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Response frames may wait in the queue behind the proxy's own answers, and
@@ -42,7 +42,7 @@ func frameClass(n int) int {
 }
 
 // getFrame returns a buffer of length 0 and capacity at least n.
-func getFrame(n int) *[]byte {
+func GetFrame(n int) *[]byte {
 	c := frameClass(n)
 	if c < 0 {
 		b := make([]byte, 0, n)
@@ -56,7 +56,7 @@ func getFrame(n int) *[]byte {
 }
 
 // putFrame returns a buffer from getFrame to its pool.
-func putFrame(bp *[]byte) {
+func PutFrame(bp *[]byte) {
 	if bp == nil {
 		return
 	}
@@ -72,7 +72,7 @@ func putFrame(bp *[]byte) {
 
 // readPooledFrame reads one response frame into a pooled buffer: the whole
 // frame with its size prefix is (*bp)[:4+len(body)].
-func readPooledFrame(r io.Reader, maxSize int32) (bp *[]byte, body []byte, err error) {
+func ReadPooledFrame(r io.Reader, maxSize int32) (bp *[]byte, body []byte, err error) {
 	var head [4]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
 		return nil, nil, err
@@ -81,11 +81,11 @@ func readPooledFrame(r io.Reader, maxSize int32) (bp *[]byte, body []byte, err e
 	if err != nil {
 		return nil, nil, err
 	}
-	bp = getFrame(4 + int(size))
+	bp = GetFrame(4 + int(size))
 	frame := append((*bp)[:0], head[:]...)
 	frame = frame[:4+size]
 	if _, err := io.ReadFull(r, frame[4:]); err != nil {
-		putFrame(bp)
+		PutFrame(bp)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
@@ -95,29 +95,29 @@ func readPooledFrame(r io.Reader, maxSize int32) (bp *[]byte, body []byte, err e
 	return bp, frame[4:], nil
 }
 
-// requestBuffer is readLoop's read buffer. A request up to smallRequest
+// RequestBuffer is readLoop's read buffer. A request up to SmallRequest
 // bytes is read into a buffer of the size-class pools (getFrame), taken
 // when its size prefix has been read and given back once the request has
 // been forwarded (release): an idle connection holds none. A larger
 // request, in practice a Produce of several MB that the proxy must hold
-// whole to decide it, takes a buffer from the server's requestPool, given
+// whole to decide it, takes a buffer from the server's RequestPool, given
 // back the same way; the bytes held across connections have a budget.
-type requestBuffer struct {
+type RequestBuffer struct {
 	head  [4]byte // the size prefix of the request being read
 	buf   []byte  // the request being handled, when it is small
 	small *[]byte // buf's pooled buffer
-	// lastLarge: the request read last was larger than smallRequest.
+	// lastLarge: the request read last was larger than SmallRequest.
 	lastLarge bool
 	// limit, when set, is the largest request size, asked once a
 	// request's size has arrived (in place of read's maxSize).
 	limit func() int32
 
-	pool  *requestPool
+	pool  *RequestPool
 	large []byte // the request being handled, when it is large
 	held  int    // bytes of pool's budget it holds
 	// reading is when the large request's body last made progress (Unix
 	// ns), 0 once read: a waiter for budget demotes a holder whose client
-	// has stopped sending (requestPool.demoteStalled).
+	// has stopped sending (RequestPool.demoteStalled).
 	reading atomic.Int64
 	demoted bool // its bytes no longer count in the budget (under pool.mu)
 
@@ -128,27 +128,84 @@ type requestBuffer struct {
 	direct   io.Reader // the client connection under the buffered reader
 	holesOK  bool
 	mover    *holeMover
-	pipes    *pipePool       // the server's
-	tracker  *requestTracker // told of the bytes that bypass it; may be nil
-	sparse   bool            // large is a mapping of the pipe pool, with holes
-	dirty    int             // pages of that mapping that may hold bytes
+	pipes    *PipePool // the server's
+	tracker  *Tracker  // told of the bytes that bypass it; may be nil
+	sparse   bool      // large is a mapping of the pipe pool, with holes
+	dirty    int       // pages of that mapping that may hold bytes
 	holes    []hole
 	broken   bool // a hole could not be read back
 	readBack int  // hole bytes read back, not yet counted
 }
 
-// smallRequest is the largest request read into a buffer of the
+// NewRequestBuffer makes a connection's request buffer: large requests
+// take budget from pool; tracker, if not nil, is the client connection the
+// requests are read from, told of the bytes that bypass it.
+func NewRequestBuffer(pool *RequestPool, tracker *Tracker) *RequestBuffer {
+	return &RequestBuffer{pool: pool, tracker: tracker}
+}
+
+// SpliceFrom lets a Produce request be read with holes (holes.go): src is
+// the client's socket, direct the connection under the buffered reader,
+// pipes the server's. Holes are read only while SetHoles allows them.
+func (rb *RequestBuffer) SpliceFrom(src syscall.RawConn, direct io.Reader, pipes *PipePool) {
+	rb.src, rb.direct, rb.mover, rb.pipes = src, direct, newHoleMover(), pipes
+}
+
+// SetHoles allows holes in the requests read next, when SpliceFrom was
+// called.
+func (rb *RequestBuffer) SetHoles(ok bool) { rb.holesOK = ok && rb.src != nil }
+
+// SetLimit makes limit, asked once a request's size has arrived, the
+// largest request size in place of Read's maxSize.
+func (rb *RequestBuffer) SetLimit(limit func() int32) { rb.limit = limit }
+
+// HasHoles reports whether the request read last has record bytes in
+// pipes.
+func (rb *RequestBuffer) HasHoles() bool { return len(rb.holes) > 0 }
+
+// Broken reports whether a hole of the request read last could not be
+// read back: it can be neither forwarded nor answered.
+func (rb *RequestBuffer) Broken() bool { return rb.broken }
+
+// Reserve holds n bytes of pool's budget without a buffer (a request's
+// copy kept until its answer is written), waiting as Read does; give them
+// back with Unreserve.
+func (p *RequestPool) Reserve(n int, done <-chan struct{}) *RequestBuffer {
+	rb := &RequestBuffer{pool: p}
+	p.reserve(rb, n, done)
+	return rb
+}
+
+// Held is how many bytes of the budget requests hold now.
+func (p *RequestPool) Held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
+}
+
+// BufferSize is the capacity of the large buffers made now: that of the
+// largest recent request's class.
+func (p *RequestPool) BufferSize() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.size
+}
+
+// Unreserve gives back what Reserve held.
+func (rb *RequestBuffer) Unreserve() { rb.pool.put(rb, nil) }
+
+// SmallRequest is the largest request read into a buffer of the
 // size-class pools: every request but a big Produce.
-const smallRequest = 64 << 10
+const SmallRequest = 64 << 10
 
 // requestHeadFill is the most the read of a request's size prefix asks
 // for after a large request.
 const requestHeadFill = 4 << 10
 
-// read reads one request frame and returns its body; the whole frame is
-// frame(body). Call release once the request's bytes are no longer needed.
+// Read reads one request frame and returns its body; the whole frame is
+// Frame(body). Call Release once the request's bytes are no longer needed.
 // done is closed when the connection closes: a wait for budget ends.
-func (rb *requestBuffer) read(r *connReader, maxSize int32, done <-chan struct{}) ([]byte, error) {
+func (rb *RequestBuffer) Read(r *ConnReader, maxSize int32, done <-chan struct{}) ([]byte, error) {
 	if rb.lastLarge {
 		// The client sends large requests: the read that brings the
 		// next one's first bytes asks for a few KiB, not a whole
@@ -171,13 +228,13 @@ func (rb *requestBuffer) read(r *connReader, maxSize int32, done <-chan struct{}
 		return nil, err
 	}
 	n := 4 + int(size)
-	rb.lastLarge = n > smallRequest
+	rb.lastLarge = n > SmallRequest
 	if rb.lastLarge {
 		return rb.readLarge(r, n, done)
 	}
-	// n is at most smallRequest here: a size prefix alone cannot make
+	// n is at most SmallRequest here: a size prefix alone cannot make
 	// it pin much.
-	rb.small = getFrame(n)
+	rb.small = GetFrame(n)
 	rb.buf = (*rb.small)[:n]
 	copy(rb.buf, rb.head[:])
 	if _, err := io.ReadFull(r, rb.buf[4:n]); err != nil {
@@ -186,9 +243,9 @@ func (rb *requestBuffer) read(r *connReader, maxSize int32, done <-chan struct{}
 	return rb.buf[4:n], nil
 }
 
-// frame returns the whole frame, size prefix included, of the request
-// whose body read returned.
-func (rb *requestBuffer) frame(body []byte) []byte {
+// Frame returns the whole frame, size prefix included, of the request
+// whose body Read returned.
+func (rb *RequestBuffer) Frame(body []byte) []byte {
 	if rb.large != nil {
 		return rb.large[:4+len(body)]
 	}
@@ -204,7 +261,7 @@ func bodyErr(err error, size int32) error {
 
 // readLarge reads a request of n bytes, its size prefix already in rb.head,
 // into a buffer of the pool.
-func (rb *requestBuffer) readLarge(r *connReader, n int, done <-chan struct{}) ([]byte, error) {
+func (rb *RequestBuffer) readLarge(r *ConnReader, n int, done <-chan struct{}) ([]byte, error) {
 	if rb.holesOK {
 		// A Produce (API key 0) may leave its records in pipes.
 		if key, err := r.Peek(2); err == nil && key[0] == 0 && key[1] == 0 {
@@ -257,9 +314,9 @@ func largeClass(n int) int {
 	return (n + step - 1) &^ (step - 1)
 }
 
-// release gives the request's buffer back. Call it once the request read
+// Release gives the request's buffer back. Call it once the request read
 // last has been forwarded and nothing refers to its bytes.
-func (rb *requestBuffer) release() {
+func (rb *RequestBuffer) Release() {
 	switch {
 	case rb.sparse:
 		rb.dropHoles()
@@ -272,12 +329,12 @@ func (rb *requestBuffer) release() {
 	}
 	if rb.small != nil {
 		*rb.small = (*rb.small)[:0]
-		putFrame(rb.small)
+		PutFrame(rb.small)
 		rb.small, rb.buf = nil, nil
 	}
 }
 
-// requestPool holds the buffers of large requests (see requestBuffer) for
+// RequestPool holds the buffers of large requests (see RequestBuffer) for
 // all of a server's connections, within a budget of bytes (Config
 // RequestMemory): those of requests being read or forwarded, plus idle
 // buffers kept for the next ones.
@@ -297,7 +354,7 @@ func (rb *requestBuffer) release() {
 // them nor counts them in its heap goal, which would otherwise let the heap
 // grow by as much again as the buffers held (GOGC=100), and a buffer's
 // pages cost memory only once bytes have been written to them.
-type requestPool struct {
+type RequestPool struct {
 	budget     int           // bytes
 	maxWait    time.Duration // maxBudgetWait; tests change it
 	stallAfter time.Duration // stallAfter; tests change it
@@ -307,7 +364,7 @@ type requestPool struct {
 	idle      [][]byte // buffers given back, for the next requests
 	idleBytes int
 	released  chan struct{}    // closed, and replaced, when bytes are given back
-	holders   []*requestBuffer // holding budget, for demoteStalled
+	holders   []*RequestBuffer // holding budget, for demoteStalled
 
 	size      int // capacity of the buffers made now
 	recentMax int // largest class of the requests since the window began
@@ -316,7 +373,16 @@ type requestPool struct {
 	overBudget int // requests that stopped waiting and went over budget (tests)
 	demotions  int // holders demoted (tests)
 
-	metrics *Metrics // nil in tests
+	metrics *PoolMetrics // nil in tests
+}
+
+// PoolMetrics is where a RequestPool counts (dedupproxy_request_memory_*).
+type PoolMetrics struct {
+	Held    prometheus.Gauge   // bytes of the budget held
+	Stalled prometheus.Counter // holders demoted: their client stopped sending
+	// Fit and OverBudget count the waits for budget, by how they ended:
+	// others gave bytes back, or the request was read over the budget.
+	Fit, OverBudget prometheus.Counter
 }
 
 // sizeWindow is how many large requests the size of new buffers follows:
@@ -331,33 +397,23 @@ const maxBudgetWait = 500 * time.Millisecond
 // before the holder is demoted; a waiter checks as often.
 const stallAfter = 100 * time.Millisecond
 
-func newRequestPool(budget int, m *Metrics) *requestPool {
-	return &requestPool{budget: budget, maxWait: maxBudgetWait, stallAfter: stallAfter, metrics: m}
+// NewRequestPool makes a pool of large request buffers within budget
+// bytes (request_memory); m may be nil.
+func NewRequestPool(budget int, m *PoolMetrics) *RequestPool {
+	return &RequestPool{budget: budget, maxWait: maxBudgetWait, stallAfter: stallAfter, metrics: m}
 }
 
 // heldChanged reports p.held; call with mu held.
-func (p *requestPool) heldChanged() {
+func (p *RequestPool) heldChanged() {
 	if p.metrics != nil {
-		p.metrics.reqMemHeld.Set(float64(p.held))
+		p.metrics.Held.Set(float64(p.held))
 	}
-}
-
-// requestPool returns the server's pool of large request buffers.
-func (s *Server) requestPool() *requestPool {
-	s.reqPoolOnce.Do(func() {
-		budget := s.Config.RequestMemory
-		if budget <= 0 { // a Config that skipped EnsureDefaults
-			budget = config.DefaultRequestMemory
-		}
-		s.reqPool = newRequestPool(budget, s.Metrics)
-	})
-	return s.reqPool
 }
 
 // get reserves budget for rb's request of n bytes (rb.held) and returns an
 // idle buffer of capacity at least n, or nil and the capacity to make one
 // with. Give both back with put.
-func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf []byte, size int) {
+func (p *RequestPool) get(rb *RequestBuffer, n int, done <-chan struct{}) (buf []byte, size int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// Buffers are made the size of the largest recent request, so that
@@ -391,7 +447,7 @@ func (p *requestPool) get(rb *requestBuffer, n int, done <-chan struct{}) (buf [
 // reserve reserves budget for rb's request of n bytes without a buffer: a
 // request with holes (holes.go) has a mapping of its own. Give it back with
 // put(rb, nil).
-func (p *requestPool) reserve(rb *requestBuffer, n int, done <-chan struct{}) {
+func (p *RequestPool) reserve(rb *RequestBuffer, n int, done <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.waitFor(n, done)
@@ -399,8 +455,8 @@ func (p *requestPool) reserve(rb *requestBuffer, n int, done <-chan struct{}) {
 }
 
 // waitFor waits, with mu held, until want bytes fit the budget, or until
-// the wait must end (see requestPool).
-func (p *requestPool) waitFor(want int, done <-chan struct{}) {
+// the wait must end (see RequestPool).
+func (p *RequestPool) waitFor(want int, done <-chan struct{}) {
 	var timer, tick *time.Timer
 	defer func() {
 		if timer != nil {
@@ -438,16 +494,16 @@ func (p *requestPool) waitFor(want int, done <-chan struct{}) {
 		}
 	}
 	if timer != nil && p.metrics != nil { // it waited
-		outcome := reqMemFit
 		if p.held > 0 && p.held+want > p.budget {
-			outcome = reqMemOverBudget
+			p.metrics.OverBudget.Inc()
+		} else {
+			p.metrics.Fit.Inc()
 		}
-		p.metrics.reqMemWaits[outcome].Inc()
 	}
 }
 
 // hold counts held bytes for rb, with mu held.
-func (p *requestPool) hold(rb *requestBuffer, held int) {
+func (p *RequestPool) hold(rb *RequestBuffer, held int) {
 	p.held += held
 	p.heldChanged()
 	rb.held, rb.demoted = held, false
@@ -467,7 +523,7 @@ func (p *requestPool) hold(rb *requestBuffer, held int) {
 
 // demoteStalled stops counting the bytes of holders whose client has sent
 // nothing of their request since stallAfter before now.
-func (p *requestPool) demoteStalled(now int64) {
+func (p *RequestPool) demoteStalled(now int64) {
 	for _, h := range p.holders {
 		if at := h.reading.Load(); at != 0 && !h.demoted && now-at >= int64(p.stallAfter) {
 			h.demoted = true
@@ -475,7 +531,7 @@ func (p *requestPool) demoteStalled(now int64) {
 			p.demotions++
 			p.heldChanged()
 			if p.metrics != nil {
-				p.metrics.reqMemStalled.Inc()
+				p.metrics.Stalled.Inc()
 			}
 		}
 	}
@@ -483,7 +539,7 @@ func (p *requestPool) demoteStalled(now int64) {
 
 // put gives back rb's budget and buf, which is kept for reuse if it fits
 // the budget and is not smaller than the buffers made now.
-func (p *requestPool) put(rb *requestBuffer, buf []byte) {
+func (p *RequestPool) put(rb *RequestBuffer, buf []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !rb.demoted {
@@ -513,7 +569,7 @@ func (p *requestPool) put(rb *requestBuffer, buf []byte) {
 	}
 }
 
-func (p *requestPool) removeIdle(i int) []byte {
+func (p *RequestPool) removeIdle(i int) []byte {
 	b := p.idle[i]
 	p.idleBytes -= cap(b)
 	p.idle[i] = p.idle[len(p.idle)-1]

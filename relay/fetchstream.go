@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 
 // fetchStream relays a large Fetch v16+ response while it arrives. Such a
 // response may end with KIP-951 NodeEndpoints (the top-level tag 0), which
-// names real brokers and must be rewritten, so unlike relayLarge's v15 and
+// names real brokers and must be rewritten, so unlike Fetch.Relay's v15 and
 // older frames it cannot go through blind. Instead the response is walked
 // as its bytes pass, by the lengths kmsg decodes it with: the fields
 // between record sets are copied through a small buffer, each record set
@@ -27,19 +27,22 @@ import (
 // failure). Partition-level tags are passed by their sizes, not decoded:
 // they name no address.
 type fetchStream struct {
-	c     *session
-	r     *connReader
-	left  int64  // frame bytes not yet consumed from r
-	out   []byte // consumed, not yet written to the client
-	sent  bool   // the first write (size prefix, correlation id) went out
-	alive bool   // the client can be written to
-	err   error  // first broker-side error: read failure or malformed
+	f       *Fetch
+	version int16
+	r       *ConnReader
+	left    int64  // frame bytes not yet consumed from r
+	out     []byte // consumed, not yet written to the client
+	sent    bool   // the first write (size prefix, correlation id) went out
+	alive   bool   // the client can be written to
+	err     error  // first broker-side error: read failure or malformed
 
-	mapper *responseMapper // kept across frames
 }
 
 // errMalformedFetch is a Fetch response whose lengths do not add up.
 var errMalformedFetch = fmt.Errorf("%w: fetch lengths do not match the frame", protocol.ErrMalformedResponse)
+
+// maxKeptOut bounds the copy buffer kept across frames.
+const maxKeptOut = 1 << 20
 
 // fetchStreamFlush is how much copied data is gathered per write.
 const fetchStreamFlush = 32 << 10
@@ -49,13 +52,13 @@ const fetchStreamFlush = 32 << 10
 // header) are about 50 bytes without aborted transactions.
 const fetchWalkFill = 256
 
-// relayFetchStream relays p's response, a frame of frameLen bytes led by
+// relayFetchStream relays a Fetch response, a frame of frameLen bytes led by
 // its size prefix and correlation id (already checked), as fetchStream
 // describes. It reports whether the client can still be written to, and a
 // broker-side error after which the connection cannot continue.
-func (c *session) relayFetchStream(r *connReader, p *pending, frameLen int64) (alive bool, err error) {
-	s := &c.stream
-	*s = fetchStream{c: c, r: r, left: frameLen, out: s.out[:0], alive: true, mapper: s.mapper}
+func (f *Fetch) relayFetchStream(r *ConnReader, version int16, frameLen int64) (alive bool, err error) {
+	s := &f.stream
+	*s = fetchStream{f: f, version: version, r: r, left: frameLen, out: s.out[:0], alive: true}
 	s.pass(4 + 4) // size, correlation id
 	s.skipTags()  // response header v1
 	s.pass(4 + 2 + 4)
@@ -78,12 +81,12 @@ func (c *session) relayFetchStream(r *connReader, p *pending, frameLen int64) (a
 		}
 		s.skipTags()
 	}
-	s.tail(p)
+	s.tail()
 	if s.err != nil {
 		return false, s.err
 	}
 	s.flush()
-	if len(s.out) > maxPooledFrame {
+	if len(s.out) > maxKeptOut {
 		s.out = nil
 	}
 	return s.alive, nil
@@ -181,8 +184,8 @@ func (s *fetchStream) records(n int64) {
 		s.err = errMalformedFetch
 		return
 	}
-	c := s.c
-	if n < spliceMinFrame || c.rawClient == nil || !s.alive {
+	f := s.f
+	if n < SpliceMinFrame || f.RawClient == nil || !s.alive {
 		if !s.alive {
 			s.discard(n)
 			return
@@ -204,14 +207,14 @@ func (s *fetchStream) records(n int64) {
 		s.discard(n)
 		return
 	}
-	taken, srcErr, dstErr := c.splice.move(c.rawClient, c.rawUp, n)
+	taken, srcErr, dstErr := f.splice.move(f.RawClient, f.RawUp, n)
 	s.left -= taken
 	switch {
 	case srcErr != nil:
 		s.err = srcErr
 	case dstErr != nil:
-		if !c.hungUpWrite(dstErr) {
-			c.clientGone(dstErr)
+		if !f.hungUpWrite(dstErr) {
+			f.clientGone(dstErr)
 		}
 		s.alive = false
 		s.discard(n - taken)
@@ -223,7 +226,7 @@ func (s *fetchStream) discard(n int64) {
 	if s.err != nil {
 		return
 	}
-	if err := s.c.skip(s.r, n); err != nil {
+	if err := skip(s.r, n); err != nil {
 		s.err = readErr(err)
 		return
 	}
@@ -232,11 +235,11 @@ func (s *fetchStream) discard(n int64) {
 
 // tail reads the top-level tag section, the rest of the frame, and
 // rewrites its broker addresses at its own size.
-func (s *fetchStream) tail(p *pending) {
+func (s *fetchStream) tail() {
 	if s.err != nil {
 		return
 	}
-	if s.left > int64(s.c.s.Config.MaxFrameBytes) {
+	if s.left > int64(s.f.MaxFrame) {
 		s.err = errMalformedFetch
 		return
 	}
@@ -245,12 +248,9 @@ func (s *fetchStream) tail(p *pending) {
 	if s.err != nil {
 		return
 	}
-	if s.mapper == nil { // made once: as an interface value it would be allocated per frame
-		s.mapper = &responseMapper{&s.c.s.nodes, s.c.s.table}
-	}
-	out, changed, err := protocol.RewriteTopTagsSameSize(nil, tags, s.mapper)
+	out, changed, err := protocol.RewriteTopTagsSameSize(nil, tags, s.f.Mapper)
 	if err != nil {
-		s.err = fmt.Errorf("rewrite fetch v%d: %w", p.version, err)
+		s.err = fmt.Errorf("rewrite fetch v%d: %w", s.version, err)
 		return
 	}
 	if changed {
@@ -262,9 +262,9 @@ func (s *fetchStream) tail(p *pending) {
 // write, they go with MSG_MORE.
 func (s *fetchStream) flushMore() {
 	if len(s.out) > 0 && s.alive && s.sent {
-		if err := s.c.splice.sendMore(s.c.rawClient, s.out); err != nil {
-			if !s.c.hungUpWrite(err) {
-				s.c.clientGone(err)
+		if err := s.f.splice.sendMore(s.f.RawClient, s.out); err != nil {
+			if !s.f.hungUpWrite(err) {
+				s.f.clientGone(err)
 			}
 			s.alive = false
 		}
@@ -283,30 +283,30 @@ func (s *fetchStream) flush() {
 }
 
 // write sends b to the client. The first write, led by the size prefix and
-// correlation id, goes through requestTracker (which reads the id there);
+// correlation id, goes through the Tracker (which reads the id there);
 // the rest of the frame goes to the connection beneath it.
 func (s *fetchStream) write(b []byte) {
-	c := s.c
+	f := s.f
 	var err error
 	first := !s.sent
 	s.sent = true
 	if first {
-		_, err = c.client.Write(b) // requestTracker forgives a hung-up client itself
+		_, err = f.Client.Write(b) // Tracker forgives a hung-up client itself
 	} else {
-		_, err = c.clientConn().Write(b)
+		_, err = f.clientConn().Write(b)
 	}
 	if err != nil {
-		if first || !c.hungUpWrite(err) {
-			c.clientGone(err)
+		if first || !f.hungUpWrite(err) {
+			f.clientGone(err)
 		}
 		s.alive = false
 	}
 }
 
-// clientConn is the client connection beneath requestTracker.
-func (c *session) clientConn() net.Conn {
-	if tr, ok := c.client.(*requestTracker); ok {
+// clientConn is the client connection beneath its Tracker.
+func (f *Fetch) clientConn() net.Conn {
+	if tr, ok := f.Client.(*Tracker); ok {
 		return tr.Conn
 	}
-	return c.client
+	return f.Client
 }

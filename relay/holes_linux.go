@@ -1,4 +1,4 @@
-package proxy
+package relay
 
 import (
 	"io"
@@ -21,7 +21,7 @@ type recordPipe struct{ r, w int }
 // mapping per request cost a page fault for every page written into it and,
 // when it was unmapped, a TLB flush on every thread, together a fifth of the
 // proxy's CPU with produce_splice (docs/performance.md).
-type pipePool struct {
+type PipePool struct {
 	mu    sync.Mutex
 	idle  []*recordPipe
 	inUse int
@@ -45,7 +45,7 @@ const (
 	keptDirtyPages  = 64
 )
 
-func (pp *pipePool) get() *recordPipe {
+func (pp *PipePool) get() *recordPipe {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	if pp.inUse >= maxPipesInUse {
@@ -72,7 +72,7 @@ func (pp *pipePool) get() *recordPipe {
 
 // put gives p back: kept when empty and there is room, else closed
 // (closing drops any bytes left in it).
-func (pp *pipePool) put(p *recordPipe, empty bool) {
+func (pp *PipePool) put(p *recordPipe, empty bool) {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	pp.inUse--
@@ -84,15 +84,16 @@ func (pp *pipePool) put(p *recordPipe, empty bool) {
 	syscall.Close(p.w)
 }
 
-// inUseNow is how many pipes hold holes now (tests).
-func (pp *pipePool) inUseNow() int {
+// InUse is how many pipes hold holes now.
+func (pp *PipePool) InUse() int {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	return pp.inUse
 }
 
-// close closes the idle pipes and unmaps the idle mappings (Server.Close).
-func (pp *pipePool) close() {
+// Close closes the idle pipes and unmaps the idle mappings, once every
+// connection ended.
+func (pp *PipePool) Close() {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	for _, p := range pp.idle {
@@ -112,7 +113,7 @@ func (pp *pipePool) close() {
 // requests of about the same size share it. Unwritten pages take no memory.
 // A reused mapping's hole pages hold whatever an earlier request left: they
 // are only ever read after being filled.
-func (pp *pipePool) mapping(n int) (b []byte, dirty int) {
+func (pp *PipePool) mapping(n int) (b []byte, dirty int) {
 	pp.mu.Lock()
 	for i := len(pp.maps) - 1; i >= 0; i-- {
 		if m := pp.maps[i]; len(m.b) >= n {
@@ -133,7 +134,7 @@ func (pp *pipePool) mapping(n int) (b []byte, dirty int) {
 // One that holds more than keptDirtyPages is emptied first (MADV_DONTNEED:
 // its pages go back to the system and read as zeros); beyond
 // maxIdleMappings it is unmapped.
-func (pp *pipePool) keepMapping(b []byte, dirty int) {
+func (pp *PipePool) keepMapping(b []byte, dirty int) {
 	if dirty > keptDirtyPages {
 		if unix.Madvise(b, unix.MADV_DONTNEED) != nil {
 			syscall.Munmap(b)
@@ -252,4 +253,4 @@ func readPipe(p *recordPipe, b []byte) error {
 	return nil
 }
 
-const holesSupported = true
+const HolesSupported = true
