@@ -247,7 +247,7 @@ func readmeBlock(rep *Report) string {
 	}
 	quiet := "load average not recorded"
 	if rep.LoadStart != [3]float64{} {
-		quiet = fmt.Sprintf("load average %.2f at the start and %.2f at the end", rep.LoadStart[0], rep.LoadEnd[0])
+		quiet = fmt.Sprintf("load average %.2f at the start and %.2f at the end (its own processes included)", rep.LoadStart[0], rep.LoadEnd[0])
 	}
 	p("From `go run ./bench` (bench/README.md) started %s on %d CPUs (%s), %s; "+
 		"every figure is measured in the same run against the same upstream, each process on its own.",

@@ -104,6 +104,7 @@ type measured struct {
 	EntryBytes  float64 // RSS per tracked (producer, partition): results.json memory
 	RecordBytes float64 // per legacy record remembered, indexed: micro.md LegacyMemory
 	CPUmsPerMB  float64 // the proxy's CPU per MB produced, 1 KiB records: results.json
+	ConnKiB     float64 // RSS per idle client connection: results.json idle (64 KiB of read buffers before it was measured)
 	WarmMsPerMB float64 // reading and applying a 4 MiB tail, per MB: micro.md WarmPartition
 	WarmFixedMs float64 // the same, the part that does not grow with the tail (1 MiB vs 4 MiB)
 	Source      string
@@ -123,6 +124,7 @@ func readMeasured(dir string) (measured, error) {
 		Memory  struct {
 			RSSPerEntry float64 `json:"rss_bytes_per_entry"`
 		} `json:"memory"`
+		Idle *IdleResult `json:"idle"`
 		Rows []struct {
 			Scenario   string `json:"scenario"`
 			RecordSize int    `json:"record_size"`
@@ -135,6 +137,10 @@ func readMeasured(dir string) (measured, error) {
 		return in, fmt.Errorf("results.json: %w", err)
 	}
 	in.EntryBytes = res.Memory.RSSPerEntry
+	in.ConnKiB = 64 // two 32 KiB read buffers, what a connection held before the bench measured it
+	if res.Idle != nil && res.Idle.Sides["proxy"].PerConnKiB > 0 {
+		in.ConnKiB = res.Idle.Sides["proxy"].PerConnKiB
+	}
 	for _, r := range res.Rows {
 		if r.Scenario == "batched" && r.RecordSize == 1024 {
 			in.CPUmsPerMB = r.Sides["proxy"].CPUmsPerMB
@@ -226,8 +232,9 @@ func simulate(m replicaModel, in measured, r int) replicaFigures {
 	legacyRecordsPerSec := m.MBps * m.LegacyShare * 1000 / m.RecordKB
 	f.LegacyRecordsHeld = legacyRecordsPerSec * m.Hold.Seconds() * share
 	f.LegacyMB = f.LegacyRecordsHeld * in.RecordBytes / 1e6
-	// Two 32 KiB read buffers per connection (proxy/session.go).
-	f.ConnMB = float64(m.Producers) * m.ConnsPerProducer * share * 64 * 1024 / 1e6
+	// What an idle connection costs, measured (a busy one holds its
+	// requests and responses in flight besides).
+	f.ConnMB = float64(m.Producers) * m.ConnsPerProducer * share * in.ConnKiB * 1024 / 1e6
 	f.Cores = m.MBps * share * in.CPUmsPerMB / 1000
 	// A restart: the replica's nodes move to its peers, whose first batch
 	// on each partition reads its tail, and come back, read again.
@@ -257,10 +264,10 @@ func writeReplicaReport(w io.Writer, m replicaModel, in measured, counts []int) 
 		m.Brokers, m.Partitions, m.Producers, m.PartitionsPerProducer, m.MBps, m.LegacyShare*100, m.RecordKB, m.Hold, m.Window, m.WarmMaxBytes)
 	fmt.Fprintf(w, "Measured (%s): %.0f B of RSS per tracked (producer, partition); %.0f B per legacy record remembered; %.3f ms of proxy CPU per MB produced (1 KiB records, dedup enforced); a partition's warm-up costs %.2f ms plus %.2f ms per MB of tail read (BenchmarkWarmPartition, kfake in the same process, so an upper bound for the proxy's part).\n\n",
 		in.Source, in.EntryBytes, in.RecordBytes, in.CPUmsPerMB, in.WarmFixedMs, in.WarmMsPerMB)
-	fmt.Fprintf(w, "Assumed: a broker serves %.0f MB/s of tail reads to the replicas; a replica applies them on %.0f cores; %.0f connection(s) per producer, each holding two 32 KiB read buffers.\n\n",
-		m.FetchMBps, m.CoresPerReplica, m.ConnsPerProducer)
+	fmt.Fprintf(w, "Assumed: a broker serves %.0f MB/s of tail reads to the replicas; a replica applies them on %.0f cores; %.0f connection(s) per producer, each costing %.1f KiB of RSS (an idle connection, measured; one busy holds its requests and responses in flight besides).\n\n",
+		m.FetchMBps, m.CoresPerReplica, m.ConnsPerProducer, in.ConnKiB)
 	fmt.Fprintf(w, "Per replica, the busiest (it owns ⌈brokers ÷ R⌉ nodes):\n\n")
-	fmt.Fprintf(w, "| replicas | nodes | producer table | legacy records held | connection buffers | CPU at %.0f MB/s |\n|---|---|---|---|---|---|\n", m.MBps)
+	fmt.Fprintf(w, "| replicas | nodes | producer table | legacy records held | connections | CPU at %.0f MB/s |\n|---|---|---|---|---|---|\n", m.MBps)
 	for _, r := range counts {
 		f := simulate(m, in, r)
 		fmt.Fprintf(w, "| %d | %d | %s | %s (%.2g records) | %s | %.2f cores |\n", r, f.NodesMax, mb(f.EntriesMB), mb(f.LegacyMB), f.LegacyRecordsHeld, mb(f.ConnMB), f.Cores)
