@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 )
 
@@ -327,7 +328,7 @@ type Conn struct{ *tls.Conn }
 const closeNotifyWait = 50 * time.Millisecond
 
 func (c *Conn) Close() error {
-	t := time.AfterFunc(closeNotifyWait, func() { c.NetConn().Close() })
+	t := clock.Real.AfterFunc(closeNotifyWait, func() { c.NetConn().Close() })
 	err := c.Conn.Close()
 	t.Stop()
 	return err

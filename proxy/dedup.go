@@ -199,7 +199,7 @@ func (c *session) observeInit(p *pending, body []byte) {
 	resp := kmsg.NewPtrInitProducerIDResponse()
 	resp.SetVersion(p.version)
 	if resp.ReadFrom(body) == nil && resp.ErrorCode == 0 {
-		c.s.table.ObserveInitProducerID(resp.ProducerID, resp.ProducerEpoch, time.Now())
+		c.s.table.ObserveInitProducerID(resp.ProducerID, resp.ProducerEpoch, c.s.now())
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/relay"
 )
 
@@ -86,7 +87,7 @@ const drainPoll = 5 * time.Millisecond
 // other request) in flight are left to drain, until deadline. Nothing new is read once
 // Shutdown stopped reading, so a session found Fetch-only stays so.
 func (s *Server) cutFetchOnly(sessions map[*session]*relay.Tracker, cut func(*relay.Tracker) bool, done, deadline <-chan struct{}) {
-	t := time.NewTicker(drainPoll)
+	t := clock.Real.NewTicker(drainPoll) // bounds the drain's I/O, not a decision
 	defer t.Stop()
 	for len(sessions) > 0 {
 		for sess, tr := range sessions {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,8 +17,15 @@ import (
 
 // idleConsumer starts a franz-go consumer through p on an empty topic and
 // returns once its first long-poll Fetch (fetch.max.wait 5s) was relayed.
-func idleConsumer(t *testing.T, p *testProxy, topic string) *kgo.Client {
+func idleConsumer(t *testing.T, c *kfake.Cluster, p *testProxy, topic string) *kgo.Client {
 	t.Helper()
+	reached := make(chan struct{})
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() { close(reached) })
+		return nil, nil, false
+	})
 	cl, err := kgo.NewClient(kgo.SeedBrokers(p.addr()), kgo.ConsumeTopics(topic), kgo.FetchMaxWait(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -29,9 +37,11 @@ func idleConsumer(t *testing.T, p *testProxy, topic string) *kgo.Client {
 			}
 		}
 	}()
-	fetch := p.Metrics.api(1).requests // Fetch
-	waitFor(t, 30*time.Second, "a Fetch relayed", func() bool { return testutil.ToFloat64(fetch) >= 1 })
-	time.Sleep(50 * time.Millisecond) // let it reach the broker
+	select {
+	case <-reached: // a long poll is at the broker
+	case <-time.After(30 * time.Second):
+		t.Fatal("no Fetch reached the broker")
+	}
 	return cl
 }
 
@@ -40,7 +50,7 @@ func idleConsumer(t *testing.T, p *testProxy, topic string) *kgo.Client {
 func TestShutdownCutsIdleConsumer(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "idle"))
 	p := startProxy(t, c, nil)
-	cl := idleConsumer(t, p, "idle")
+	cl := idleConsumer(t, c, p, "idle")
 	defer cl.Close()
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
@@ -15,7 +16,7 @@ import (
 // never one of its own layer or above, so imports run one way and no cycle
 // can form.
 var layers = [][]string{
-	{"protocol", "seqstate", "owner", "certprincipal"},
+	{"protocol", "seqstate", "owner", "certprincipal", "clock"},
 	{"decide"},
 	{"config"},
 	{"auth"},
@@ -65,6 +66,60 @@ func TestImportsOneWay(t *testing.T) {
 				case l >= at:
 					t.Errorf("%s (layer %d) imports %s (layer %d): imports run downwards only", f, at, dep, l)
 				}
+			}
+		}
+	}
+}
+
+// clockFuncs are the time package's functions that read the clock or wait
+// on it.
+var clockFuncs = map[string]bool{"Now": true, "Since": true, "Until": true, "NewTimer": true, "NewTicker": true,
+	"After": true, "AfterFunc": true, "Tick": true, "Sleep": true}
+
+// TestClockInjected fails on a non-test file of a layered package, other
+// than package clock's, that reads the clock or waits on it through the
+// time package: the proxy's time comes from its clock.Clock (package clock
+// says which clock is for what).
+func TestClockInjected(t *testing.T) {
+	t.Parallel()
+	for _, l := range layers {
+		for _, pkg := range l {
+			if pkg == "clock" {
+				continue
+			}
+			files, err := filepath.Glob(filepath.Join("..", pkg, "*.go"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range files {
+				if strings.HasSuffix(f, "_test.go") {
+					continue
+				}
+				fset := token.NewFileSet()
+				af, err := parser.ParseFile(fset, f, nil, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				timePkg := ""
+				for _, imp := range af.Imports {
+					if imp.Path.Value == `"time"` {
+						timePkg = "time"
+						if imp.Name != nil {
+							timePkg = imp.Name.Name
+						}
+					}
+				}
+				if timePkg == "" {
+					continue
+				}
+				ast.Inspect(af, func(n ast.Node) bool {
+					if sel, ok := n.(*ast.SelectorExpr); ok {
+						if id, ok := sel.X.(*ast.Ident); ok && id.Name == timePkg && clockFuncs[sel.Sel.Name] {
+							t.Errorf("%s: time.%s: take the time from a clock.Clock", fset.Position(sel.Pos()), sel.Sel.Name)
+						}
+					}
+					return true
+				})
 			}
 		}
 	}

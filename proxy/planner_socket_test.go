@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/decide"
 )
 
@@ -159,27 +160,34 @@ func TestInFlightRaceWithTimedOutCommit(t *testing.T) {
 }
 
 // TestInFlightWaitDeadline: a retry waits for its in-flight original at
-// most its own timeout_ms plus a margin, then gets REQUEST_TIMED_OUT
-// (retriable); the original still completes.
+// most its own timeout_ms plus a second, on the proxy's clock, then gets
+// REQUEST_TIMED_OUT (retriable); the original still completes. The test
+// drives the clock: the retry's timeout is a minute, which the wait would
+// take of real time were it not the proxy's clock it waited on.
 func TestInFlightWaitDeadline(t *testing.T) {
 	t.Parallel()
 	const topic = "deadline"
 	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
 	entered, release, _ := holdFirstProduce(c)
-	p := startProxy(t, c, nil)
+	clk := clock.NewManual(time.Now())
+	p := startProxyWith(t, c, nil, func(s *Server) { s.Clock = clk })
 	b := recordBatch(t, 67, 0, 0, 2, "v")
 	orig, retry := dialRaw(t, p.addr()), dialRaw(t, p.addr())
 	orig.learnTopics(topic)
 	oc := orig.send(produceParts(topic, -1, part{0, b}))
 	<-entered
-	req := produceV(9, topic, [16]byte{}, -1, 100, part{0, b})
-	start := time.Now()
-	r := onlyPartition(t, retry.roundTrip(req))
-	if r.ErrorCode != kerr.RequestTimedOut.Code {
-		t.Fatalf("retry past its deadline: %+v", r)
+	req := produceV(9, topic, [16]byte{}, -1, 60_000, part{0, b})
+	rc := retry.send(req)
+	waitFor(t, 10*time.Second, "the retry to wait for its original", func() bool {
+		return testutil.ToFloat64(p.Metrics.waiting) == 1
+	})
+	clk.Advance(time.Minute) // its timeout: the second after it is still the original's
+	if n := testutil.ToFloat64(p.Metrics.waitTimeouts); n != 0 {
+		t.Fatalf("gave up %v times within the timeout", n)
 	}
-	if el := time.Since(start); el < 100*time.Millisecond+time.Second/2 {
-		t.Fatalf("answered after %v, before the deadline", el)
+	clk.Advance(time.Second)
+	if r := onlyPartition(t, retry.recv(req, rc)); r.ErrorCode != kerr.RequestTimedOut.Code {
+		t.Fatalf("retry past its deadline: %+v", r)
 	}
 	if n := testutil.ToFloat64(p.Metrics.waitTimeouts); n != 1 {
 		t.Fatalf("wait timeouts %v", n)

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 	"github.com/dedupproxy/dedupproxy/tail"
@@ -56,7 +56,7 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(clock.Real.Now()) })
 	defer stop()
 
 	conn := s.own.Wrap(nc)

@@ -169,7 +169,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 			continue
 		case decide.Wait:
 			if c.log.Enabled(context.Background(), slog.LevelDebug) {
-				c.log.Debug("produce request waits for an outcome it needs", "correlation_id", h.CorrelationID, "at_most", time.Until(pl.Until).Round(time.Millisecond))
+				c.log.Debug("produce request waits for an outcome it needs", "correlation_id", h.CorrelationID, "at_most", pl.Until.Sub(c.s.now()).Round(time.Millisecond))
 			}
 			waited, held = true, true
 			c.s.Metrics.waiting.Inc()
@@ -180,7 +180,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 				return nil, errClientGone
 			}
 			switch {
-			case !time.Now().Before(pl.Until):
+			case !c.s.now().Before(pl.Until):
 				c.s.Metrics.waitTimeouts.Inc()
 				req.GiveUp = true
 			case c.s.closing.Load():
@@ -264,11 +264,11 @@ func (s *Server) disconnectGoneSiblings(conn *decide.Conn) {
 // request waits for), until, or shutdown; it reports false when the
 // connection closed meanwhile.
 func (c *session) awaitWake(until time.Time) bool {
-	d := time.Until(until)
+	d := until.Sub(c.s.now())
 	if d <= 0 {
 		return true
 	}
-	t := time.NewTimer(d)
+	t := c.s.clock().NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-c.wake:
@@ -300,7 +300,7 @@ func (s *Server) wakeConns(ids []decide.ConnID) {
 // decision.
 func (c *session) readTails(tails []decide.TailKey) {
 	bound := c.s.Config.Dedup.Warm.Timeout
-	timer := time.NewTimer(bound)
+	timer := c.s.clock().NewTimer(bound)
 	defer timer.Stop()
 	done := make(chan struct{}, len(tails))
 	started := 0
@@ -573,7 +573,7 @@ func (s *Server) warmPartition(topic string, k decide.TailKey) {
 	cfg := &s.Config.Dedup.Warm
 	ctx, cancel := context.WithTimeout(s.warmCtx, cfg.Timeout)
 	defer cancel()
-	start := time.Now()
+	start := s.now()
 	records, n, err := s.readTail(ctx, topic, k.Partition)
 	if err != nil && s.warmCtx.Err() != nil {
 		// Stopped past the drain's deadline: the connections are being
@@ -583,7 +583,7 @@ func (s *Server) warmPartition(topic string, k decide.TailKey) {
 	}
 	if err != nil {
 		s.Metrics.warmups[warmFailed].Inc()
-		if ok, suppressed := s.warmLog.allow(time.Now()); ok {
+		if ok, suppressed := s.warmLog.allow(s.now()); ok {
 			s.Logger.Warn("cannot read partition tail; deciding its batches without it", "topic", topic, "partition", k.Partition, "err", err, "suppressed", suppressed)
 		}
 		s.stepWake(&decide.Event{Kind: decide.EvTailFailed, Tail: k}, nil)
@@ -592,6 +592,7 @@ func (s *Server) warmPartition(topic string, k decide.TailKey) {
 	s.stepWake(&decide.Event{Kind: decide.EvTailRead, Tail: k, Records: records}, nil)
 	s.Metrics.warmups[warmOK].Inc()
 	s.Metrics.warmBytes.Add(float64(len(records)))
-	s.Metrics.warmSeconds.Observe(time.Since(start).Seconds())
-	s.Logger.Debug("warmed partition from its tail", "topic", topic, "partition", k.Partition, "batches", n, "bytes", len(records), "took", time.Since(start))
+	took := s.now().Sub(start)
+	s.Metrics.warmSeconds.Observe(took.Seconds())
+	s.Logger.Debug("warmed partition from its tail", "topic", topic, "partition", k.Partition, "batches", n, "bytes", len(records), "took", took)
 }

@@ -320,7 +320,7 @@ func TestIdleResponseLoopWokenForLocalAnswers(t *testing.T) {
 	}
 	for round := 0; round < 20; round++ {
 		// Let the response loop go idle on the broker first.
-		time.Sleep(time.Millisecond)
+		waitFor(t, 10*time.Second, "the response loop to wait on the broker", func() bool { return responseLoopsIdle(p.Server) })
 		raw.conn.SetDeadline(time.Now().Add(5 * time.Second))
 		if _, err := raw.conn.Write(newer()); err != nil {
 			t.Fatal(err)
@@ -450,4 +450,20 @@ func TestFetchRelayWalkRich(t *testing.T) {
 			})
 		}
 	}
+}
+
+// responseLoopsIdle reports whether s has sessions and each one's response
+// loop waits on its broker with nothing queued (waitUpstream).
+func responseLoopsIdle(s *Server) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sess := range s.sessions {
+		sess.upMu.Lock()
+		waiting := sess.upWaiting
+		sess.upMu.Unlock()
+		if !waiting {
+			return false
+		}
+	}
+	return len(s.sessions) > 0
 }

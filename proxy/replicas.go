@@ -171,7 +171,7 @@ func (s *Server) replicaStart() error {
 	}
 	o := replica.Options{
 		Layout: l, DrainTimeout: s.Config.DrainTimeout, DialTimeout: s.Config.DialTimeout, AdminTLS: s.Config.AdminTLS.Enabled(),
-		Log: s.Logger, Now: s.now, Ctx: s.dialCtx, Stop: s.stop, Spawn: s.spawn, Metrics: s.replicaMetrics,
+		Log: s.Logger, Clock: s.clock(), Ctx: s.dialCtx, Stop: s.stop, Spawn: s.spawn, Metrics: s.replicaMetrics,
 	}
 	if s.core != nil {
 		o.Core = replicaCore{s}

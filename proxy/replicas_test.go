@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -368,7 +369,7 @@ func TestReplicaLeaderMovedAwayRewarms(t *testing.T) {
 func gateFixture() (*session, *relay.Tracker, protocol.RequestHeader) {
 	l := &config.Layout{Self: 0, Count: 3, Owners: map[int32]int{}}
 	s := &Server{Logger: slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil)}
-	s.replicas = replica.New(replica.Options{Layout: l, Log: s.Logger, Now: time.Now, Ctx: context.Background(), Spawn: func(func()) bool { return false }})
+	s.replicas = replica.New(replica.Options{Layout: l, Log: s.Logger, Clock: clock.Real, Ctx: context.Background(), Spawn: func(func()) bool { return false }})
 	for peer := 1; peer < l.Count; peer++ { // nobody else decides anything: serving
 		s.replicas.Step(owner.PeerUnreachable{Peer: peer})
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/certprincipal"
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/relay"
@@ -49,7 +50,12 @@ type Server struct {
 	Listen func(network, addr string) (net.Listener, error)
 	// Dial replaces the upstream dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// Now replaces time.Now.
+	// Clock is the proxy's clock (package clock): decisions read the time
+	// on it, and their waits, windows, expiries and periodic work run on
+	// it. Nil means clock.Real. Socket deadlines and waits that bound I/O
+	// stay on the real clock.
+	Clock clock.Clock
+	// Now, when set, reads the time in place of Clock.Now.
 	Now func() time.Time
 	// AdminAddr is the bound address of the admin HTTP listener, when the
 	// command runs one. Bind it before Start: a proxy listener that cannot
@@ -216,10 +222,11 @@ func (s *Server) Start(ctx context.Context) error {
 		if s.keys != nil {
 			s.Metrics.registerKeys(s.keys)
 		}
-		s.spawn(s.expireLoop)
+		every := max(min(s.Config.Dedup.ProducerIDExpiration/10, time.Minute), 10*time.Millisecond)
+		s.spawnTicker(every, s.expireLoop)
 	}
 	if len(s.certs) > 0 {
-		s.spawn(s.certReloadLoop)
+		s.spawnTicker(max(s.Config.CertReloadInterval, 10*time.Millisecond), s.certReloadLoop)
 	}
 
 	ln, err := s.Listen("tcp", s.Config.Listen)
@@ -247,7 +254,7 @@ func (s *Server) Start(ctx context.Context) error {
 		s.Logger.Warn("upstream not reachable yet", "err", err)
 	}
 	if s.table != nil {
-		s.spawn(s.topicRefreshLoop)
+		s.spawnTicker(topicRefreshInterval, s.topicRefreshLoop)
 	}
 	if s.replicas != nil {
 		s.spawn(s.replicas.PollLoop)
@@ -263,12 +270,37 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
+// now reads the proxy's clock.
 func (s *Server) now() time.Time {
 	if s.Now != nil {
 		return s.Now()
 	}
-	return time.Now()
+	if s.Clock != nil {
+		return s.Clock.Now()
+	}
+	return clock.Real.Now()
 }
+
+// clock is the proxy's clock, for its timers and tickers (Clock, with Now
+// reading the time when set).
+func (s *Server) clock() clock.Clock {
+	c := s.Clock
+	if c == nil {
+		c = clock.Real
+	}
+	if s.Now != nil {
+		return nowClock{c, s.Now}
+	}
+	return c
+}
+
+// nowClock is a clock whose Now is replaced.
+type nowClock struct {
+	clock.Clock
+	now func() time.Time
+}
+
+func (c nowClock) Now() time.Time { return c.now() }
 
 // Addr returns the bootstrap listener's address.
 func (s *Server) Addr() net.Addr {
@@ -304,6 +336,16 @@ func (s *Server) serve(ln net.Listener, node int32) bool {
 	return true
 }
 
+// spawnTicker runs loop on a ticker of the proxy's clock, made before
+// spawnTicker returns (a test that moves the clock after Start finds it
+// there), and stopped when loop returns.
+func (s *Server) spawnTicker(every time.Duration, loop func(*clock.Ticker)) {
+	t := s.clock().NewTicker(every)
+	if !s.spawn(func() { defer t.Stop(); loop(t) }) {
+		t.Stop()
+	}
+}
+
 // spawn runs f in a goroutine that Shutdown waits for, unless Shutdown has
 // begun; it reports whether f runs. (Adding to the WaitGroup under mu,
 // before closing is set, keeps every Add ahead of Shutdown's Wait.)
@@ -337,7 +379,7 @@ func (s *Server) acceptLoop(ln net.Listener, node int32) {
 				backoff = time.Second
 			}
 			s.Logger.Error("accept failed", "addr", ln.Addr().String(), "err", err, "retry_in", backoff)
-			t := time.NewTimer(backoff)
+			t := clock.Real.NewTimer(backoff)
 			select {
 			case <-t.C:
 			case <-s.stop:
@@ -639,7 +681,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		c.Close()
 	}
 	s.mu.Unlock()
-	t := time.NewTimer(shutdownGrace)
+	t := clock.Real.NewTimer(shutdownGrace)
 	defer t.Stop()
 	select {
 	case <-done:
@@ -675,9 +717,7 @@ const topicRefreshInterval = 5 * time.Second
 // unknown topics were relayed undecided since the last look: a topic
 // created since, or clients producing with metadata they cached before the
 // proxy started.
-func (s *Server) topicRefreshLoop() {
-	t := time.NewTicker(topicRefreshInterval)
-	defer t.Stop()
+func (s *Server) topicRefreshLoop(t *clock.Ticker) {
 	var seen uint64
 	for {
 		select {
@@ -701,10 +741,7 @@ func (s *Server) topicRefreshLoop() {
 // expireLoop forgets idle producers, like Kafka's periodic
 // removeExpiredProducers (producer.id.expiration.check.interval.ms, 10
 // minutes by default; we check more often since it is cheap).
-func (s *Server) expireLoop() {
-	every := max(min(s.Config.Dedup.ProducerIDExpiration/10, time.Minute), 10*time.Millisecond)
-	t := time.NewTicker(every)
-	defer t.Stop()
+func (s *Server) expireLoop(t *clock.Ticker) {
 	for {
 		select {
 		case <-s.stop:

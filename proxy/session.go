@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/auth"
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
@@ -155,6 +156,7 @@ func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logge
 		Client: client, RawClient: c.rawClient, RawUp: c.rawUp, MaxFrame: s.Config.MaxFrameBytes,
 		Mapper:      &responseMapper{&s.nodes, s.table},
 		Metrics:     relay.FetchMetrics{BrokerRead: s.Metrics.BrokerReadBytes, ClientWritten: s.Metrics.ClientWrittenBytes},
+		Now:         s.now,
 		ExtendWrite: c.extendClientWrite,
 		WriteFailed: c.clientWriteFailed,
 	}
@@ -209,7 +211,7 @@ func (c *session) howClosed(readErr error) decide.Close {
 // forwarded still gets its response.
 func (c *session) stopReading() {
 	c.stopping.Store(true)
-	c.client.SetReadDeadline(time.Now())
+	c.client.SetReadDeadline(clock.Real.Now())
 }
 
 func (c *session) closeAll() {
@@ -236,7 +238,7 @@ func (c *session) readLoop() {
 		// No more requests: let responseLoop drain what was forwarded, but
 		// not forever. A client that disconnected never abandons its
 		// in-flight requests (docs/produce-path.md).
-		drainAt := time.Now().Add(c.s.Config.DrainTimeout)
+		drainAt := clock.Real.Now().Add(c.s.Config.DrainTimeout)
 		c.upMu.Lock()
 		c.upRestore, c.queueClosed = drainAt, true
 		if !c.upKicked { // else responseLoop sets upRestore when it wakes
@@ -284,7 +286,7 @@ func (c *session) readLoop() {
 	for {
 		rb.Release() // the previous request has been forwarded
 		if cfg.IdleTimeout > 0 {
-			c.client.SetReadDeadline(time.Now().Add(cfg.IdleTimeout))
+			c.client.SetReadDeadline(clock.Real.Now().Add(cfg.IdleTimeout))
 		}
 		if c.stopping.Load() { // after the deadline, so Shutdown's wins (see stopReading)
 			return
@@ -296,7 +298,7 @@ func (c *session) readLoop() {
 			c.readFailed(err)
 			return
 		}
-		start := time.Now()
+		start := c.s.now()
 		c.readAt = start
 		frame := rb.Frame(body)
 		m.ClientReadBytes.Add(float64(len(frame)))
@@ -385,7 +387,7 @@ func (c *session) newPending(h protocol.RequestHeader, start time.Time, api *api
 // connection is closed, so responseLoop fails whatever is queued.
 func (c *session) forward(frame []byte) bool {
 	if c.s.Config.WriteTimeout > 0 {
-		c.upstream.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
+		c.upstream.SetWriteDeadline(clock.Real.Now().Add(c.s.Config.WriteTimeout))
 	}
 	var err error
 	if rb := c.req; rb != nil && rb.HasHoles() {
@@ -612,7 +614,7 @@ func (c *session) kickResponseLoop() {
 	c.upMu.Lock()
 	if c.upWaiting && !c.upKicked {
 		c.upKicked = true
-		c.upstream.SetReadDeadline(time.Now())
+		c.upstream.SetReadDeadline(clock.Real.Now())
 	}
 	c.upMu.Unlock()
 }
@@ -668,7 +670,7 @@ func (c *session) writeResponse(p *pending) bool {
 		return false
 	}
 	c.s.Metrics.ClientWrittenBytes.Add(float64(len(frame)))
-	p.api.duration.Observe(time.Since(p.start).Seconds())
+	p.api.duration.Observe(c.s.now().Sub(p.start).Seconds())
 	return true
 }
 
@@ -687,7 +689,7 @@ func (c *session) clientWriteFailed(err error) {
 // extendClientWrite sets the client's write deadline for one response.
 func (c *session) extendClientWrite() {
 	if c.s.Config.WriteTimeout > 0 {
-		c.client.SetWriteDeadline(time.Now().Add(c.s.Config.WriteTimeout))
+		c.client.SetWriteDeadline(clock.Real.Now().Add(c.s.Config.WriteTimeout))
 	}
 }
 

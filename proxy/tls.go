@@ -8,10 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"time"
 
 	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/certprincipal"
+	"github.com/dedupproxy/dedupproxy/clock"
 )
 
 // TLS on both legs (docs/reference.md, "TLS and SASL"): package auth builds
@@ -121,9 +121,7 @@ func (s *Server) ReloadTLS() error {
 }
 
 // certReloadLoop checks the certificate files every CertReloadInterval.
-func (s *Server) certReloadLoop() {
-	t := time.NewTicker(max(s.Config.CertReloadInterval, 10*time.Millisecond))
-	defer t.Stop()
+func (s *Server) certReloadLoop(t *clock.Ticker) {
 	for {
 		select {
 		case <-s.stop:

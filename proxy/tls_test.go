@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/testpki"
 )
@@ -575,11 +576,18 @@ func TestTLSCertificateRotation(t *testing.T) {
 	})
 	t.Run("files change", func(t *testing.T) {
 		t.Parallel()
-		p := startProxy(t, c, both(withClientTLS(certs, certs.server("poll-1"), "poll"),
-			func(cfg *Config) { cfg.CertReloadInterval = 20 * time.Millisecond }))
+		// The files are checked every hour of the proxy's clock, which the
+		// test moves.
+		clk := clock.NewManual(time.Now())
+		p := startProxyWith(t, c, both(withClientTLS(certs, certs.server("poll-1"), "poll"),
+			func(cfg *Config) { cfg.CertReloadInterval = time.Hour }), func(s *Server) { s.Clock = clk })
 		old := dialRawTLS(t, p.addr(), trust)
 		old.apiVersions()
 		certs.write(certs.server("poll-2"), "poll")
+		if cn := peerCN(t, dialRawTLS(t, p.addr(), trust)); cn != "poll-1" {
+			t.Fatalf("before the check: %q, want poll-1", cn)
+		}
+		clk.Advance(time.Hour)
 		waitFor(t, 10*time.Second, "new connections to get the new certificate", func() bool {
 			return peerCN(t, dialRawTLS(t, p.addr(), trust)) == "poll-2"
 		})

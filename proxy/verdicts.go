@@ -110,7 +110,7 @@ func batchOutcome(pp *decide.PartPlan, waited bool) int {
 // server: an operator of a payment system wants to see each one, and one
 // running observe mode before enforcing wants to read what it would drop.
 func (c *session) logVerdict(pl *producePlan, i int) {
-	ok, suppressed := c.s.answerLog.allow(time.Now())
+	ok, suppressed := c.s.answerLog.allow(c.s.now())
 	if !ok {
 		return
 	}

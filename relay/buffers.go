@@ -9,8 +9,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupproxy/dedupproxy/clock"
+	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
 // Response frames may wait in the queue behind the proxy's own answers, and
@@ -284,7 +286,7 @@ func (rb *RequestBuffer) readLarge(r *ConnReader, n int, done <-chan struct{}) (
 		// one): a peer that declares 100 MiB and sends 1 KiB pins little.
 		// Read in chunks, so that progress shows.
 		end := min(n, len(buf), have+readChunk)
-		rb.reading.Store(time.Now().UnixNano())
+		rb.reading.Store(clock.Real.Now().UnixNano())
 		k, err := io.ReadFull(r, buf[have:end])
 		have += k
 		if err != nil {
@@ -457,7 +459,7 @@ func (p *RequestPool) reserve(rb *RequestBuffer, n int, done <-chan struct{}) {
 // waitFor waits, with mu held, until want bytes fit the budget, or until
 // the wait must end (see RequestPool).
 func (p *RequestPool) waitFor(want int, done <-chan struct{}) {
-	var timer, tick *time.Timer
+	var timer, tick *clock.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -471,7 +473,7 @@ func (p *RequestPool) waitFor(want int, done <-chan struct{}) {
 		wake := p.released
 		p.mu.Unlock()
 		if timer == nil {
-			timer, tick = time.NewTimer(p.maxWait), time.NewTimer(p.stallAfter)
+			timer, tick = clock.Real.NewTimer(p.maxWait), clock.Real.NewTimer(p.stallAfter)
 		}
 		over, check := false, false
 		select {
@@ -490,7 +492,7 @@ func (p *RequestPool) waitFor(want int, done <-chan struct{}) {
 			break
 		}
 		if check {
-			p.demoteStalled(time.Now().UnixNano())
+			p.demoteStalled(clock.Real.Now().UnixNano())
 		}
 	}
 	if timer != nil && p.metrics != nil { // it waited

@@ -30,6 +30,8 @@ type Fetch struct {
 	// set once, it is not allocated per frame.
 	Mapper  protocol.AddrMapper
 	Metrics FetchMetrics
+	// Now reads the clock the caller's start times are on.
+	Now func() time.Time
 	// ExtendWrite sets the client's write deadline for one response;
 	// WriteFailed is told of a failed write to the client, which it
 	// closes.
@@ -99,7 +101,7 @@ func (f *Fetch) Relay(upstream *ConnReader, version int16, corrID int32, start t
 		alive, err := f.relayFetchStream(upstream, version, frameLen)
 		if err == nil && alive {
 			m.ClientWritten.Add(float64(frameLen))
-			duration.Observe(time.Since(start).Seconds())
+			duration.Observe(f.Now().Sub(start).Seconds())
 		}
 		return true, alive && err == nil, err
 	}
@@ -125,7 +127,7 @@ func (f *Fetch) Relay(upstream *ConnReader, version int16, corrID int32, start t
 		return true, f.clientGone(dstErr), skip(upstream, rest-taken)
 	}
 	m.ClientWritten.Add(float64(frameLen))
-	duration.Observe(time.Since(start).Seconds())
+	duration.Observe(f.Now().Sub(start).Seconds())
 	return true, true, nil
 }
 

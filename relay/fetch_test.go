@@ -110,8 +110,8 @@ func TestRelayLargeNoAllocs(t *testing.T) {
 			brokerSide, upSide := tcpPair(t)
 			clientSide, peer := tcpPair(t)
 			f := &Fetch{Client: clientSide, MaxFrame: 100 << 20,
-				Metrics:     FetchMetrics{BrokerRead: prometheus.NewCounter(prometheus.CounterOpts{Name: "r"}), ClientWritten: prometheus.NewCounter(prometheus.CounterOpts{Name: "w"})},
-				ExtendWrite: func() {}, WriteFailed: func(err error) { t.Errorf("write failed: %v", err) }}
+				Metrics: FetchMetrics{BrokerRead: prometheus.NewCounter(prometheus.CounterOpts{Name: "r"}), ClientWritten: prometheus.NewCounter(prometheus.CounterOpts{Name: "w"})},
+				Now:     time.Now, ExtendWrite: func() {}, WriteFailed: func(err error) { t.Errorf("write failed: %v", err) }}
 			f.RawClient, f.RawUp, _ = RawConns(clientSide, upSide)
 			up := NewConnReader(upSide, TCPRawConn(upSide), nil, nil)
 

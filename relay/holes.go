@@ -4,8 +4,8 @@ import (
 	"errors"
 	"io"
 	"syscall"
-	"time"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -63,7 +63,7 @@ func (rb *RequestBuffer) readSparse(r *ConnReader, n int, done <-chan struct{}) 
 	copy(buf, rb.head[:])
 	body = buf[4:n]
 	defer rb.reading.Store(0)
-	progress := func() { rb.reading.Store(time.Now().UnixNano()) }
+	progress := func() { rb.reading.Store(clock.Real.Now().UnixNano()) }
 	var w protocol.ProduceWalker
 	w.Reset(len(body), MinHole)
 	have := 0

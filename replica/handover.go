@@ -59,12 +59,12 @@ type Held interface {
 // relayed for a foreign node), or redirects it. start is when the request
 // was read.
 func (rs *Set) Hold(n *Node, c Held, bound time.Duration, start time.Time) (v Verdict, target int) {
-	timer := time.NewTimer(bound)
+	timer := rs.Clock.NewTimer(bound)
 	defer timer.Stop()
 	waited := false
 	defer func() {
 		if waited {
-			rs.m.Held.Observe(time.Since(start).Seconds())
+			rs.m.Held.Observe(rs.Clock.Now().Sub(start).Seconds())
 		}
 	}()
 	for {
@@ -136,7 +136,7 @@ func (rs *Set) Hold(n *Node, c Held, bound time.Duration, start time.Time) (v Ve
 // means redirect.
 func (rs *Set) foreignProduce(n *Node) (relay, wait bool) {
 	rs.mu.Lock()
-	stale := rs.Now().Sub(rs.polledAt) > replicaFresh
+	stale := rs.Clock.Now().Sub(rs.polledAt) > replicaFresh
 	rs.mu.Unlock()
 	if stale && rs.l.Count > 1 {
 		ctx, cancel := context.WithTimeout(rs.Ctx, 2*replicaPeerTimeout)
@@ -226,7 +226,7 @@ func (n *Node) CheckDrained() {
 // state here may be older than what the peer appended), and their legacy
 // state taken from the peer; then the machine serves the node.
 func (rs *Set) take(t owner.Take) {
-	deadline := rs.Now().Add(rs.DrainTimeout)
+	deadline := rs.Clock.Now().Add(rs.DrainTimeout)
 	var keys []seqstate.Key
 	for attempt := 0; rs.Core != nil; attempt++ {
 		ctx, cancel := context.WithTimeout(rs.Ctx, rs.DialTimeout)
@@ -236,7 +236,7 @@ func (rs *Set) take(t owner.Take) {
 		if err == nil {
 			break
 		}
-		if !t.Rewarm || rs.Now().After(deadline) || rs.Ctx.Err() != nil {
+		if !t.Rewarm || rs.Clock.Now().After(deadline) || rs.Ctx.Err() != nil {
 			if t.Rewarm {
 				rs.log.Warn("cannot list the partitions of a node covered; serving it without marking them to warm again (a retry of a batch the peer appended may be written again)", "node", t.Node, "err", err)
 			} else {
@@ -247,7 +247,7 @@ func (rs *Set) take(t owner.Take) {
 		}
 		// A cover retries: without the marks, the node's batches would be
 		// decided on state older than the log.
-		timer := time.NewTimer(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
+		timer := rs.Clock.NewTimer(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
 		select {
 		case <-timer.C:
 		case <-rs.Stop:
@@ -295,7 +295,7 @@ func (rs *Set) HandOver(ctx context.Context) bool {
 }
 
 func (rs *Set) handOverOnce(ctx context.Context) bool {
-	until := rs.Now().Add(rs.DrainTimeout)
+	until := rs.Clock.Now().Add(rs.DrainTimeout)
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the drain that follows a second.
 		if dl = dl.Add(-time.Second); dl.Before(until) {

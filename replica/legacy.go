@@ -75,7 +75,7 @@ func (rs *Set) serveLegacy(w http.ResponseWriter, r *http.Request) {
 		// take-back under way, released meanwhile by a stop): handed on
 		// before it arrived, it would stay behind. Wait for the take's end
 		// (a change), bounded.
-		timer := time.NewTimer(legacyTimeout)
+		timer := rs.Clock.NewTimer(legacyTimeout)
 		defer timer.Stop()
 		for {
 			changed := rs.waitChange()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/auth"
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/owner"
@@ -126,7 +127,7 @@ type Options struct {
 	DialTimeout  time.Duration // dial_timeout: a take's Metadata request
 	AdminTLS     bool          // the peers' admin listeners serve HTTPS
 	Log          *slog.Logger
-	Now          func() time.Time
+	Clock        clock.Clock // the proxy's: the machine's deadlines, holds and polls run on it
 	// Ctx ends when the proxy stops: requests to peers and brokers are
 	// abandoned. Stop is closed then: the loops end.
 	Ctx  context.Context
@@ -223,7 +224,7 @@ func New(o Options) *Set {
 		Replicas: l.Addrs, Layout: l.Digest,
 		DrainTimeout: o.DrainTimeout, PeerTimeout: replicaPeerTimeout, Quiet: handoverQuiet,
 		TakeState: o.Core != nil,
-	}, o.Now())
+	}, o.Clock.Now())
 	tr := &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second}
 	if o.AdminTLS {
 		// Peers' admin listeners serve HTTPS; their certificates are
@@ -280,7 +281,7 @@ func (rs *Set) Step(ev owner.Event) {
 // addresses, the change broadcast and the tick timer. carry does the rest,
 // without the lock.
 func (rs *Set) stepLocked(ev owner.Event) []owner.Effect {
-	now := rs.Now()
+	now := rs.Clock.Now()
 	effects := rs.own.Step(ev, now)
 	changed := false
 	if _, ok := ev.(owner.Taken); ok {
@@ -416,9 +417,9 @@ func (rs *Set) Advertised(id int32) int {
 // PollLoop reads the peers' statuses, quickly while something waits on a
 // peer, and ticks the machine at its deadlines, until the server stops.
 func (rs *Set) PollLoop() {
-	poll := time.NewTimer(0)
+	poll := rs.Clock.NewTimer(0)
 	defer poll.Stop()
-	tick := time.NewTimer(time.Hour)
+	tick := rs.Clock.NewTimer(time.Hour)
 	defer tick.Stop()
 	rearm := func() {
 		rs.mu.Lock()
@@ -426,7 +427,7 @@ func (rs *Set) PollLoop() {
 		rs.mu.Unlock()
 		tick.Stop()
 		if !at.IsZero() {
-			tick.Reset(max(at.Sub(rs.Now()), 0))
+			tick.Reset(max(at.Sub(rs.Clock.Now()), 0))
 		}
 	}
 	rearm()
@@ -513,7 +514,7 @@ func (rs *Set) pollOnce() {
 		}
 	}
 	rs.mu.Lock()
-	rs.polledAt = rs.Now()
+	rs.polledAt = rs.Clock.Now()
 	close(rs.polled)
 	rs.polled = make(chan struct{})
 	rs.mu.Unlock()
