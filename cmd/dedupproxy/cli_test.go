@@ -6,18 +6,19 @@ import (
 	"flag"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/config"
 )
@@ -264,9 +265,17 @@ func TestSIGTERMIdleConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cmd, logs, exited := startChild(t, "--upstream", strings.Join(c.ListenAddrs(), ","), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0")
+	// The broker tells when the consumer's first Fetch reaches it: from
+	// then on the long poll is held there.
+	fetched := make(chan struct{})
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() { close(fetched) })
+		return nil, nil, false
+	})
+	cmd, logs, exited := startChild(t, "--upstream", strings.Join(c.ListenAddrs(), ","), "--listen", "127.0.0.1:0")
 	addr := logs.await(t, `listener=bootstrap addr=(\S+)`)
-	admin := logs.await(t, `admin listening" addr=(\S+)`)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics("quiet"), kgo.FetchMaxWait(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -276,22 +285,11 @@ func TestSIGTERMIdleConsumer(t *testing.T) {
 		for !cl.PollFetches(context.Background()).IsClientClosed() {
 		}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + admin + "/metrics")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(body), `dedupproxy_requests_total{api="Fetch"} 1`) {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the consumer never fetched")
-		}
-		time.Sleep(20 * time.Millisecond)
+	select {
+	case <-fetched:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the consumer never fetched")
 	}
-	time.Sleep(100 * time.Millisecond) // the Fetch is now held by the broker
 	start := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
