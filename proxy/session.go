@@ -48,7 +48,7 @@ type session struct {
 	log      *slog.Logger
 	in       *relay.ConnReader // readLoop's reader of client
 
-	queue *pendingQueue
+	queue *relay.Queue[*pending]
 
 	stopping   atomic.Bool // Shutdown: stop reading, drain, close
 	clientLeft atomic.Bool // readLoop has ended: answers from now on reach no one
@@ -139,7 +139,7 @@ const maxPooledFrame = 1 << 20
 func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logger) *session {
 	c := &session{
 		s: s, id: id, client: client, upstream: upstream, log: log,
-		queue:     newPendingQueue(s.Config.MaxInflight),
+		queue:     relay.NewQueue[*pending](s.Config.MaxInflight),
 		closed:    make(chan struct{}),
 		warmSlots: make(chan struct{}, connWarmups),
 		wake:      make(chan struct{}, 1),
@@ -245,7 +245,7 @@ func (c *session) readLoop() {
 			c.upstream.SetReadDeadline(drainAt)
 		}
 		c.upMu.Unlock()
-		c.queue.close()
+		c.queue.Close()
 		c.kickResponseLoop()
 	}()
 	defer func() {
@@ -467,7 +467,7 @@ func (c *session) responseLoop() {
 			c.release(p)
 		}
 		for {
-			p, ok := c.queue.pop()
+			p, ok := c.queue.Pop()
 			if !ok {
 				break
 			}
@@ -484,10 +484,10 @@ func (c *session) responseLoop() {
 	// simpler wait), and not once that connection has failed.
 	_, waitUp := c.upstream.(*net.TCPConn)
 	for {
-		if waitUp && !failed && c.queue.len() == 0 {
+		if waitUp && !failed && c.queue.Len() == 0 {
 			waitUp = c.waitUpstream(upstream)
 		}
-		p, ok := c.queue.pop()
+		p, ok := c.queue.Pop()
 		if !ok {
 			break
 		}
@@ -590,7 +590,7 @@ func (c *session) responseLoop() {
 // which this function undoes under upMu before anything else reads.
 func (c *session) waitUpstream(upstream *relay.ConnReader) bool {
 	c.upMu.Lock()
-	if c.queue.len() > 0 || c.queueClosed {
+	if c.queue.Len() > 0 || c.queueClosed {
 		c.upMu.Unlock()
 		return true
 	}
@@ -821,4 +821,4 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 
 // enqueue queues p for responseLoop (blocking at MaxInflight: the
 // backpressure).
-func (c *session) enqueue(p *pending) { c.queue.push(p) }
+func (c *session) enqueue(p *pending) { c.queue.Push(p) }

@@ -16,6 +16,8 @@
 //   - [Tracker]: the client connection as the drain and the replicas see
 //     it: which requests await a response, which Produce requests a node's
 //     drain waits for.
+//   - [Queue]: a session's requests awaiting their responses, in request
+//     order, bounded by max_inflight (the backpressure).
 //
 // It decides nothing: what a request means is the caller's (package
 // proxy). Socket deadlines and the budget's waits use the real clock: they

@@ -1,18 +1,18 @@
-package proxy
+package relay
 
 import "sync"
 
-// pendingQueue is a session's FIFO of requests awaiting their responses:
-// readLoop pushes, responseLoop pops, in request order. push blocks while
-// max entries are queued, which is the backpressure (Config.MaxInflight).
+// Queue is a session's FIFO of requests awaiting their responses: the
+// read loop pushes, the response loop pops, in request order. Push blocks
+// while max entries are queued, which is the backpressure (max_inflight).
 //
 // It behaves as a channel of capacity max would, but its ring grows with
 // what is queued instead of being made at max up front: a channel of 256
 // pointers was 2 KiB of every connection, idle or not, and most
 // connections never have more than a few requests in flight.
-type pendingQueue struct {
+type Queue[T any] struct {
 	mu     sync.Mutex
-	ring   []*pending
+	ring   []T
 	head   int
 	n      int
 	max    int
@@ -23,21 +23,22 @@ type pendingQueue struct {
 	notEmpty, notFull chan struct{}
 }
 
-// pendingQueueStart is the ring's first size; an empty ring larger than
-// pendingQueueKeep is dropped (a pipelining client, 5 Produce requests in
+// queueStart is the ring's first size; an empty ring larger than
+// queueKeep is dropped (a pipelining client, 5 Produce requests in
 // flight, keeps its ring).
 const (
-	pendingQueueStart = 4
-	pendingQueueKeep  = 16
+	queueStart = 4
+	queueKeep  = 16
 )
 
-func newPendingQueue(max int) *pendingQueue {
-	return &pendingQueue{max: max, notEmpty: make(chan struct{}, 1), notFull: make(chan struct{}, 1)}
+// NewQueue returns an empty queue that holds at most max entries.
+func NewQueue[T any](max int) *Queue[T] {
+	return &Queue[T]{max: max, notEmpty: make(chan struct{}, 1), notFull: make(chan struct{}, 1)}
 }
 
-// push queues p, waiting while the queue is full. It must not be called
-// after close.
-func (q *pendingQueue) push(p *pending) {
+// Push queues p, waiting while the queue is full. It must not be called
+// after Close.
+func (q *Queue[T]) Push(p T) {
 	q.mu.Lock()
 	for q.n >= q.max {
 		q.mu.Unlock()
@@ -45,7 +46,7 @@ func (q *pendingQueue) push(p *pending) {
 		q.mu.Lock()
 	}
 	if q.n == len(q.ring) {
-		grown := make([]*pending, min(max(pendingQueueStart, 2*len(q.ring)), q.max))
+		grown := make([]T, min(max(queueStart, 2*len(q.ring)), q.max))
 		for i := range q.n {
 			grown[i] = q.ring[(q.head+i)%len(q.ring)]
 		}
@@ -60,24 +61,25 @@ func (q *pendingQueue) push(p *pending) {
 	}
 }
 
-// pop takes the oldest entry, waiting while the queue is empty; ok is
+// Pop takes the oldest entry, waiting while the queue is empty; ok is
 // false once the queue is closed and empty.
-func (q *pendingQueue) pop() (p *pending, ok bool) {
+func (q *Queue[T]) Pop() (p T, ok bool) {
 	q.mu.Lock()
 	for q.n == 0 {
 		if q.closed {
 			q.mu.Unlock()
-			return nil, false
+			return p, false
 		}
 		q.mu.Unlock()
 		<-q.notEmpty
 		q.mu.Lock()
 	}
 	p = q.ring[q.head]
-	q.ring[q.head] = nil
+	var zero T
+	q.ring[q.head] = zero
 	q.head = (q.head + 1) % len(q.ring)
 	q.n--
-	if q.n == 0 && len(q.ring) > pendingQueueKeep {
+	if q.n == 0 && len(q.ring) > queueKeep {
 		q.ring, q.head = nil, 0 // a rare burst's ring is not kept by an idle connection
 	}
 	q.mu.Unlock()
@@ -88,15 +90,15 @@ func (q *pendingQueue) pop() (p *pending, ok bool) {
 	return p, true
 }
 
-// len is how many entries are queued.
-func (q *pendingQueue) len() int {
+// Len is how many entries are queued.
+func (q *Queue[T]) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.n
 }
 
-// close ends the queue: pop drains what is queued, then reports !ok.
-func (q *pendingQueue) close() {
+// Close ends the queue: Pop drains what is queued, then reports !ok.
+func (q *Queue[T]) Close() {
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
