@@ -216,7 +216,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 // connection, whatever of it is still buffered unread: no Kafka client
 // closes only its sending side, so no answer written now reaches it.
 func (c *session) clientHungUp() bool {
-	return peerGone(c.client)
+	return relay.PeerGone(c.client)
 }
 
 // coreConn returns the core's state of this connection once the broker has

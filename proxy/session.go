@@ -201,7 +201,7 @@ func (c *session) howClosed(readErr error) decide.Close {
 		// connection down may drop answers it has read but not taken.
 		return decide.Broken
 	}
-	if n, ok := unacked(c.client); !ok || n != 0 || peerReset(c.client) {
+	if n, ok := relay.Unacked(c.client); !ok || n != 0 || relay.PeerReset(c.client) {
 		return decide.Broken
 	}
 	return decide.Clean

@@ -18,6 +18,9 @@
 //     drain waits for.
 //   - [Queue]: a session's requests awaiting their responses, in request
 //     order, bounded by max_inflight (the backpressure).
+//   - [PeerGone], [PeerReset], [Unacked]: a connection's TCP state as the
+//     kernel holds it (Linux), which a read or a peek cannot see past
+//     unread bytes.
 //
 // It decides nothing: what a request means is the caller's (package
 // proxy). Socket deadlines and the budget's waits use the real clock: they

@@ -1,18 +1,16 @@
-package proxy
+package relay
 
 import (
 	"crypto/tls"
 	"net"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/dedupproxy/dedupproxy/relay"
 )
 
-// unacked returns how many bytes written to conn its peer's TCP stack has
+// Unacked returns how many bytes written to conn its peer's TCP stack has
 // not yet acknowledged (SIOCOUTQ), and false when it cannot tell (a
 // connection that is not TCP, an error).
-func unacked(conn net.Conn) (int, bool) {
+func Unacked(conn net.Conn) (int, bool) {
 	n, got := 0, false
 	withFD(conn, func(fd int) {
 		v, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
@@ -21,11 +19,11 @@ func unacked(conn net.Conn) (int, bool) {
 	return n, got
 }
 
-// peerReset reports whether the peer of conn reset it: the connection's
+// PeerReset reports whether the peer of conn reset it: the connection's
 // TCP state is closed (a received end of stream leaves it in CLOSE_WAIT).
 // Read from TCP_INFO, not by a read: a read reports a reset once, and the
 // reader of the connection must see it too.
-func peerReset(conn net.Conn) bool {
+func PeerReset(conn net.Conn) bool {
 	reset := false
 	withFD(conn, func(fd int) {
 		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
@@ -34,11 +32,11 @@ func peerReset(conn net.Conn) bool {
 	return reset
 }
 
-// peerGone reports whether the peer of conn has closed or reset it,
+// PeerGone reports whether the peer of conn has closed or reset it,
 // whatever it sent before is still unread: the connection's TCP state is
 // CLOSE_WAIT (its end of stream received) or CLOSE (reset). Read from
 // TCP_INFO, which a peek cannot see past unread data.
-func peerGone(conn net.Conn) bool {
+func PeerGone(conn net.Conn) bool {
 	gone := false
 	withFD(conn, func(fd int) {
 		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
@@ -72,7 +70,7 @@ func withFD(conn net.Conn, fn func(fd int)) {
 func tcpOf(conn net.Conn) (*net.TCPConn, bool) {
 	for {
 		switch c := conn.(type) {
-		case *relay.Tracker:
+		case *Tracker:
 			conn = c.Conn
 			continue
 		case *tls.Conn:
