@@ -16,15 +16,15 @@ race:
 # Each fuzz target for a short while; the committed corpus runs in `make test`.
 FUZZTIME ?= 30s
 fuzz:
-	go test -run x -fuzz '^FuzzRewriteMetadata$$' -fuzztime $(FUZZTIME) ./protocol
-	go test -run x -fuzz '^FuzzRewriteResponse$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzRewriteMetadata$$' -fuzztime $(FUZZTIME) ./protocol/rewrite
+	go test -run x -fuzz '^FuzzRewriteResponse$$' -fuzztime $(FUZZTIME) ./protocol/rewrite
 	go test -run x -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzRequestHeader$$' -fuzztime $(FUZZTIME) ./protocol
-	go test -run x -fuzz '^FuzzRewriteOmit$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzRewriteOmit$$' -fuzztime $(FUZZTIME) ./protocol/rewrite
 	go test -run x -fuzz '^FuzzProduceHeader$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzDropLeadingRecords$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzRecordKeys$$' -fuzztime $(FUZZTIME) ./protocol
-	go test -run x -fuzz '^FuzzRewriteTopTagsSameSize$$' -fuzztime $(FUZZTIME) ./protocol
+	go test -run x -fuzz '^FuzzRewriteTopTagsSameSize$$' -fuzztime $(FUZZTIME) ./protocol/rewrite
 	go test -run x -fuzz '^FuzzProduceWalker$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzTableVsModel$$' -fuzztime $(FUZZTIME) ./seqstate
 	go test -run x -fuzz '^FuzzTailRead$$' -fuzztime $(FUZZTIME) ./decide

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
 
 // Floor is the bare relay the bench measures the proxy against: the least a
@@ -107,12 +108,12 @@ func (f *Floor) listen(target string) (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// MapBroker implements protocol.AddrMapper: each upstream broker address is
+// MapBroker implements rewrite.AddrMapper: each upstream broker address is
 // advertised as the floor listener in front of it.
 func (f *Floor) MapBroker(_ int32, host string, port int32) (string, int32) {
 	addr, err := f.listen(net.JoinHostPort(host, strconv.Itoa(int(port))))
 	if err != nil {
-		return host, protocol.OmitBroker
+		return host, rewrite.OmitBroker
 	}
 	h, p, _ := net.SplitHostPort(addr)
 	n, _ := strconv.Atoi(p)
@@ -219,7 +220,7 @@ func floorRewrites(key int16) bool {
 
 // relayDir copies frames from src to dst until an error. buf[out:r] holds
 // complete frames not yet written, buf[r:w] the start of the next.
-func relayDir(src, dst *net.TCPConn, request bool, pend *floorPending, m protocol.AddrMapper) error {
+func relayDir(src, dst *net.TCPConn, request bool, pend *floorPending, m rewrite.AddrMapper) error {
 	hdrLen := 8 // size, correlation id
 	if request {
 		hdrLen = 12 // size, api key, version, correlation id
@@ -295,13 +296,13 @@ func relayDir(src, dst *net.TCPConn, request bool, pend *floorPending, m protoco
 
 // rewriteFrame maps the broker addresses of a whole response frame (size
 // prefix included) of api key/version.
-func rewriteFrame(frame []byte, key, version int16, m protocol.AddrMapper) ([]byte, error) {
+func rewriteFrame(frame []byte, key, version int16, m rewrite.AddrMapper) ([]byte, error) {
 	off, err := protocol.ResponseBodyOffset(frame[4:], key, version)
 	if err != nil {
 		return nil, err
 	}
 	hdr := frame[4 : 4+off]
-	body, changed, err := protocol.RewriteAddresses(nil, key, version, frame[4+off:], m)
+	body, changed, err := rewrite.Addresses(nil, key, version, frame[4+off:], m)
 	if err != nil || !changed {
 		return frame, err
 	}

@@ -35,7 +35,7 @@ import (
 func FuzzProduceHeader(f *testing.F) {
 	for _, v := range scanVersions {
 		valid := testProduceRequest(v, strPtr("txn"), 3, 3).AppendTo(nil)
-		sel := uint8(v - produceMinVersion)
+		sel := uint8(v - ProduceMinVersion)
 		for _, body := range [][]byte{
 			valid,
 			nil,
@@ -53,7 +53,7 @@ func FuzzProduceHeader(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, sel uint8, keepBits uint64, body []byte) {
-		version := produceMinVersion + int16(sel%11)
+		version := ProduceMinVersion + int16(sel%11)
 		body = body[:len(body):len(body)]
 		scanErr, mismatch := compareScan(body, version)
 		if mismatch != nil {

@@ -37,9 +37,9 @@ var (
 )
 
 const (
-	// produceMinVersion is the first version carrying a transactional id and
+	// ProduceMinVersion is the first version carrying a transactional id and
 	// message format v2; Kafka 4.0 removed v0-2 (KIP-896).
-	produceMinVersion = 3
+	ProduceMinVersion = 3
 	// produceFirstFlexible is the first KIP-482 flexible Produce version.
 	produceFirstFlexible = 9
 	// produceFirstTopicID is the first version naming topics by ID (KIP-516).
@@ -105,8 +105,8 @@ type ProducePartition struct {
 func (s *ProduceScanner) Reset(body []byte, version int16) error {
 	*s = ProduceScanner{body: body, version: version}
 	maxV, _ := KnownAPI(0)
-	if version < produceMinVersion || version > maxV {
-		s.err = fmt.Errorf("%w: %w: produce v%d (supported v%d-v%d)", ErrMalformedProduce, ErrUnsupportedVersion, version, produceMinVersion, maxV)
+	if version < ProduceMinVersion || version > maxV {
+		s.err = fmt.Errorf("%w: %w: produce v%d (supported v%d-v%d)", ErrMalformedProduce, ErrUnsupportedVersion, version, ProduceMinVersion, maxV)
 		s.done = true
 		return s.err
 	}

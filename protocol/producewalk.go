@@ -78,7 +78,7 @@ func (w *ProduceWalker) Next(b []byte) (need, hole int, done bool) {
 			}
 			maxV, _ := KnownAPI(0)
 			v := int16(binary.BigEndian.Uint16(h[2:]))
-			if binary.BigEndian.Uint16(h) != 0 || v < produceMinVersion || v > maxV {
+			if binary.BigEndian.Uint16(h) != 0 || v < ProduceMinVersion || v > maxV {
 				return w.end()
 			}
 			w.flexible, w.topicIDs = v >= produceFirstFlexible, v >= produceFirstTopicID

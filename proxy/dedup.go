@@ -13,6 +13,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -122,7 +123,7 @@ type responseMapper struct {
 	table *seqstate.Table
 }
 
-func (m responseMapper) ObserveTopics(topics []protocol.TopicInfo) {
+func (m responseMapper) ObserveTopics(topics []rewrite.TopicInfo) {
 	if m.table == nil {
 		return
 	}

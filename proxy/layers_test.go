@@ -17,7 +17,7 @@ import (
 // can form.
 var layers = [][]string{
 	{"protocol", "seqstate", "owner", "certprincipal", "clock"},
-	{"decide"},
+	{"decide", "protocol/rewrite"},
 	{"config"},
 	{"auth"},
 	{"tail", "replica", "relay"},

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/config"
-	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
 
 // ErrAdminPortTaken is returned by [Server.Start] when a listener the proxy
@@ -25,7 +25,7 @@ const bindRetryInterval = 30 * time.Second
 
 // nodeRegistry knows every broker node seen in a response: its real address
 // and the proxy listener that stands for it. It implements
-// protocol.AddrMapper, so rewriting a response is also how nodes are learned.
+// rewrite.AddrMapper, so rewriting a response is also how nodes are learned.
 type nodeRegistry struct {
 	s     *Server
 	mu    sync.Mutex
@@ -115,7 +115,7 @@ func (r *nodeRegistry) adminCollision() error {
 //
 // A node without a listener of its own (its port is out of range, the bind
 // failed, Shutdown has begun) is left out of the response
-// ([protocol.OmitBroker]), never advertised at another address: the
+// ([rewrite.OmitBroker]), never advertised at another address: the
 // bootstrap address would send clients to the wrong broker, which answers
 // NOT_LEADER forever, and the real one would leak past the proxy. The
 // failure is logged once, and a failed bind is retried at most every
@@ -146,19 +146,19 @@ func (r *nodeRegistry) MapBroker(id int32, host string, port int32) (string, int
 			if h, p, ok := rs.Layout.NodeAddr(&r.s.Config, i, id); ok {
 				return h, p
 			}
-			return "", protocol.OmitBroker
+			return "", rewrite.OmitBroker
 		}
 	}
 	if n.advHost == "" {
-		return "", protocol.OmitBroker
+		return "", rewrite.OmitBroker
 	}
 	return n.advHost, n.advPort
 }
 
 // ObserveLeaders passes a Metadata response's partition leaders to the
-// replicas (protocol.LeaderObserver), which note partitions led away from
+// replicas (rewrite.LeaderObserver), which note partitions led away from
 // the nodes this replica decides.
-func (r *nodeRegistry) ObserveLeaders(topic string, leaders []protocol.PartitionLeader) {
+func (r *nodeRegistry) ObserveLeaders(topic string, leaders []rewrite.PartitionLeader) {
 	if rs := r.s.replicas; rs != nil {
 		rs.ObserveLeaders(topic, leaders)
 	}

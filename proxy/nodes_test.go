@@ -24,6 +24,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
 
 // fakeBroker is a hand-written upstream that answers the address-bearing
@@ -126,7 +127,7 @@ func (f *fakeBroker) answer(key, version int16, body []byte) kmsg.Response {
 	switch r := resp.(type) {
 	case *kmsg.ApiVersionsResponse:
 		for _, k := range []kmsg.Key{kmsg.Produce, kmsg.Metadata, kmsg.FindCoordinator, kmsg.ApiVersions, kmsg.DescribeCluster} {
-			v, _ := protocol.MaxVersion(k.Int16())
+			v, _ := rewrite.MaxVersion(k.Int16())
 			r.ApiKeys = append(r.ApiKeys, kmsg.ApiVersionsResponseApiKey{ApiKey: k.Int16(), MaxVersion: v})
 		}
 	case *kmsg.MetadataResponse:
@@ -284,7 +285,7 @@ func TestNodePortOutOfRangeIsOmitted(t *testing.T) {
 	for v := range []int{0, 1, 2, 3, 4} { // several Metadata responses, one error line
 		mreq := kmsg.NewPtrMetadataRequest()
 		mreq.SetVersion(int16(1 + 4*v)) // v1 (first with a controller) .. v17
-		if mv, _ := protocol.MaxVersion(int16(kmsg.Metadata)); mreq.Version > mv {
+		if mv, _ := rewrite.MaxVersion(int16(kmsg.Metadata)); mreq.Version > mv {
 			mreq.Version = mv
 		}
 		m := roundTrip(mreq).(*kmsg.MetadataResponse)
@@ -395,7 +396,7 @@ func TestNodeBindRetryBackoff(t *testing.T) {
 	})
 	mapped := func() (string, int32) { return s.nodes.MapBroker(5, "10.0.0.5", 9092) }
 	for i := 0; i < 100; i++ {
-		if _, port := mapped(); port != protocol.OmitBroker {
+		if _, port := mapped(); port != rewrite.OmitBroker {
 			t.Fatalf("response %d: node 5 advertised at port %d without a listener", i, port)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 	"github.com/dedupproxy/dedupproxy/tail"
 )
@@ -95,7 +96,7 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 			}
 			t.InternTopics(refs)
 		}
-		protocol.ObserveLeaders(&s.nodes, resp.Topics)
+		rewrite.ObserveLeaders(&s.nodes, resp.Topics)
 	}
 	// The broker answered the proxy's own request without authentication:
 	// clients need none either (see session.trusted). Not so when the

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/relay"
 )
 
@@ -71,7 +71,7 @@ func TestFetchRelayLarge(t *testing.T) {
 	sizes := []int{100, relay.SpliceMinFrame - 200, relay.SpliceMinFrame + 1, 200 << 10, 3 << 20}
 	bodies := map[int16]map[int][]byte{}
 	versions := []int16{4, 11, 12, 15, 16}
-	if mv, _ := protocol.MaxVersion(int16(kmsg.Fetch)); mv > 16 {
+	if mv, _ := rewrite.MaxVersion(int16(kmsg.Fetch)); mv > 16 {
 		versions = append(versions, mv)
 	}
 	for _, v := range versions {
@@ -243,7 +243,7 @@ func cpuTime() time.Duration {
 // comparison, always rewrites.
 func TestFetchRelayLargeNodeEndpoints(t *testing.T) {
 	t.Parallel()
-	mv, _ := protocol.MaxVersion(int16(kmsg.Fetch))
+	mv, _ := rewrite.MaxVersion(int16(kmsg.Fetch))
 	for _, v := range []int16{16, mv} {
 		for _, brokerHost := range []string{"broker-0.kafka.internal.example", "b"} {
 			for _, copyOnly := range []bool{false, true} {
@@ -397,7 +397,7 @@ func richFetchBody(v int16, nodes ...kmsg.FetchResponseBroker) *kmsg.FetchRespon
 // endpoints, which name only the proxy.
 func TestFetchRelayWalkRich(t *testing.T) {
 	t.Parallel()
-	mv, _ := protocol.MaxVersion(int16(kmsg.Fetch))
+	mv, _ := rewrite.MaxVersion(int16(kmsg.Fetch))
 	for _, v := range []int16{16, mv} {
 		for _, withNodes := range []bool{false, true} {
 			t.Run(fmt.Sprintf("v%d/nodes=%v", v, withNodes), func(t *testing.T) {

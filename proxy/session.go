@@ -21,6 +21,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/replica"
 )
@@ -735,20 +736,20 @@ func (c *session) rewrite(p *pending, bp *[]byte, body []byte) error {
 		if herr != nil {
 			return herr
 		}
-		out, changed, err = protocol.CapAPIVersions(nil, p.version, body[off:])
+		out, changed, err = rewrite.CapAPIVersions(nil, p.version, body[off:])
 		if changed {
 			*bp = spliceBody(*bp, off, out)
 		}
 		return err
 	}
-	if !protocol.RewritesAddresses(p.key, p.version) {
+	if !rewrite.CarriesAddresses(p.key, p.version) {
 		return nil
 	}
 	off, err := protocol.ResponseBodyOffset(body, p.key, p.version)
 	if err != nil {
 		return err
 	}
-	out, changed, err = protocol.RewriteAddresses(nil, p.key, p.version, body[off:], &responseMapper{&c.s.nodes, c.s.table})
+	out, changed, err = rewrite.Addresses(nil, p.key, p.version, body[off:], &responseMapper{&c.s.nodes, c.s.table})
 	if err != nil {
 		return err
 	}
@@ -800,7 +801,7 @@ func (c *session) release(p *pending) {
 // can read, so the client retries lower. Relaying it instead could bring
 // back a response the proxy cannot cap.
 func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start time.Time, api *apiMetrics) {
-	maxV, _ := protocol.MaxVersion(int16(kmsg.ApiVersions))
+	maxV, _ := rewrite.MaxVersion(int16(kmsg.ApiVersions))
 	resp := kmsg.NewPtrApiVersionsResponse()
 	resp.SetVersion(0)
 	resp.ErrorCode = kerr.UnsupportedVersion.Code

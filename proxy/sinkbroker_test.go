@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
 
 // sinkBroker is a one-node Kafka that keeps nothing: it answers
@@ -131,7 +132,7 @@ func (b *sinkBroker) answer(req kmsg.Request) kmsg.Response {
 	case *kmsg.ApiVersionsRequest:
 		resp := r.ResponseKind().(*kmsg.ApiVersionsResponse)
 		for _, k := range []kmsg.Key{kmsg.Produce, kmsg.Fetch, kmsg.ListOffsets, kmsg.Metadata, kmsg.ApiVersions} {
-			mv, _ := protocol.MaxVersion(int16(k))
+			mv, _ := rewrite.MaxVersion(int16(k))
 			v := kmsg.NewApiVersionsResponseApiKey()
 			v.ApiKey, v.MinVersion, v.MaxVersion = int16(k), 0, mv
 			resp.ApiKeys = append(resp.ApiKeys, v)

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
 
 // SpliceMinFrame is the smallest Fetch response frame relayed with
@@ -28,7 +29,7 @@ type Fetch struct {
 	MaxFrame         int32           // max_frame_bytes
 	// Mapper rewrites the broker addresses of Fetch v16+ (NodeEndpoints);
 	// set once, it is not allocated per frame.
-	Mapper  protocol.AddrMapper
+	Mapper  rewrite.AddrMapper
 	Metrics FetchMetrics
 	// Now reads the clock the caller's start times are on.
 	Now func() time.Time
@@ -76,7 +77,7 @@ func (f *Fetch) Relay(upstream *ConnReader, version int16, corrID int32, start t
 	// A version newer than the proxy can walk takes the copy path, where
 	// the rewrite refuses it.
 	stream := version >= 16
-	if mv, _ := protocol.MaxVersion(int16(kmsg.Fetch)); version > mv {
+	if mv, _ := rewrite.MaxVersion(int16(kmsg.Fetch)); version > mv {
 		return false, true, nil
 	}
 	head, err := upstream.Peek(8)

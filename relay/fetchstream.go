@@ -7,6 +7,7 @@ import (
 	"net"
 
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
 
 // fetchStream relays a large Fetch v16+ response while it arrives. Such a
@@ -17,7 +18,7 @@ import (
 // between record sets are copied through a small buffer, each record set
 // of 16 KiB or more is spliced, and the top-level tag section, the last
 // bytes of the frame, is read whole and rewritten in place at its own size
-// (protocol.RewriteTopTagsSameSize), since the frame's size prefix left
+// (rewrite.TopTagsSameSize), since the frame's size prefix left
 // first. No byte of the tag section reaches the client before it is
 // rewritten, so no broker address leaks.
 //
@@ -248,7 +249,7 @@ func (s *fetchStream) tail() {
 	if s.err != nil {
 		return
 	}
-	out, changed, err := protocol.RewriteTopTagsSameSize(nil, tags, s.f.Mapper)
+	out, changed, err := rewrite.TopTagsSameSize(nil, tags, s.f.Mapper)
 	if err != nil {
 		s.err = fmt.Errorf("rewrite fetch v%d: %w", s.version, err)
 		return

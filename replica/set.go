@@ -20,7 +20,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/owner"
-	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -601,7 +601,7 @@ var handoverEvents = [numHandoverEvents]string{
 // is marked to be warmed from the log again here: should its leadership
 // come back, the batches appended meanwhile through another replica are
 // read before its next batch is decided (docs/replicas.md, "Leader moves").
-func (rs *Set) ObserveLeaders(topic string, leaders []protocol.PartitionLeader) {
+func (rs *Set) ObserveLeaders(topic string, leaders []rewrite.PartitionLeader) {
 	c := rs.Core
 	if c == nil {
 		return

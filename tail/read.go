@@ -26,7 +26,7 @@ type Reader struct {
 }
 
 // Brokers is where the proxy keeps the cluster's brokers: a Metadata
-// answer names them (MapBroker, protocol.AddrMapper's method) and a
+// answer names them (MapBroker, rewrite.AddrMapper's method) and a
 // partition's leader is reached at its address (Upstream).
 type Brokers interface {
 	MapBroker(id int32, host string, port int32) (string, int32)

@@ -1,8 +1,9 @@
-package protocol
+package rewrite
 
 import (
 	"errors"
 	"fmt"
+	"github.com/dedupproxy/dedupproxy/protocol"
 	"math"
 
 	"github.com/twmb/franz-go/pkg/kbin"
@@ -10,13 +11,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Errors returned by [RewriteAddresses] and [CapAPIVersions], always wrapped
+// Errors returned by [Addresses] and [CapAPIVersions], always wrapped
 // with the API name and version; test for them with errors.Is.
 var (
 	// ErrMalformedResponse means a response body does not decode at the
 	// version it was requested with. kmsg's own error (usually
 	// kbin.ErrNotEnoughData) is wrapped alongside it.
-	ErrMalformedResponse = errors.New("protocol: malformed response")
+	ErrMalformedResponse = protocol.ErrMalformedResponse
 
 	// ErrUndecodableVersion means the response version is newer than kmsg
 	// can decode, so its broker addresses cannot be found. Callers must
@@ -73,7 +74,7 @@ const OmitBroker int32 = -1
 // answer whose broker was left out.
 const omittedCoordinatorMessage = "the coordinator's broker is not reachable through the proxy"
 
-// TopicObserver is an optional interface of an [AddrMapper]: RewriteAddresses
+// TopicObserver is an optional interface of an [AddrMapper]: Addresses
 // tells it the topics of every well-formed Metadata response that the broker
 // answered without error, before any address is mapped. The proxy keys its
 // state by topic name and learns the name of each topic ID (Produce v13+
@@ -83,7 +84,7 @@ type TopicObserver interface {
 	ObserveTopics(topics []TopicInfo)
 }
 
-// LeaderObserver is an optional interface of an [AddrMapper]: RewriteAddresses
+// LeaderObserver is an optional interface of an [AddrMapper]: Addresses
 // tells it the leader of every partition of every well-formed Metadata
 // response (topics without error), before any address is mapped. The proxy's
 // replicas use it to notice a partition led elsewhere (docs/replicas.md).
@@ -145,14 +146,14 @@ type TopicInfo struct {
 //     own address. StreamsGroupHeartbeat/StreamsGroupDescribe UserEndpoint
 //     (KIP-1071): Kafka Streams application endpoints, not brokers.
 //
-// NOTE: keep this list, RewritesAddresses and RewriteAddresses in sync.
+// NOTE: keep this list, CarriesAddresses and Addresses in sync.
 
-// RewritesAddresses reports whether responses of this API key and version can carry a broker address.
+// CarriesAddresses reports whether responses of this API key and version can carry a broker address.
 //
 // It is true also for versions newer than kmsg knows, so that such a response
-// reaches [RewriteAddresses] and fails closed with [ErrUndecodableVersion]
+// reaches [Addresses] and fails closed with [ErrUndecodableVersion]
 // instead of leaking an address.
-func RewritesAddresses(key, version int16) bool {
+func CarriesAddresses(key, version int16) bool {
 	if version < 0 {
 		return false
 	}
@@ -168,11 +169,11 @@ func RewritesAddresses(key, version int16) bool {
 	return false
 }
 
-// RewriteAddresses rewrites every broker address in a response body (the bytes after
+// Addresses rewrites every broker address in a response body (the bytes after
 // the response header) of API key/version. It returns the new body (appended to dst[:0],
 // or `body` itself unchanged when nothing needed rewriting) and whether it changed.
 //
-// For an API key and version that [RewritesAddresses] rejects it returns body
+// For an API key and version that [CarriesAddresses] rejects it returns body
 // unchanged without reading it. Otherwise body is fully validated first: a body
 // kmsg would not decode yields an error wrapping [ErrMalformedResponse], and no
 // MapBroker call is made. dst must not overlap body.
@@ -180,8 +181,8 @@ func RewritesAddresses(key, version int16) bool {
 // Produce, Fetch and ShareFetch responses without NodeEndpoints, the common
 // case, cost one walk over the body (records are skipped by length, not
 // read) and zero allocations.
-func RewriteAddresses(dst []byte, key, version int16, body []byte, m AddrMapper) (out []byte, changed bool, err error) {
-	if !RewritesAddresses(key, version) {
+func Addresses(dst []byte, key, version int16, body []byte, m AddrMapper) (out []byte, changed bool, err error) {
+	if !CarriesAddresses(key, version) {
 		return body, false, nil
 	}
 	if mv, ok := MaxVersion(key); !ok || version > mv {

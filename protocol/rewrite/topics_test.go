@@ -1,4 +1,4 @@
-package protocol
+package rewrite
 
 import (
 	"testing"
@@ -37,7 +37,7 @@ func TestMetadataTopicsObserved(t *testing.T) {
 			resp.Topics = append(resp.Topics, tp)
 		}
 		r := &topicRecorder{}
-		if _, _, err := RewriteAddresses(nil, 3, v, resp.AppendTo(nil), r); err != nil {
+		if _, _, err := Addresses(nil, 3, v, resp.AppendTo(nil), r); err != nil {
 			t.Fatalf("v%d: %v", v, err)
 		}
 		if len(r.got) != 1 || r.got[0].Name != "orders" {

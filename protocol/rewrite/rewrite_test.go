@@ -1,4 +1,4 @@
-package protocol
+package rewrite
 
 import (
 	"bytes"
@@ -372,9 +372,9 @@ func decode(t testing.TB, key, version int16, body []byte) kmsg.Response {
 func checkRewrite(t *testing.T, key, version int16, body []byte) (out []byte, changed bool) {
 	t.Helper()
 	m := &nodeMapper{}
-	out, changed, err := RewriteAddresses(nil, key, version, body, m)
+	out, changed, err := Addresses(nil, key, version, body, m)
 	if err != nil {
-		t.Fatalf("RewriteAddresses: %v", err)
+		t.Fatalf("Addresses: %v", err)
 	}
 
 	want := decode(t, key, version, body)
@@ -401,7 +401,7 @@ func checkRewrite(t *testing.T, key, version int16, body []byte) (out []byte, ch
 		t.Errorf("output is not kmsg's encoding of the rewritten response:\n got %x\nwant %x", out, enc)
 	}
 
-	again, changedAgain, err := RewriteAddresses(nil, key, version, out, &nodeMapper{})
+	again, changedAgain, err := Addresses(nil, key, version, out, &nodeMapper{})
 	if err != nil || changedAgain || !bytes.Equal(again, out) {
 		t.Errorf("second rewrite is not a fixed point: changed=%v err=%v", changedAgain, err)
 	}
@@ -493,20 +493,20 @@ func TestRewriteAddressesVersionBoundaries(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			key := tc.key.Int16()
-			if got := RewritesAddresses(key, tc.version); got != tc.rewrites {
-				t.Fatalf("RewritesAddresses(%d, %d) = %v, want %v", key, tc.version, got, tc.rewrites)
+			if got := CarriesAddresses(key, tc.version); got != tc.rewrites {
+				t.Fatalf("CarriesAddresses(%d, %d) = %v, want %v", key, tc.version, got, tc.rewrites)
 			}
 			body := tc.fixture(tc.version).AppendTo(nil)
 			if !tc.rewrites {
 				m := &nodeMapper{}
-				out, changed, err := RewriteAddresses(nil, key, tc.version, body, m)
+				out, changed, err := Addresses(nil, key, tc.version, body, m)
 				if err != nil || changed || !sameSlice(out, body) || len(m.seen) > 0 {
 					t.Fatalf("got changed=%v err=%v calls=%v; want the body untouched", changed, err, m.seen)
 				}
 				return
 			}
 			m := &nodeMapper{}
-			if _, _, err := RewriteAddresses(nil, key, tc.version, body, m); err != nil {
+			if _, _, err := Addresses(nil, key, tc.version, body, m); err != nil {
 				t.Fatal(err)
 			}
 			if len(m.seen) != tc.addrs {
@@ -524,7 +524,7 @@ func TestRewriteAddressesOtherAPIsUntouched(t *testing.T) {
 	for _, key := range []kmsg.Key{kmsg.ListOffsets, kmsg.OffsetCommit, kmsg.ApiVersions, kmsg.DescribeQuorum, kmsg.Key(9999)} {
 		body := []byte("not a response")
 		m := &nodeMapper{}
-		out, changed, err := RewriteAddresses(nil, key.Int16(), 1, body, m)
+		out, changed, err := Addresses(nil, key.Int16(), 1, body, m)
 		if err != nil || changed || !sameSlice(out, body) || len(m.seen) > 0 {
 			t.Errorf("%s: changed=%v err=%v calls=%v", key.Name(), changed, err, m.seen)
 		}
@@ -537,10 +537,10 @@ func TestRewriteAddressesVersionTooNew(t *testing.T) {
 	t.Parallel()
 	for _, key := range []kmsg.Key{kmsg.Metadata, kmsg.Produce, kmsg.Fetch, kmsg.FindCoordinator} {
 		mv, _ := MaxVersion(key.Int16())
-		if !RewritesAddresses(key.Int16(), mv+1) {
-			t.Errorf("%s v%d: RewritesAddresses = false; a newer version must fail closed", key.Name(), mv+1)
+		if !CarriesAddresses(key.Int16(), mv+1) {
+			t.Errorf("%s v%d: CarriesAddresses = false; a newer version must fail closed", key.Name(), mv+1)
 		}
-		_, _, err := RewriteAddresses(nil, key.Int16(), mv+1, []byte{0, 0, 0, 0}, &nodeMapper{})
+		_, _, err := Addresses(nil, key.Int16(), mv+1, []byte{0, 0, 0, 0}, &nodeMapper{})
 		if !errors.Is(err, ErrUndecodableVersion) {
 			t.Errorf("%s v%d: err = %v, want ErrUndecodableVersion", key.Name(), mv+1, err)
 		}
@@ -564,7 +564,7 @@ func TestRewriteAddressesHostTooLong(t *testing.T) {
 		{kmsg.FindCoordinator, 2, findCoordinatorFixture},
 	} {
 		body := tc.fixture(tc.version).AppendTo(nil)
-		_, _, err := RewriteAddresses(nil, tc.key.Int16(), tc.version, body, m)
+		_, _, err := Addresses(nil, tc.key.Int16(), tc.version, body, m)
 		if !errors.Is(err, ErrHostTooLong) {
 			t.Errorf("%s: err = %v, want ErrHostTooLong", tc.key.Name(), err)
 		}
@@ -583,7 +583,7 @@ func TestRewriteAddressesIdentityMapperIsNoop(t *testing.T) {
 	for _, tc := range rewriteCases {
 		mv, _ := MaxVersion(tc.key.Int16())
 		body := tc.fixture(mv).AppendTo(nil)
-		out, changed, err := RewriteAddresses(make([]byte, 0, 8), tc.key.Int16(), mv, body, identity)
+		out, changed, err := Addresses(make([]byte, 0, 8), tc.key.Int16(), mv, body, identity)
 		if err != nil || changed || !sameSlice(out, body) {
 			t.Errorf("%s: changed=%v err=%v", tc.name, changed, err)
 		}
@@ -591,7 +591,7 @@ func TestRewriteAddressesIdentityMapperIsNoop(t *testing.T) {
 }
 
 // TestRewriteAgreesWithKmsgOnTruncation is the walker's differential test
-// on malformed input: for every prefix of every fixture, RewriteAddresses
+// on malformed input: for every prefix of every fixture, Addresses
 // fails with ErrMalformedResponse exactly when kmsg fails to decode it, and
 // never calls the mapper on a body it rejects.
 func TestRewriteAgreesWithKmsgOnTruncation(t *testing.T) {
@@ -599,7 +599,7 @@ func TestRewriteAgreesWithKmsgOnTruncation(t *testing.T) {
 	for _, tc := range rewriteCases {
 		mv, _ := MaxVersion(tc.key.Int16())
 		for _, v := range []int16{0, mv / 2, mv} {
-			if !RewritesAddresses(tc.key.Int16(), v) {
+			if !CarriesAddresses(tc.key.Int16(), v) {
 				continue
 			}
 			t.Run(fmt.Sprintf("%s/v%d", tc.name, v), func(t *testing.T) {
@@ -608,7 +608,7 @@ func TestRewriteAgreesWithKmsgOnTruncation(t *testing.T) {
 				for n := range len(body) {
 					prefix := body[:n:n]
 					m := &nodeMapper{}
-					_, _, err := RewriteAddresses(nil, tc.key.Int16(), v, prefix, m)
+					_, _, err := Addresses(nil, tc.key.Int16(), v, prefix, m)
 					r := kmsg.ResponseForKey(tc.key.Int16())
 					r.SetVersion(v)
 					derr := r.ReadFrom(prefix)
@@ -675,7 +675,7 @@ func TestRewriteTaggedNodesPreservesUnknownBytes(t *testing.T) {
 		}
 		return longHost, 29092
 	})
-	out, changed, err := RewriteAddresses(nil, kmsg.Fetch.Int16(), v, body, m)
+	out, changed, err := Addresses(nil, kmsg.Fetch.Int16(), v, body, m)
 	if err != nil || !changed {
 		t.Fatalf("changed=%v err=%v", changed, err)
 	}
@@ -716,7 +716,7 @@ func TestRewriteDuplicateNodeEndpointsTags(t *testing.T) {
 		body = append(body, val(id)...)
 	}
 	m := &nodeMapper{}
-	out, changed, err := RewriteAddresses(nil, kmsg.Produce.Int16(), v, body, m)
+	out, changed, err := Addresses(nil, kmsg.Produce.Int16(), v, body, m)
 	if err != nil || !changed {
 		t.Fatalf("changed=%v err=%v", changed, err)
 	}
@@ -741,7 +741,7 @@ func TestRewriteDstReused(t *testing.T) {
 	t.Parallel()
 	body := metadataFixture(12).AppendTo(nil)
 	dst := make([]byte, 3, 4096)
-	out, changed, err := RewriteAddresses(dst, kmsg.Metadata.Int16(), 12, body, &nodeMapper{})
+	out, changed, err := Addresses(dst, kmsg.Metadata.Int16(), 12, body, &nodeMapper{})
 	if err != nil || !changed {
 		t.Fatalf("changed=%v err=%v", changed, err)
 	}
@@ -749,7 +749,7 @@ func TestRewriteDstReused(t *testing.T) {
 		t.Errorf("output did not reuse dst")
 	}
 	body = fetchFixture(true, 1, 2, 32)(18).AppendTo(nil)
-	out, _, _ = RewriteAddresses(dst, kmsg.Fetch.Int16(), 18, body, &nodeMapper{})
+	out, _, _ = Addresses(dst, kmsg.Fetch.Int16(), 18, body, &nodeMapper{})
 	if &out[0] != &dst[:1][0] {
 		t.Errorf("fetch output did not reuse dst")
 	}
@@ -781,7 +781,7 @@ func TestRewritePassthroughNoAllocs(t *testing.T) {
 			m := &nodeMapper{}
 			var err error
 			allocs := testing.AllocsPerRun(100, func() {
-				sinkBytes, sinkChanged, err = RewriteAddresses(nil, tc.key.Int16(), tc.version, tc.body, m)
+				sinkBytes, sinkChanged, err = Addresses(nil, tc.key.Int16(), tc.version, tc.body, m)
 			})
 			if err != nil || sinkChanged || !sameSlice(sinkBytes, tc.body) {
 				t.Fatalf("changed=%v err=%v sameSlice=%v", sinkChanged, err, sameSlice(sinkBytes, tc.body))
@@ -803,7 +803,7 @@ func BenchmarkRewriteFetchPassthrough(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				sinkBytes, sinkChanged, _ = RewriteAddresses(nil, kmsg.Fetch.Int16(), 18, body, m)
+				sinkBytes, sinkChanged, _ = Addresses(nil, kmsg.Fetch.Int16(), 18, body, m)
 			}
 			b.ReportMetric(float64(parts), "partitions/op")
 		})
@@ -819,7 +819,7 @@ func BenchmarkRewriteFetchNodeEndpoints(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		sinkBytes, sinkChanged, _ = RewriteAddresses(dst, kmsg.Fetch.Int16(), 18, body, m)
+		sinkBytes, sinkChanged, _ = Addresses(dst, kmsg.Fetch.Int16(), 18, body, m)
 	}
 }
 
@@ -845,7 +845,7 @@ func BenchmarkRewriteMetadata(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				sinkBytes, sinkChanged, _ = RewriteAddresses(dst, kmsg.Metadata.Int16(), 12, body, m)
+				sinkBytes, sinkChanged, _ = Addresses(dst, kmsg.Metadata.Int16(), 12, body, m)
 			}
 			b.ReportMetric(float64(brokers), "brokers/op")
 		})

@@ -1,4 +1,4 @@
-package protocol
+package rewrite
 
 import (
 	"bytes"
@@ -108,7 +108,7 @@ func TestRewriteOmitsBrokers(t *testing.T) {
 	for _, tc := range rewriteCases {
 		mv, _ := MaxVersion(tc.key.Int16())
 		for v := int16(0); v <= mv; v++ {
-			if !RewritesAddresses(tc.key.Int16(), v) {
+			if !CarriesAddresses(tc.key.Int16(), v) {
 				continue
 			}
 			body := tc.fixture(v).AppendTo(nil)
@@ -128,7 +128,7 @@ func TestRewriteOmitsBrokers(t *testing.T) {
 				}
 				t.Run(fmt.Sprintf("%s/v%d/omit%v", tc.name, v, omitted), func(t *testing.T) {
 					m := &omitMapper{omit: omit}
-					out, changed, err := RewriteAddresses(nil, tc.key.Int16(), v, body, m)
+					out, changed, err := Addresses(nil, tc.key.Int16(), v, body, m)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -195,7 +195,7 @@ func FuzzRewriteOmit(f *testing.F) {
 				}
 			}
 		}
-		out, _, err := RewriteAddresses(nil, key, v, body, &omitMapper{omit: omit})
+		out, _, err := Addresses(nil, key, v, body, &omitMapper{omit: omit})
 		if (err != nil) != (decodeErr != nil) {
 			t.Fatalf("rewrite err %v, kmsg decode err %v", err, decodeErr)
 		}

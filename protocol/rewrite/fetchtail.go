@@ -1,10 +1,10 @@
-package protocol
+package rewrite
 
 import (
 	"github.com/twmb/franz-go/pkg/kbin"
 )
 
-// RewriteTopTagsSameSize rewrites the broker addresses in the top-level tag
+// TopTagsSameSize rewrites the broker addresses in the top-level tag
 // section of a Produce v10+ or Fetch v16+ response body (the KIP-951
 // NodeEndpoints, tag 0), keeping the section exactly len(tags) bytes long.
 // tags must be the whole section, from its count to the end of the body.
@@ -25,7 +25,7 @@ import (
 // The result is checked by walking it as pass one walks a response; no
 // broker address leaves unmapped. A section without nodes is returned as
 // is, unchanged.
-func RewriteTopTagsSameSize(dst, tags []byte, m AddrMapper) (out []byte, changed bool, err error) {
+func TopTagsSameSize(dst, tags []byte, m AddrMapper) (out []byte, changed bool, err error) {
 	w := newRespWalker(tags)
 	hasNodes := w.walkTopTags()
 	if !w.Ok() || len(w.Src) != 0 {

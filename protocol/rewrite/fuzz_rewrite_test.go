@@ -1,4 +1,4 @@
-package protocol
+package rewrite
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ type fuzzTarget struct {
 }
 
 // fuzzTargets are the rewritten responses plus ApiVersions (capped, not
-// rewritten). NOTE: keep in sync with RewritesAddresses.
+// rewritten). NOTE: keep in sync with CarriesAddresses.
 var fuzzTargets = []fuzzTarget{
 	{kmsg.Metadata, 0},
 	{kmsg.FindCoordinator, 0},
@@ -71,7 +71,7 @@ func fuzzSeeds(key kmsg.Key, v int16) [][]byte {
 	return seeds
 }
 
-// FuzzRewriteMetadata feeds arbitrary bytes to RewriteAddresses as a
+// FuzzRewriteMetadata feeds arbitrary bytes to Addresses as a
 // Metadata response body of any version kmsg knows. Invariants (see
 // checkRewriteInvariants): never panics; fails, with ErrMalformedResponse,
 // exactly when kmsg cannot decode the body, without calling the mapper; on
@@ -120,7 +120,7 @@ func FuzzRewriteResponse(f *testing.F) {
 func checkRewriteInvariants(t *testing.T, key, v int16, body []byte) {
 	body = body[:len(body):len(body)] // appends must not alias the input
 	m := &nodeMapper{}
-	out, changed, err := RewriteAddresses(nil, key, v, body, m)
+	out, changed, err := Addresses(nil, key, v, body, m)
 
 	in := kmsg.ResponseForKey(key)
 	in.SetVersion(v)
@@ -163,7 +163,7 @@ func checkRewriteInvariants(t *testing.T, key, v int16, body []byte) {
 		t.Fatalf("output differs from the input beyond addresses:\n got %x\nwant %x", a, b)
 	}
 
-	again, changedAgain, err := RewriteAddresses(nil, key, v, out, &nodeMapper{})
+	again, changedAgain, err := Addresses(nil, key, v, out, &nodeMapper{})
 	if err != nil || changedAgain || !bytes.Equal(again, out) {
 		t.Fatalf("rewriting the output is not a fixed point: changed=%v err=%v", changedAgain, err)
 	}

@@ -1,4 +1,4 @@
-package protocol
+package rewrite
 
 import (
 	"flag"
@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dedupproxy/dedupproxy/protocol"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
@@ -29,7 +31,7 @@ func versionsTables() string {
 	maxOf := func(k kmsg.Key) int16 { v, _ := MaxVersion(k.Int16()); return v }
 	fmt.Fprintf(&b, "| API | versions the proxy decodes | what it does with them |\n|---|---|---|\n")
 	fmt.Fprintf(&b, "| Produce | v%d–v%d | decides each batch (message format v2); v0–v%d (message formats v0/v1) are relayed undecided |\n",
-		produceMinVersion, maxOf(kmsg.Produce), produceMinVersion-1)
+		protocol.ProduceMinVersion, maxOf(kmsg.Produce), protocol.ProduceMinVersion-1)
 	for _, k := range []kmsg.Key{kmsg.Metadata, kmsg.FindCoordinator, kmsg.DescribeCluster, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
 		fmt.Fprintf(&b, "| %s | v0–v%d | rewrites the broker addresses in the response |\n", kmsg.NameForKey(k.Int16()), maxOf(k))
 	}
@@ -56,7 +58,7 @@ func versionsTables() string {
 			}
 		})
 		dedup := "relayed undecided (no producer ids before message format v2)"
-		if produce >= produceMinVersion {
+		if produce >= protocol.ProduceMinVersion {
 			dedup = "idempotent and legacy producers"
 		}
 		cap := "none"
@@ -71,7 +73,7 @@ func versionsTables() string {
 // TestVersionsDoc: docs/real-cluster.md states the versions the proxy
 // decodes, and what each Kafka release gets, as the caps give them.
 func TestVersionsDoc(t *testing.T) {
-	path := filepath.Join("..", "docs", "real-cluster.md")
+	path := filepath.Join("..", "..", "docs", "real-cluster.md")
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

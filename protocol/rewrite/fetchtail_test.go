@@ -1,4 +1,4 @@
-package protocol
+package rewrite
 
 import (
 	"fmt"
@@ -44,7 +44,7 @@ func TestRewriteTopTagsSameSize(t *testing.T) {
 				w.walkFetch(v)
 				tagsAt := w.pos()
 				m := mapperFunc(func(id int32, _ string, _ int32) (string, int32) { return proxyHost, 30000 + id })
-				out, changed, err := RewriteTopTagsSameSize(nil, body[tagsAt:], m)
+				out, changed, err := TopTagsSameSize(nil, body[tagsAt:], m)
 				if err != nil || !changed || len(out) != len(body)-tagsAt {
 					t.Fatalf("%s: changed %v, %d bytes for %d, err %v", name, changed, len(out), len(body)-tagsAt, err)
 				}
@@ -93,13 +93,13 @@ func TestRewriteTopTagsSameSizeNoNodes(t *testing.T) {
 	t.Parallel()
 	m := mapperFunc(func(int32, string, int32) (string, int32) { t.Fatal("mapper called"); return "", 0 })
 	for _, tags := range [][]byte{{0}, {1, 5, 1, 'x'}, {1, 0, 1, 1}} {
-		out, changed, err := RewriteTopTagsSameSize(nil, tags, m)
+		out, changed, err := TopTagsSameSize(nil, tags, m)
 		if err != nil || changed || string(out) != string(tags) {
 			t.Fatalf("%v: %v %v %v", tags, out, changed, err)
 		}
 	}
 	for _, tags := range [][]byte{{}, {1}, {1, 0, 5, 1}, {0, 0}} {
-		if _, _, err := RewriteTopTagsSameSize(nil, tags, m); err == nil {
+		if _, _, err := TopTagsSameSize(nil, tags, m); err == nil {
 			t.Fatalf("%v: no error", tags)
 		}
 	}
@@ -131,7 +131,7 @@ func FuzzRewriteTopTagsSameSize(f *testing.F) {
 	}
 	m := mapperFunc(func(id int32, _ string, _ int32) (string, int32) { return mapHost(id) })
 	f.Fuzz(func(t *testing.T, tags []byte) {
-		out, changed, err := RewriteTopTagsSameSize(nil, tags, m)
+		out, changed, err := TopTagsSameSize(nil, tags, m)
 		if err != nil {
 			return
 		}
