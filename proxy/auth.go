@@ -18,7 +18,7 @@ import (
 func (c *session) noteAuthRequest(h protocol.RequestHeader, body []byte) *auth.Step {
 	st, relay := c.auth.Request(h.APIKey, body[h.BodyOffset:], h.APIVersion, c.s.Config.OAuthBearerPrincipalClaim)
 	if st.Handshake && !auth.Followed(st.Mech) {
-		c.s.Metrics.authUnfollowed.Inc()
+		c.s.Metrics.AuthUnfollowed.Inc()
 		if _, seen := c.s.unfollowedMechs.LoadOrStore(st.Mech, true); !seen {
 			c.log.Warn("SASL mechanism the proxy cannot follow: its connections are relayed and never deduplicated (docs/security.md)", "mechanism", st.Mech)
 		}
@@ -36,7 +36,7 @@ func (c *session) relayOnly(reason, principal string) {
 	if c.auth.RelayOnly.Swap(true) {
 		return
 	}
-	c.s.Metrics.authRelayedOnly.WithLabelValues(reason).Inc()
+	c.s.Metrics.AuthRelayedOnly.WithLabelValues(reason).Inc()
 	was := ""
 	if p := c.auth.Principal.Load(); p != nil {
 		was = p.Name

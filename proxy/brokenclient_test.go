@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // TestLegacyClientGoneBehindFullQueue: a client pipelines more requests than
@@ -58,7 +60,7 @@ func TestLegacyClientGoneBehindFullQueue(t *testing.T) {
 	}
 	first.conn.Close()
 	waitFor(t, 2*time.Second, "the proxy to fail writing the second answer", func() bool {
-		return testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientWrite)) >= 1
+		return testutil.ToFloat64(p.Metrics.ClientErrors.WithLabelValues(metrics.ClientWrite)) >= 1
 	})
 	// The broker holds the third request for 3 s: the reader of the first
 	// connection is still behind the full queue.

@@ -92,7 +92,7 @@ func testLargeProducesWithinBudget(t *testing.T, holes bool) {
 	waitFor(t, 10*time.Second, "the budget to be given back", func() bool {
 		return pool.Held() == 0
 	})
-	spliced := testutil.ToFloat64(p.Metrics.produceSpliced)
+	spliced := testutil.ToFloat64(p.Metrics.ProduceSpliced)
 	if holes {
 		// Every record but the few bytes each read took along with a
 		// batch header (the reader's buffer) went through a pipe.

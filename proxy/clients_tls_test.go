@@ -19,6 +19,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // librdkafka clients (kcat, confluent-kafka-python) over TLS and SASL_SSL.
@@ -112,7 +113,7 @@ func TestKcatTLS(t *testing.T) {
 					t.Fatalf("record %d consumed %d times", i, seen[strconv.Itoa(i)])
 				}
 			}
-			if d := testutil.ToFloat64(p.Metrics.batches[outAccepted]); d < 1 {
+			if d := testutil.ToFloat64(p.Metrics.Batches[metrics.OutAccepted]); d < 1 {
 				t.Fatalf("%v batches decided", d)
 			}
 		})
@@ -168,7 +169,7 @@ func TestConfluentPythonSASLSSL(t *testing.T) {
 		t.Fatalf("wrong password: acked %d, auth error %v, errors %v", bad.Acked, bad.AuthError, bad.Errors)
 	}
 	t.Logf("wrong password: %s", *bad.AuthError)
-	if d := testutil.ToFloat64(p.Metrics.batches[outAccepted]); d < 1 {
+	if d := testutil.ToFloat64(p.Metrics.Batches[metrics.OutAccepted]); d < 1 {
 		t.Fatalf("%v batches decided on the authenticated connections", d)
 	}
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -253,11 +254,11 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 	defer s.setDedupMu.Unlock()
 	old := s.core.Settings()
 	s.step(&decide.Event{Kind: decide.EvSettings, Settings: next}, s.now(), nil)
-	var oldCounters map[string]*topicCounter
+	var oldCounters map[string]*metrics.TopicCounter
 	if p := s.topicCounters.Load(); p != nil {
 		oldCounters = *p
 	}
-	counters := s.Metrics.topicCounters(&test.Dedup, oldCounters)
+	counters := s.Metrics.TopicCounters(&test.Dedup, oldCounters)
 	s.topicCounters.Store(&counters)
 	var applied []string
 	if old.Mode != next.Mode {
@@ -272,7 +273,7 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 	return applied, nil
 }
 
-func sameKeys(a, b map[string]*topicCounter) bool {
+func sameKeys(a, b map[string]*metrics.TopicCounter) bool {
 	for k := range a {
 		if _, ok := b[k]; !ok {
 			return false

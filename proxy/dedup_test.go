@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/config"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -108,7 +109,7 @@ func TestDedupCraftedRequests(t *testing.T) {
 		if r.ErrorCode != kerr.OutOfOrderSequenceNumber.Code || pc.requests.Load() != before+1 {
 			t.Fatalf("gap: %+v, forwarded=%v", r, pc.requests.Load() != before)
 		}
-		if n := testutil.ToFloat64(p.Metrics.batches[outOutOfOrder]); n != 1 {
+		if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutOutOfOrder]); n != 1 {
 			t.Fatalf("out_of_order counted %v times", n)
 		}
 	})
@@ -119,7 +120,7 @@ func TestDedupCraftedRequests(t *testing.T) {
 		if r.ErrorCode != kerr.OutOfOrderSequenceNumber.Code {
 			t.Fatalf("sequence reuse: %+v", r)
 		}
-		if n := testutil.ToFloat64(p.Metrics.batches[outSequenceReuse]); n != 1 { // SequenceReuse
+		if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutSequenceReuse]); n != 1 { // SequenceReuse
 			t.Fatalf("sequence_reuse counted %v times", n)
 		}
 	})
@@ -172,7 +173,7 @@ func TestDedupCraftedRequests(t *testing.T) {
 		if pc.requests.Load() != before+1 {
 			t.Fatal("the fenced batch did not reach the broker")
 		}
-		if n := testutil.ToFloat64(p.Metrics.batches[outFenced]); n != 1 {
+		if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutFenced]); n != 1 {
 			t.Fatalf("fenced counted %v times", n)
 		}
 	})
@@ -240,7 +241,7 @@ func TestInFlightRetryWaitsForOriginal(t *testing.T) {
 	if n.Load() != 1 {
 		t.Fatalf("%d produce requests reached the broker, want 1", n.Load())
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outInFlight]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutInFlight]); n != 1 {
 		t.Fatalf("in_flight_wait counted %v, want 1", n)
 	}
 }
@@ -282,7 +283,7 @@ func TestObserveModeForwardsEverything(t *testing.T) {
 	if pc.requests.Load() != 2 {
 		t.Fatalf("broker saw %d requests, want both", pc.requests.Load())
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outDuplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate]); n != 1 {
 		t.Fatalf("duplicates counted: %v", n)
 	}
 }
@@ -354,7 +355,7 @@ func TestTransactionalInitFencesOlderEpoch(t *testing.T) {
 	if pc.requests.Load() != 1 {
 		t.Fatal("the fenced batch did not reach the broker, which decides")
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outFenced]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutFenced]); n != 1 {
 		t.Fatalf("fenced counted %v times, want 1", n)
 	}
 }

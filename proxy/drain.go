@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/clock"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/relay"
 )
 
@@ -67,7 +68,7 @@ func (r *nodeRegistry) unbound() []string {
 	defer r.mu.Unlock()
 	var out []string
 	for _, n := range r.nodes {
-		if n.bound == "" && n.err != nil && n.err.reason == listenerBind {
+		if n.bound == "" && n.err != nil && n.err.reason == metrics.ListenerBind {
 			out = append(out, n.err.Error())
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // idleConsumer starts a franz-go consumer through p on an empty topic and
@@ -63,7 +65,7 @@ func TestShutdownCutsIdleConsumer(t *testing.T) {
 		t.Fatalf("shutdown with an idle consumer took %v; want it cut at once", took)
 	}
 	t.Logf("shutdown with an idle consumer: %v; broker_errors_total{reason=read} %v", took,
-		testutil.ToFloat64(p.Metrics.brokerErrors.WithLabelValues(brokerRead)))
+		testutil.ToFloat64(p.Metrics.BrokerErrors.WithLabelValues(metrics.BrokerRead)))
 	if !strings.Contains(p.logs.String(), "in-flight requests are only Fetch") {
 		t.Errorf("no log line for the cut consumer:\n%s", p.logs.String())
 	}
@@ -123,7 +125,7 @@ func TestConsumerCloseIsNoError(t *testing.T) {
 	}
 	r.conn.Close()
 	waitFor(t, 10*time.Second, "the connection to end", func() bool { return testutil.ToFloat64(p.Metrics.ClientConnections) == 0 })
-	if n := testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientWrite)); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.ClientErrors.WithLabelValues(metrics.ClientWrite)); n != 0 {
 		t.Fatalf("client_errors_total{reason=write} = %v after a normal close; logs:\n%s", n, p.logs.String())
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // TestWaitingRetryOfClosedConnectionNotAnswered: the broker is slower
@@ -116,11 +118,11 @@ func TestWaitingRetryOfClosedConnectionNotAnswered(t *testing.T) {
 	// writers held there). Now: its connection ends (x's original writer
 	// held, y's in flight, the third connection open).
 	waitFor(t, 10*time.Second, "the woken retry to be answered, or its connection to end", func() bool {
-		answered := testutil.ToFloat64(p.Metrics.batches[outLegacyInFlight]) >= 1
+		answered := testutil.ToFloat64(p.Metrics.Batches[metrics.OutLegacyInFlight]) >= 1
 		return answered && writes.Load() >= 2 || !answered && testutil.ToFloat64(p.Metrics.ClientConnections) <= 3
 	})
 	armed.Store(false)
-	if n := testutil.ToFloat64(p.Metrics.batches[outLegacyInFlight]); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutLegacyInFlight]); n != 0 {
 		t.Errorf("%v retries answered after waiting, want 0: the retry's client had closed its connection", n)
 	}
 
@@ -215,7 +217,7 @@ func TestHeldAnswerToGoneClientKeepsBrokerConnection(t *testing.T) {
 	b.send(batch(1, "w"))
 	free(0)
 	waitFor(t, 10*time.Second, "the retry to be answered and w forwarded behind v", func() bool {
-		return testutil.ToFloat64(p.Metrics.batches[outLegacyInFlight]) == 1 && p.pendingBatches.Load() == 2
+		return testutil.ToFloat64(p.Metrics.Batches[metrics.OutLegacyInFlight]) == 1 && p.pendingBatches.Load() == 2
 	})
 	b.conn.Close()
 	// v is appended and answered; w, behind it, is held in turn: in
@@ -229,7 +231,7 @@ func TestHeldAnswerToGoneClientKeepsBrokerConnection(t *testing.T) {
 	if r := onlyPartition(t, dial().roundTrip(batch(1, "w"))); r.ErrorCode != 0 || r.BaseOffset != 1 {
 		t.Errorf("the resend of w: error %d, base offset %d; want 0, 1 (the original's)", r.ErrorCode, r.BaseOffset)
 	}
-	if n := testutil.ToFloat64(p.Metrics.brokerErrors.WithLabelValues(brokerRead)); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.BrokerErrors.WithLabelValues(metrics.BrokerRead)); n != 0 {
 		t.Errorf("%v broker connections failed: the proxy cut one with a request in flight", n)
 	}
 	if end := partitionEnd(t, c.ListenAddrs()[0], topic, 1); end != 2 {

@@ -108,7 +108,7 @@ func startProxyWith(t testing.TB, c *kfake.Cluster, mod func(*Config), setup fun
 func (p *testProxy) addr() string { return p.Addr().String() }
 
 // waitingRequests is how many Produce requests wait for an outcome now.
-func (p *testProxy) waitingRequests() int64 { return int64(testutil.ToFloat64(p.Metrics.waiting)) }
+func (p *testProxy) waitingRequests() int64 { return int64(testutil.ToFloat64(p.Metrics.Waiting)) }
 
 // rawConn is a hand-driven Kafka connection for crafted requests.
 type rawConn struct {

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/relay"
 )
 
@@ -86,7 +87,7 @@ func TestProduceSpliceRetries(t *testing.T) {
 	if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b0}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("original: %+v", r)
 	}
-	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s < relay.MinHole || s > float64(len(b0)) {
+	if s := testutil.ToFloat64(p.Metrics.ProduceSpliced); s < relay.MinHole || s > float64(len(b0)) {
 		t.Fatalf("%.0f bytes spliced of a %d-byte batch", s, len(b0))
 	}
 	if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b0}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
@@ -95,10 +96,10 @@ func TestProduceSpliceRetries(t *testing.T) {
 	if n := pc.requests.Load(); n != 1 {
 		t.Fatalf("broker saw %d requests, want the original only", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.DupAnswered[metrics.DupByProxy]); n != 1 {
 		t.Fatalf("retries answered by the proxy: %v, want 1", n)
 	}
-	if rb := testutil.ToFloat64(p.Metrics.produceReadBack); rb < relay.MinHole {
+	if rb := testutil.ToFloat64(p.Metrics.ProduceReadBack); rb < relay.MinHole {
 		t.Fatalf("%.0f bytes read back to answer the retry", rb)
 	}
 
@@ -130,7 +131,7 @@ func TestProduceSpliceBatchLargerThanPipe(t *testing.T) {
 	if r := onlyPartition(t, raw.roundTrip(produceParts(topic, -1, part{0, b}))); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("produce: %+v", r)
 	}
-	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s < relay.MinHole || s >= float64(len(b)-batchHeaderLen) {
+	if s := testutil.ToFloat64(p.Metrics.ProduceSpliced); s < relay.MinHole || s >= float64(len(b)-batchHeaderLen) {
 		t.Fatalf("%.0f of %d record bytes spliced: want the pipe's share, not all", s, len(b)-batchHeaderLen)
 	}
 	checkValues(t, partitionValues(t, c, topic, 0, 2), 2, v)
@@ -249,10 +250,10 @@ func TestProduceSpliceByteExact(t *testing.T) {
 			}
 		}
 		if i%6 == 5 && idempotent { // the same request again: a retry the proxy answers
-			before, brokerBefore := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]), testutil.ToFloat64(p.Metrics.dupAnswered[dupByBroker])
+			before, brokerBefore := testutil.ToFloat64(p.Metrics.DupAnswered[metrics.DupByProxy]), testutil.ToFloat64(p.Metrics.DupAnswered[metrics.DupByBroker])
 			raw.roundTrip(req)
 			resent++
-			after, brokerAfter := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]), testutil.ToFloat64(p.Metrics.dupAnswered[dupByBroker])
+			after, brokerAfter := testutil.ToFloat64(p.Metrics.DupAnswered[metrics.DupByProxy]), testutil.ToFloat64(p.Metrics.DupAnswered[metrics.DupByBroker])
 			if after == before {
 				t.Fatalf("request %d (%d partitions) resent: no retry answered by the proxy (by the broker: %v)", i, len(rt.Partitions), brokerAfter-brokerBefore)
 			}
@@ -280,7 +281,7 @@ func TestProduceSpliceByteExact(t *testing.T) {
 			k++
 		}
 	}
-	if s := testutil.ToFloat64(p.Metrics.produceSpliced); s == 0 {
+	if s := testutil.ToFloat64(p.Metrics.ProduceSpliced); s == 0 {
 		t.Fatal("nothing spliced")
 	}
 	waitFor(t, 10*time.Second, "the pipes to be given back", func() bool { return p.pipes.InUse() == 0 })

@@ -21,6 +21,7 @@ var layers = [][]string{
 	{"config"},
 	{"auth"},
 	{"tail", "replica", "relay"},
+	{"metrics"},
 	{"proxy"},
 }
 

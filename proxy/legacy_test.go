@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/config"
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // TestLegacyRetryOnNewConnection: a legacy producer's batch is stored, its
@@ -51,7 +52,7 @@ func TestLegacyRetryOnNewConnection(t *testing.T) {
 	if r := onlyPartition(t, retry.roundTrip(req)); r.ErrorCode != 0 || r.BaseOffset != 3 {
 		t.Fatalf("new data with the same records: %+v, want offset 3", r)
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outLegacyDuplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutLegacyDuplicate]); n != 1 {
 		t.Fatalf("legacy_duplicate counted %v", n)
 	}
 	if !strings.Contains(p.logs.String(), `msg="answered as a retry with the original's offset" conn=2`) ||
@@ -130,7 +131,7 @@ func TestLegacyRebatchedRetryOverSockets(t *testing.T) {
 	if r := onlyPartition(t, retry.roundTrip(produceParts(topic, -1, part{0, recordBatch(t, -1, -1, -1, 1, "next")}))); r.BaseOffset != 7 {
 		t.Fatalf("next batch at %d, want 7: the log holds each record once", r.BaseOffset)
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outLegacyRebatched]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutLegacyRebatched]); n != 1 {
 		t.Fatalf("legacy_rebatched %v", n)
 	}
 }
@@ -190,7 +191,7 @@ func TestIdempotencyKeysTwoInstances(t *testing.T) {
 	if got := stored(plain); got != 2*n {
 		t.Fatalf("plain topic holds %d records, want %d (both instances)", got, 2*n)
 	}
-	if d := testutil.ToFloat64(p.Metrics.keysDropped); d != n {
+	if d := testutil.ToFloat64(p.Metrics.KeysDropped); d != n {
 		t.Fatalf("key duplicates dropped: %v, want %d", d, n)
 	}
 }
@@ -299,7 +300,7 @@ func TestLegacyResplitAfterClientLeft(t *testing.T) {
 	if r := onlyPartition(t, second.recv(req, corr)); r.ErrorCode != 0 || r.BaseOffset != 1 {
 		t.Fatalf("resent records with a new one: %+v, want error 0, offset 1 (b, c at 1, 2, d written at 3)", r)
 	}
-	if n := testutil.ToFloat64(h.p.Metrics.retryRecords[0]); n != 2 {
+	if n := testutil.ToFloat64(h.p.Metrics.RetryRecords[0]); n != 2 {
 		t.Fatalf("legacy_retry_records_total{action=dropped} %v, want 2", n)
 	}
 	h.logHolds(t, 4, "a, b, c, d once each")

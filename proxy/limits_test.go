@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -213,7 +214,7 @@ func TestMaxConnections(t *testing.T) {
 		t.Fatalf("%d of %d connections beyond the limit were refused", got, flood)
 	}
 	waitFor(t, 10*time.Second, "the refusals to be counted", func() bool {
-		return testutil.ToFloat64(p.Metrics.refusedConns.WithLabelValues(refusedMaxConns)) == float64(flood)
+		return testutil.ToFloat64(p.Metrics.RefusedConns.WithLabelValues(metrics.RefusedMaxConns)) == float64(flood)
 	})
 	after := sampleMem()
 	t.Logf("%d connections refused in %s (%.0f/s); heap in use %.1f MiB before, %.1f MiB after (%+.1f MiB); RSS %.1f MiB before, %.1f MiB after",
@@ -225,7 +226,7 @@ func TestMaxConnections(t *testing.T) {
 	if lines := strings.Count(p.logs.String(), "refusing client connections"); lines < 1 || lines > 1+int(elapsed/refusalLogEvery) {
 		t.Errorf("%d log lines about refusals in %s; want one per %s at most", lines, elapsed, refusalLogEvery)
 	}
-	if n := testutil.ToFloat64(p.Metrics.refusedConns.WithLabelValues(refusedMaxPerIP)); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.RefusedConns.WithLabelValues(metrics.RefusedMaxPerIP)); n != 0 {
 		t.Errorf("refused for max_connections_per_ip: %v, want 0", n)
 	}
 
@@ -265,7 +266,7 @@ func TestMaxConnectionsPerIP(t *testing.T) {
 		t.Fatalf("the 4th connection from one address was not refused: %v", err)
 	}
 	extra.Close()
-	if n := testutil.ToFloat64(p.Metrics.refusedConns.WithLabelValues(refusedMaxPerIP)); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.RefusedConns.WithLabelValues(metrics.RefusedMaxPerIP)); n != 1 {
 		t.Fatalf("refused for max_connections_per_ip: %v, want 1", n)
 	}
 

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -251,7 +252,7 @@ func testLostAckFranzGo(t *testing.T, topic string, spliced bool) {
 		t.Fatalf("the shim dropped %d acknowledgements, want 1", shim.dropped.Load())
 	}
 	consumeDirect(t, c, topic, n)
-	dups := testutil.ToFloat64(p.Metrics.batches[outDuplicate]) + testutil.ToFloat64(p.Metrics.batches[outInFlight])
+	dups := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate]) + testutil.ToFloat64(p.Metrics.Batches[metrics.OutInFlight])
 	distinct, repeated := bl.repeats()
 	t.Logf("batches reaching kfake: %d distinct, %d repeated; retries answered by the proxy: %v", distinct, repeated, dups)
 	if repeated != 0 {
@@ -260,10 +261,10 @@ func testLostAckFranzGo(t *testing.T, topic string, spliced bool) {
 	if dups < 1 {
 		t.Errorf("the proxy answered no retry")
 	}
-	if moved := testutil.ToFloat64(p.Metrics.produceSpliced); spliced && moved == 0 {
+	if moved := testutil.ToFloat64(p.Metrics.ProduceSpliced); spliced && moved == 0 {
 		t.Errorf("no record bytes spliced")
 	} else if spliced {
-		t.Logf("record bytes spliced %.0f, read back %.0f", moved, testutil.ToFloat64(p.Metrics.produceReadBack))
+		t.Logf("record bytes spliced %.0f, read back %.0f", moved, testutil.ToFloat64(p.Metrics.ProduceReadBack))
 	}
 }
 
@@ -311,7 +312,7 @@ func TestLostAckSarama(t *testing.T) {
 	}
 	consumeDirect(t, c, topic, n)
 	distinct, repeated := bl.repeats()
-	dups := testutil.ToFloat64(p.Metrics.batches[outDuplicate]) + testutil.ToFloat64(p.Metrics.batches[outInFlight])
+	dups := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate]) + testutil.ToFloat64(p.Metrics.Batches[metrics.OutInFlight])
 	t.Logf("batches reaching kfake: %d distinct, %d repeated; retries answered by the proxy: %v", distinct, repeated, dups)
 	if repeated != 0 || dups < 1 {
 		t.Errorf("repeated at the broker %d, answered by the proxy %v", repeated, dups)
@@ -356,8 +357,8 @@ func TestIdempotentSlowBrokerRetriesStayHere(t *testing.T) {
 	}
 	consumeDirect(t, c, topic, n)
 	distinct, repeated := bl.repeats()
-	waited := testutil.ToFloat64(p.Metrics.batches[outInFlight])
-	answered := testutil.ToFloat64(p.Metrics.batches[outDuplicate])
+	waited := testutil.ToFloat64(p.Metrics.Batches[metrics.OutInFlight])
+	answered := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate])
 	t.Logf("batches reaching kfake: %d distinct, %d repeated; retries held for their original %v, answered as duplicates %v", distinct, repeated, waited, answered)
 	if held.Load() < slow {
 		t.Fatalf("the broker held %d requests, want %d", held.Load(), slow)

@@ -15,8 +15,7 @@ func (s *Server) requestPool() *relay.RequestPool {
 		}
 		var pm *relay.PoolMetrics
 		if m := s.Metrics; m != nil {
-			pm = &relay.PoolMetrics{Held: m.reqMemHeld, Stalled: m.reqMemStalled,
-				Fit: m.reqMemWaits[reqMemFit], OverBudget: m.reqMemWaits[reqMemOverBudget]}
+			pm = m.RequestPool()
 		}
 		s.reqPool = relay.NewRequestPool(budget, pm)
 	})

@@ -40,7 +40,7 @@ func (d *describer) Unregister(prometheus.Collector) bool { return false }
 func TestMetricsDocumented(t *testing.T) {
 	d := &describer{names: map[string]bool{}}
 	s := &Server{Metrics: NewMetrics(d)}
-	s.Metrics.registerCore(s)
+	s.registerCore()
 	newReplicaMetrics(s)
 	raw, err := os.ReadFile("../docs/reference.md")
 	if err != nil {

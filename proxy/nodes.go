@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/config"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
 
@@ -103,7 +104,7 @@ func (r *nodeRegistry) adminCollision() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, n := range r.nodes {
-		if n.err != nil && n.err.reason == listenerAdminPort {
+		if n.err != nil && n.err.reason == metrics.ListenerAdminPort {
 			return n.err.err
 		}
 	}
@@ -188,7 +189,7 @@ func (r *nodeRegistry) tryListen(id int32, n *node) {
 	}
 	n.failures++
 	n.err, n.permanent, n.retryAt = le, le.permanent, now.Add(bindRetryInterval)
-	r.s.Metrics.listenerError(le.reason)
+	r.s.Metrics.ListenerError(le.reason)
 	if n.failures > 1 {
 		r.s.Logger.Debug("broker listener retry failed", "node", id, "err", err, "failed_attempts", n.failures)
 		return
@@ -206,16 +207,16 @@ func (r *nodeRegistry) tryListen(id int32, n *node) {
 func (r *nodeRegistry) startListener(id int32, n *node) error {
 	bind, adv, err := r.s.Config.NodeAddrs(id)
 	if err != nil {
-		return &listenerError{reason: listenerPortRange, permanent: true, err: err}
+		return &listenerError{reason: metrics.ListenerPortRange, permanent: true, err: err}
 	}
 	ln, err := r.s.Listen("tcp", bind)
 	if err != nil {
 		if port, ok := r.s.adminHolds(bind, err); ok {
-			return &listenerError{reason: listenerAdminPort, permanent: true, err: fmt.Errorf(
+			return &listenerError{reason: metrics.ListenerAdminPort, permanent: true, err: fmt.Errorf(
 				"%w: port %d for node %d is the admin listener's (%s); move admin, or set node_port_base, node_id_offset or nodes[%d]",
 				ErrAdminPortTaken, port, id, r.s.AdminAddr, id)}
 		}
-		return &listenerError{reason: listenerBind, err: fmt.Errorf("node %d listener on %s: %w", id, bind, err)}
+		return &listenerError{reason: metrics.ListenerBind, err: fmt.Errorf("node %d listener on %s: %w", id, bind, err)}
 	}
 	if !r.s.serve(ln, id) {
 		return ErrServerClosed // serve closed ln

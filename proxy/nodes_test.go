@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
@@ -352,7 +353,7 @@ func TestNodePortOutOfRangeIsOmitted(t *testing.T) {
 	if !strings.Contains(p.logs.String(), "node 1001 would listen on port") {
 		t.Errorf("the error line does not say why:\n%s", p.logs.String())
 	}
-	if n := testutil.ToFloat64(p.Metrics.listenerErrors.WithLabelValues(listenerPortRange)); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.ListenerErrors.WithLabelValues(metrics.ListenerPortRange)); n != 1 {
 		t.Errorf("listener_errors_total{reason=port_range} = %v, want 1", n)
 	}
 
@@ -419,7 +420,7 @@ func TestNodeBindRetryBackoff(t *testing.T) {
 	if n := strings.Count(logs.String(), "broker node has no listener"); n != 1 {
 		t.Errorf("%d error lines, want 1", n)
 	}
-	if n := testutil.ToFloat64(s.Metrics.listenerErrors.WithLabelValues(listenerBind)); n != 2 {
+	if n := testutil.ToFloat64(s.Metrics.ListenerErrors.WithLabelValues(metrics.ListenerBind)); n != 2 {
 		t.Errorf("listener_errors_total{reason=bind} = %v, want 2 (one per failed attempt)", n)
 	}
 
@@ -509,7 +510,7 @@ func TestNodeIDOffsetEndToEnd(t *testing.T) {
 			}
 		}
 	}
-	if n := testutil.ToFloat64(p.Metrics.listenerErrors.WithLabelValues(listenerPortRange)); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.ListenerErrors.WithLabelValues(metrics.ListenerPortRange)); n != 0 {
 		t.Errorf("%v port_range errors", n)
 	}
 }

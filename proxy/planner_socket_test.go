@@ -16,6 +16,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // Socket tests of the planner's rules: real loopback connections, a kfake
@@ -66,7 +67,7 @@ func TestMixedProduceVersionsOnePartition(t *testing.T) {
 	if r.ErrorCode != 0 || r.BaseOffset != 4 || pc.requests.Load() != before {
 		t.Fatalf("v13 retry of a v12 batch: %+v (forwarded=%v)", r, pc.requests.Load() != before)
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outOutOfOrder]); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutOutOfOrder]); n != 0 {
 		t.Fatalf("%v batches counted out of order", n)
 	}
 }
@@ -94,7 +95,7 @@ func TestTwoProxiesOneProducer(t *testing.T) {
 	}
 	// A saw 0 then 2: a gap, forwarded; the broker accepted it, so A
 	// forgot what it had and took 4 as a producer it does not know.
-	if n := testutil.ToFloat64(a.Metrics.batches[outOutOfOrder]); n != 1 {
+	if n := testutil.ToFloat64(a.Metrics.Batches[metrics.OutOutOfOrder]); n != 1 {
 		t.Fatalf("proxy A counted %v gaps, want 1", n)
 	}
 	// Proxy A accepted the broker's word; a retry of its last batch is
@@ -123,7 +124,7 @@ func TestAcksOneDuplicateForwarded(t *testing.T) {
 	if pc.requests.Load() != 2 {
 		t.Fatalf("broker saw %d requests, want both (the retry forwarded)", pc.requests.Load())
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outDuplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate]); n != 1 {
 		t.Fatalf("duplicates counted %v, want 1", n)
 	}
 }
@@ -179,17 +180,17 @@ func TestInFlightWaitDeadline(t *testing.T) {
 	req := produceV(9, topic, [16]byte{}, -1, 60_000, part{0, b})
 	rc := retry.send(req)
 	waitFor(t, 10*time.Second, "the retry to wait for its original", func() bool {
-		return testutil.ToFloat64(p.Metrics.waiting) == 1
+		return testutil.ToFloat64(p.Metrics.Waiting) == 1
 	})
 	clk.Advance(time.Minute) // its timeout: the second after it is still the original's
-	if n := testutil.ToFloat64(p.Metrics.waitTimeouts); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.WaitTimeouts); n != 0 {
 		t.Fatalf("gave up %v times within the timeout", n)
 	}
 	clk.Advance(time.Second)
 	if r := onlyPartition(t, retry.recv(req, rc)); r.ErrorCode != kerr.RequestTimedOut.Code {
 		t.Fatalf("retry past its deadline: %+v", r)
 	}
-	if n := testutil.ToFloat64(p.Metrics.waitTimeouts); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.WaitTimeouts); n != 1 {
 		t.Fatalf("wait timeouts %v", n)
 	}
 	close(release)
@@ -303,10 +304,10 @@ func TestSASLDecidesOnlyAfterAuthentication(t *testing.T) {
 	if n := p.table.Len(); n != 0 {
 		t.Fatalf("unauthenticated produce reached the table: %d entries", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutAccepted]); n != 0 {
 		t.Fatalf("%v unauthenticated batches decided", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n < 1 {
+	if n := testutil.ToFloat64(p.Metrics.Passthrough[decide.PassUnauthenticated]); n < 1 {
 		t.Fatalf("unauthenticated passthrough counted %v", n)
 	}
 
@@ -322,7 +323,7 @@ func TestSASLDecidesOnlyAfterAuthentication(t *testing.T) {
 			t.Fatalf("authenticated send %d: %+v", i, r)
 		}
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outDuplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate]); n != 1 {
 		t.Fatalf("duplicates on the authenticated connection: %v", n)
 	}
 }
@@ -354,7 +355,7 @@ func TestUnknownTopicNamesNotKept(t *testing.T) {
 		}
 		raw.roundTrip(req)
 	}
-	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnknownTopic]); n != perRequest*requests {
+	if n := testutil.ToFloat64(p.Metrics.Passthrough[decide.PassUnknownTopic]); n != perRequest*requests {
 		t.Fatalf("unknown_topic passthrough %v, want %d", n, perRequest*requests)
 	}
 	if _, ok := p.table.LookupTopic([]byte("hostile-a-0")); ok {
@@ -427,7 +428,7 @@ func TestShutdownWithStuckWaiter(t *testing.T) {
 	<-entered
 	retry.send(req)
 	waitFor(t, 10*time.Second, "the retry to wait on its original", func() bool {
-		return testutil.ToFloat64(p.Metrics.batches[outInFlight]) == 1
+		return testutil.ToFloat64(p.Metrics.Batches[metrics.OutInFlight]) == 1
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()

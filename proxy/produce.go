@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -82,10 +83,10 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	core, m := c.s.core, c.s.Metrics
 	switch {
 	case core == nil:
-		m.passthrough[decide.PassDedupOff].Inc()
+		m.Passthrough[decide.PassDedupOff].Inc()
 		return nil, nil
 	case h.APIVersion < 3: // message formats v0/v1: no producer ids
-		m.passthrough[decide.PassOldFormat].Inc()
+		m.Passthrough[decide.PassOldFormat].Inc()
 		return nil, nil
 	}
 	sc := &c.scan
@@ -102,22 +103,22 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 	for sc.Next() {
 		part := sc.Partition()
 		if conn == nil {
-			m.passthrough[decide.PassUnauthenticated].Inc()
+			m.Passthrough[decide.PassUnauthenticated].Inc()
 			continue
 		}
 		var bh protocol.BatchHeader
 		n, err := protocol.ReadBatch(part.Records, &bh)
 		switch {
 		case err != nil || n != 1:
-			m.passthrough[decide.PassInvalid].Inc()
+			m.Passthrough[decide.PassInvalid].Inc()
 			continue
 		case bh.Magic < 2:
-			m.passthrough[decide.PassOldFormat].Inc()
+			m.Passthrough[decide.PassOldFormat].Inc()
 			continue
 		}
 		topic, known := c.s.lookupTopic(h.APIVersion, part.Topic, part.TopicID)
 		if !known {
-			m.passthrough[decide.PassUnknownTopic].Inc()
+			m.Passthrough[decide.PassUnknownTopic].Inc()
 			c.s.unknownTopics.Add(1)
 			continue
 		}
@@ -172,16 +173,16 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 				c.log.Debug("produce request waits for an outcome it needs", "correlation_id", h.CorrelationID, "at_most", pl.Until.Sub(c.s.now()).Round(time.Millisecond))
 			}
 			waited, held = true, true
-			c.s.Metrics.waiting.Inc()
+			c.s.Metrics.Waiting.Inc()
 			woken := c.awaitWake(pl.Until)
-			c.s.Metrics.waiting.Dec()
+			c.s.Metrics.Waiting.Dec()
 			if !woken {
 				putPlan(pl)
 				return nil, errClientGone
 			}
 			switch {
 			case !c.s.now().Before(pl.Until):
-				c.s.Metrics.waitTimeouts.Inc()
+				c.s.Metrics.WaitTimeouts.Inc()
 				req.GiveUp = true
 			case c.s.closing.Load():
 				// Stopping: a waiting request gives up at once
@@ -306,7 +307,7 @@ func (c *session) readTails(tails []decide.TailKey) {
 	started := 0
 	for _, k := range tails {
 		if !c.warmSlot(timer.C) {
-			c.s.Metrics.warmups[warmTimedOut].Inc()
+			c.s.Metrics.Warmups[metrics.WarmTimedOut].Inc()
 			c.s.stepWake(&decide.Event{Kind: decide.EvTailFailed, Tail: k}, nil)
 			continue
 		}
@@ -327,7 +328,7 @@ func (c *session) readTails(tails []decide.TailKey) {
 		select {
 		case <-done:
 		case <-timer.C:
-			c.s.Metrics.warmups[warmTimedOut].Inc()
+			c.s.Metrics.Warmups[metrics.WarmTimedOut].Inc()
 			return
 		case <-c.closed:
 			return
@@ -374,7 +375,7 @@ func (s *Server) lookupTopic(version int16, name []byte, id [16]byte) (seqstate.
 
 // sendDecided queues and forwards a decided Produce request. It reports
 // false when the connection must close.
-func (c *session) sendDecided(pl *producePlan, h protocol.RequestHeader, body, frame []byte, start time.Time, api *apiMetrics) bool {
+func (c *session) sendDecided(pl *producePlan, h protocol.RequestHeader, body, frame []byte, start time.Time, api *metrics.API) bool {
 	// Until pl is queued or settled, a panic leaves it to readLoop's
 	// cleanup (not a defer here: that would run first and hide it).
 	c.unqueued = pl
@@ -582,7 +583,7 @@ func (s *Server) warmPartition(topic string, k decide.TailKey) {
 		return
 	}
 	if err != nil {
-		s.Metrics.warmups[warmFailed].Inc()
+		s.Metrics.Warmups[metrics.WarmFailed].Inc()
 		if ok, suppressed := s.warmLog.allow(s.now()); ok {
 			s.Logger.Warn("cannot read partition tail; deciding its batches without it", "topic", topic, "partition", k.Partition, "err", err, "suppressed", suppressed)
 		}
@@ -590,9 +591,9 @@ func (s *Server) warmPartition(topic string, k decide.TailKey) {
 		return
 	}
 	s.stepWake(&decide.Event{Kind: decide.EvTailRead, Tail: k, Records: records}, nil)
-	s.Metrics.warmups[warmOK].Inc()
-	s.Metrics.warmBytes.Add(float64(len(records)))
+	s.Metrics.Warmups[metrics.WarmOK].Inc()
+	s.Metrics.WarmBytes.Add(float64(len(records)))
 	took := s.now().Sub(start)
-	s.Metrics.warmSeconds.Observe(took.Seconds())
+	s.Metrics.WarmSeconds.Observe(took.Seconds())
 	s.Logger.Debug("warmed partition from its tail", "topic", topic, "partition", k.Partition, "batches", n, "bytes", len(records), "took", took)
 }

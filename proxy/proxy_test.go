@@ -327,7 +327,7 @@ func TestMetricsLint(t *testing.T) {
 	for _, pr := range problems {
 		t.Errorf("metric %s: %s", pr.Metric, pr.Text)
 	}
-	if n := testutil.ToFloat64(p.Metrics.requests.WithLabelValues("Metadata")); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Requests.WithLabelValues("Metadata")); n != 1 {
 		t.Errorf("dedupproxy_requests_total{api=Metadata} = %v, want 1", n)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/relay"
@@ -33,7 +34,7 @@ import (
 // NOT_LEADER_OR_FOLLOWER pointing at the replica that serves the node now;
 // the caller then reads the next request. Without replicas, or on a node
 // this replica serves, it returns at once.
-func (c *session) replicaGate(h protocol.RequestHeader, body []byte, acks int16, start time.Time, api *apiMetrics) bool {
+func (c *session) replicaGate(h protocol.RequestHeader, body []byte, acks int16, start time.Time, api *metrics.API) bool {
 	rs := c.s.replicas
 	if rs == nil {
 		return false
@@ -59,7 +60,7 @@ func (c *session) replicaGate(h protocol.RequestHeader, body []byte, acks int16,
 // not serve plainly now: the replica set holds it while the node moves
 // here or away (replica.Set.Hold), then the session forwards or redirects
 // it.
-func (c *session) replicaGateSlow(rs *replica.Set, tr *relay.Tracker, h protocol.RequestHeader, body []byte, start time.Time, api *apiMetrics) bool {
+func (c *session) replicaGateSlow(rs *replica.Set, tr *relay.Tracker, h protocol.RequestHeader, body []byte, start time.Time, api *metrics.API) bool {
 	if !c.isAuthenticated() {
 		// Not authenticated: the broker answers it (and decides nothing
 		// here depends on it), as without replicas.
@@ -106,7 +107,7 @@ func (r *heldRequest) Gone() <-chan struct{}   { return r.tr.Gone() }
 // connection to a node whatever the metadata says, and would be
 // redirected here until their retries ran out; on a new connection they
 // go where the metadata points.
-func (c *session) redirect(rs *replica.Set, req *kmsg.ProduceRequest, h protocol.RequestHeader, n *replica.Node, target int, start time.Time, api *apiMetrics) {
+func (c *session) redirect(rs *replica.Set, req *kmsg.ProduceRequest, h protocol.RequestHeader, n *replica.Node, target int, start time.Time, api *metrics.API) {
 	c.answerNotLeader(rs, req, h, n, target, start, api)
 	c.stopReading()
 }
@@ -118,7 +119,7 @@ func (c *session) redirect(rs *replica.Set, req *kmsg.ProduceRequest, h protocol
 // v10 on, CurrentLeader names the node (its epoch -1: unknown, so clients
 // refresh their metadata rather than trust an epoch the proxy cannot
 // know) and NodeEndpoints gives the node at target's address (KIP-951).
-func (c *session) answerNotLeader(rs *replica.Set, req *kmsg.ProduceRequest, h protocol.RequestHeader, n *replica.Node, target int, start time.Time, api *apiMetrics) {
+func (c *session) answerNotLeader(rs *replica.Set, req *kmsg.ProduceRequest, h protocol.RequestHeader, n *replica.Node, target int, start time.Time, api *metrics.API) {
 	resp := kmsg.NewPtrProduceResponse()
 	resp.SetVersion(h.APIVersion)
 	leader := n.ID()
@@ -184,7 +185,7 @@ func (s *Server) replicaStart() error {
 // newReplicaMetrics makes the replicas' metrics on s's registry: a proxy
 // on its own exports them too, as the one replica of every node.
 func newReplicaMetrics(s *Server) *replica.Metrics {
-	return replica.NewMetrics(s.Metrics.reg, replica.Gauges{
+	return replica.NewMetrics(s.Metrics.Registerer(), replica.Gauges{
 		Set:      func() *replica.Set { return s.replicas },
 		Nodes:    func() int { return len(s.NodeListeners()) },
 		Draining: s.Draining,

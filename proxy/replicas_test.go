@@ -16,6 +16,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/relay"
@@ -352,14 +353,14 @@ func TestReplicaLeaderMovedAwayRewarms(t *testing.T) {
 	if err := c.MoveTopicPartition(topic, 0, leader); err != nil {
 		t.Fatal(err)
 	}
-	warmed := testutil.ToFloat64(r.Metrics.warmups[warmOK])
+	warmed := testutil.ToFloat64(r.Metrics.Warmups[metrics.WarmOK])
 	waitFor(t, 10*time.Second, "a batch decided by the first replica again", func() bool {
 		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("back")}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 		return r.core.Warm(key.Topic, key.Partition)
 	})
-	if got := testutil.ToFloat64(r.Metrics.warmups[warmOK]); got != warmed+1 {
+	if got := testutil.ToFloat64(r.Metrics.Warmups[metrics.WarmOK]); got != warmed+1 {
 		t.Errorf("warm-ups at replica %d: %v, want %v (read again when the leadership came back)", leader, got, warmed+1)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/tail"
 )
 
@@ -122,7 +123,7 @@ func TestSASLClientsThroughProxy(t *testing.T) {
 			open.apiVersions()
 		})
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n < 3 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutAccepted]); n < 3 {
 		t.Fatalf("%v batches decided on authenticated connections", n)
 	}
 	if n := testutil.ToFloat64(p.Metrics.Panics); n != 0 {
@@ -226,7 +227,7 @@ func TestSASLSSLRetryOnNewConnection(t *testing.T) {
 	if pc.requests.Load() != appended {
 		t.Fatal("the retry reached the broker")
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outDuplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate]); n != 1 {
 		t.Fatalf("duplicates answered %v, want 1", n)
 	}
 }
@@ -280,7 +281,7 @@ func TestLostAckSASL(t *testing.T) {
 	defer cons.Close()
 	consumeValues(ctx, t, cons, n)
 	distinct, repeated := bl.repeats()
-	dups := testutil.ToFloat64(p.Metrics.batches[outDuplicate]) + testutil.ToFloat64(p.Metrics.batches[outInFlight])
+	dups := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate]) + testutil.ToFloat64(p.Metrics.Batches[metrics.OutInFlight])
 	t.Logf("batches reaching kfake: %d distinct, %d repeated; retries answered by the proxy: %v", distinct, repeated, dups)
 	if repeated != 0 || dups < 1 {
 		t.Errorf("repeated at the broker %d, answered by the proxy %v", repeated, dups)
@@ -298,7 +299,7 @@ func TestSASLSSLFranzGo(t *testing.T) {
 		func(cfg *Config) { cfg.UpstreamTLS.CA = certs.caFile },
 		withProxySASL(t, config.SASLPlain, plainUser, plainPass)))
 	kgoRoundTrip(t, p.addr(), certs.clientConfig(nil), topic, 300, kgo.SASL(mechanism(config.SASLScramSHA512, scram512User, scram512)))
-	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n < 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutAccepted]); n < 1 {
 		t.Fatalf("%v batches decided", n)
 	}
 }
@@ -330,20 +331,20 @@ func TestSASLReauthenticationKeepsDeciding(t *testing.T) {
 			t.Fatalf("produce %d: %v", i, err)
 		}
 	}
-	handshakes := testutil.ToFloat64(p.Metrics.requests.WithLabelValues("SASLHandshake"))
+	handshakes := testutil.ToFloat64(p.Metrics.Requests.WithLabelValues("SASLHandshake"))
 	// Two connections (bootstrap, then the broker's), each
 	// re-authenticated before its later requests.
 	if handshakes < batches+2 {
 		t.Fatalf("%v SASL handshakes, want re-authentications before the produce requests", handshakes)
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n != batches {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutAccepted]); n != batches {
 		t.Fatalf("%v batches decided and accepted, want %d", n, batches)
 	}
-	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.Passthrough[decide.PassUnauthenticated]); n != 0 {
 		t.Fatalf("%v batches relayed as unauthenticated", n)
 	}
 	for _, r := range []string{auth.RelayPipelined, auth.RelayReauth} {
-		if n := testutil.ToFloat64(p.Metrics.authRelayedOnly.WithLabelValues(r)); n != 0 {
+		if n := testutil.ToFloat64(p.Metrics.AuthRelayedOnly.WithLabelValues(r)); n != 0 {
 			t.Fatalf("client_auth_relayed_only_total{reason=%q} = %v", r, n)
 		}
 	}

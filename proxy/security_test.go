@@ -20,6 +20,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // The security boundary (docs/security.md), against kfake with SASL and
@@ -270,15 +271,15 @@ func TestSecurityPipelinedSASLBorrowsNoPrincipal(t *testing.T) {
 			if got := onlyPartition(t, r.roundTrip(req)); got.ErrorCode != kerr.TopicAuthorizationFailed.Code {
 				t.Fatalf("mallory's copy of alice's batch answered %+v, want TOPIC_AUTHORIZATION_FAILED from the broker", got)
 			}
-			if n := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]); n != 0 {
+			if n := testutil.ToFloat64(p.Metrics.DupAnswered[metrics.DupByProxy]); n != 0 {
 				t.Fatalf("the proxy answered %v duplicates itself", n)
 			}
 			// pipelined, or, when the broker's answer to mallory's last
 			// message was read before the second handshake (the proxy
 			// reads and forwards one request at a time), a
 			// re-authentication as another principal.
-			pipelined := testutil.ToFloat64(p.Metrics.authRelayedOnly.WithLabelValues(auth.RelayPipelined))
-			reauth := testutil.ToFloat64(p.Metrics.authRelayedOnly.WithLabelValues(auth.RelayReauth))
+			pipelined := testutil.ToFloat64(p.Metrics.AuthRelayedOnly.WithLabelValues(auth.RelayPipelined))
+			reauth := testutil.ToFloat64(p.Metrics.AuthRelayedOnly.WithLabelValues(auth.RelayReauth))
 			if pipelined+reauth != 1 {
 				t.Fatalf("client_auth_relayed_only_total: pipelined %v, reauth_changed %v; want one connection", pipelined, reauth)
 			}
@@ -338,10 +339,10 @@ func TestSecuritySCRAMWithoutProof(t *testing.T) {
 			t.Fatalf("an unauthenticated client's copy was answered %+v", pr)
 		}
 	}
-	if n := testutil.ToFloat64(p.Metrics.dupAnswered[dupByProxy]); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.DupAnswered[metrics.DupByProxy]); n != 0 {
 		t.Fatalf("the proxy answered %v duplicates itself", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Passthrough[decide.PassUnauthenticated]); n != 1 {
 		t.Fatalf("%v batches relayed as unauthenticated, want 1", n)
 	}
 }
@@ -440,8 +441,8 @@ func TestSecurityUnauthenticatedGetsNoWork(t *testing.T) {
 	}()
 	warmups := func() float64 {
 		n := 0.0
-		for i := range p.Metrics.warmups {
-			n += testutil.ToFloat64(p.Metrics.warmups[i])
+		for i := range p.Metrics.Warmups {
+			n += testutil.ToFloat64(p.Metrics.Warmups[i])
 		}
 		return n
 	}
@@ -454,7 +455,7 @@ func TestSecurityUnauthenticatedGetsNoWork(t *testing.T) {
 	if n := warmups(); n != 0 {
 		t.Fatalf("%v warm-ups for an unauthenticated client", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n != 300 {
+	if n := testutil.ToFloat64(p.Metrics.Passthrough[decide.PassUnauthenticated]); n != 300 {
 		t.Fatalf("%v batches relayed as unauthenticated, want 300", n)
 	}
 
@@ -467,8 +468,8 @@ func TestSecurityUnauthenticatedGetsNoWork(t *testing.T) {
 	if _, err := readFrame(big.conn); err == nil {
 		t.Fatal("a 1 MiB frame before authentication was answered")
 	}
-	if n := testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientUnauth)); n != 1 {
-		t.Fatalf("client_errors_total{reason=%q} = %v, want 1", clientUnauth, n)
+	if n := testutil.ToFloat64(p.Metrics.ClientErrors.WithLabelValues(metrics.ClientUnauth)); n != 1 {
+		t.Fatalf("client_errors_total{reason=%q} = %v, want 1", metrics.ClientUnauth, n)
 	}
 	if !strings.Contains(p.logs.String(), "request too large before authentication") {
 		t.Fatalf("no log line for the large unauthenticated frame:\n%s", p.logs.String())

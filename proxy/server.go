@@ -17,6 +17,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -70,14 +71,14 @@ type Server struct {
 	core           *decide.Core
 	table          *seqstate.Table
 	keys           *seqstate.KeyTable
-	setDedupMu     sync.Mutex                               // serializes SetDedup
-	unknownTopics  atomic.Uint64                            // batches relayed for topics not yet interned
-	drainGaveUp    atomic.Bool                              // a connection stopped by Shutdown gave up on its broker's responses
-	pendingBatches atomic.Int64                             // batches sent upstream, not yet settled
-	byID           sync.Map                                 // session id -> *session, to wake a waiting request
-	openUpstream   atomic.Bool                              // a broker answered a request without authentication (see session.authenticated)
-	answerLog      logLimiter                               // lines about batches the proxy answered itself
-	topicCounters  atomic.Pointer[map[string]*topicCounter] // listed topics' counters (metrics: true)
+	setDedupMu     sync.Mutex                                       // serializes SetDedup
+	unknownTopics  atomic.Uint64                                    // batches relayed for topics not yet interned
+	drainGaveUp    atomic.Bool                                      // a connection stopped by Shutdown gave up on its broker's responses
+	pendingBatches atomic.Int64                                     // batches sent upstream, not yet settled
+	byID           sync.Map                                         // session id -> *session, to wake a waiting request
+	openUpstream   atomic.Bool                                      // a broker answered a request without authentication (see session.authenticated)
+	answerLog      logLimiter                                       // lines about batches the proxy answered itself
+	topicCounters  atomic.Pointer[map[string]*metrics.TopicCounter] // listed topics' counters (metrics: true)
 
 	principals      auth.Principals // numbers for the principals of authenticated connections (auth.go)
 	own             *tail.Conns     // the proxy's own broker connections (the probe, tails, a take's partitions)
@@ -176,7 +177,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", config.ErrInvalidConfig, err)
 	}
-	if tc := s.Metrics.topicCounters(&s.Config.Dedup, nil); tc != nil {
+	if tc := s.Metrics.TopicCounters(&s.Config.Dedup, nil); tc != nil {
 		s.topicCounters.Store(&tc)
 	}
 	s.warmSlots = make(chan struct{}, s.Config.Dedup.Warm.MaxConcurrent)
@@ -217,10 +218,10 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: %v", config.ErrInvalidConfig, err)
 	}
 	if s.core != nil {
-		s.Metrics.registerTable(s.table)
-		s.Metrics.registerCore(s)
+		s.Metrics.RegisterTable(s.table)
+		s.registerCore()
 		if s.keys != nil {
-			s.Metrics.registerKeys(s.keys)
+			s.Metrics.RegisterKeys(s.keys)
 		}
 		every := max(min(s.Config.Dedup.ProducerIDExpiration/10, time.Minute), 10*time.Millisecond)
 		s.spawnTicker(every, s.expireLoop)
@@ -268,6 +269,16 @@ func (s *Server) Start(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// registerCore exports the gauges of the Produce path.
+func (s *Server) registerCore() {
+	s.Metrics.RegisterCore(metrics.Core{
+		Pending:       s.pendingBatches.Load,
+		LegacyRecords: func() (int64, uint64) { return s.core.LegacyRecords() },
+		LegacyUse:     func(buf []decide.PrincipalUse) []decide.PrincipalUse { return s.core.LegacyUse(buf) },
+		PrincipalName: s.principals.Name,
+	})
 }
 
 // now reads the proxy's clock.
@@ -403,13 +414,10 @@ func (s *Server) acceptLoop(ln net.Listener, node int32) {
 	}
 }
 
-// Why admit refuses a connection: Shutdown has begun, or a limit (the
-// label of dedupproxy_client_connections_refused_total).
-const (
-	refusedClosing  = "closing"
-	refusedMaxConns = "max_connections"
-	refusedMaxPerIP = "max_connections_per_ip"
-)
+// Why admit refuses a connection: Shutdown has begun, or a limit
+// (metrics.RefusedMaxConns, metrics.RefusedMaxPerIP: the label of
+// dedupproxy_client_connections_refused_total).
+const refusedClosing = "closing"
 
 // admit registers a new client connection and starts its handler, or says
 // why not: Shutdown has begun, or MaxConnections or MaxConnectionsPerIP is
@@ -421,13 +429,13 @@ func (s *Server) admit(c net.Conn, node int32) (refused string) {
 		return refusedClosing
 	}
 	if limit := s.Config.MaxConnections; limit > 0 && len(s.clients) >= limit {
-		return refusedMaxConns
+		return metrics.RefusedMaxConns
 	}
 	var ip netip.Addr
 	if limit := s.Config.MaxConnectionsPerIP; limit > 0 {
 		ip = remoteIP(c)
 		if s.perIP[ip] >= limit {
-			return refusedMaxPerIP
+			return metrics.RefusedMaxPerIP
 		}
 		s.perIP[ip]++
 	}
@@ -478,7 +486,7 @@ type refusalLog struct {
 // refused counts a connection refused for reason and logs it, at most one
 // line per refusalLogEvery, with the number refused in between.
 func (s *Server) refused(reason string, c net.Conn) {
-	s.Metrics.connectionRefused(reason)
+	s.Metrics.ConnectionRefused(reason)
 	r := &s.refusals
 	now := s.now()
 	r.mu.Lock()
@@ -536,11 +544,11 @@ func (s *Server) handle(c net.Conn, node int32) {
 		})
 	}
 	if err != nil {
-		reason := brokerDial
+		reason := metrics.BrokerDial
 		if errors.Is(err, auth.ErrBrokerTLS) {
-			reason = brokerTLS
+			reason = metrics.BrokerTLS
 		}
-		s.Metrics.brokerError(reason)
+		s.Metrics.BrokerError(reason)
 		log.Warn("closing client connection: cannot reach broker", "node", node, "broker", addr, "err", err)
 		c.Close()
 		return

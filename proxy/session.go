@@ -20,6 +20,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/relay"
@@ -122,7 +123,7 @@ type pending struct {
 	key, version int16
 	corrID       int32
 	start        time.Time
-	api          *apiMetrics
+	api          *metrics.API
 	resp         *[]byte      // the whole response frame, from relay.GetFrame; set early when the proxy answers alone
 	failed       bool         // no response will come; the connection closes
 	plan         *producePlan // Produce decided by the core, else nil
@@ -305,12 +306,12 @@ func (c *session) readLoop() {
 		m.ClientReadBytes.Add(float64(len(frame)))
 		h, err := protocol.ParseRequestHeader(body)
 		if err != nil {
-			m.clientError(clientHeader)
+			m.ClientError(metrics.ClientHeader)
 			c.log.Warn("closing client connection: bad request header", "err", err)
 			return
 		}
-		api := m.api(h.APIKey)
-		api.requests.Inc()
+		api := m.API(h.APIKey)
+		api.Requests.Inc()
 		if !c.joined {
 			c.joined = true
 			c.clientID = protocol.ClientID(body, h)
@@ -326,7 +327,7 @@ func (c *session) readLoop() {
 		case int16(kmsg.Produce):
 			acks, err := protocol.ProduceAcks(body, h)
 			if err != nil {
-				m.clientError(clientRequest)
+				m.ClientError(metrics.ClientRequest)
 				c.log.Warn("closing client connection: bad produce request", "api_version", h.APIVersion, "err", err)
 				return
 			}
@@ -344,7 +345,7 @@ func (c *session) readLoop() {
 				return
 			}
 			if err != nil {
-				m.clientError(clientRequest)
+				m.ClientError(metrics.ClientRequest)
 				c.log.Warn("closing client connection: bad produce request", "api_version", h.APIVersion, "err", err)
 				return
 			}
@@ -377,7 +378,7 @@ func (c *session) readLoop() {
 	}
 }
 
-func (c *session) newPending(h protocol.RequestHeader, start time.Time, api *apiMetrics) *pending {
+func (c *session) newPending(h protocol.RequestHeader, start time.Time, api *metrics.API) *pending {
 	c.outstanding.Add(1)
 	p := pendingPool.Get().(*pending)
 	p.key, p.version, p.corrID, p.start, p.api = h.APIKey, h.APIVersion, h.CorrelationID, start, api
@@ -394,12 +395,12 @@ func (c *session) forward(frame []byte) bool {
 	if rb := c.req; rb != nil && rb.HasHoles() {
 		var spliced int
 		spliced, err = rb.WriteAround(c.upstream, c.rawUp, &c.reqSend, frame)
-		c.s.Metrics.produceSpliced.Add(float64(spliced))
+		c.s.Metrics.ProduceSpliced.Add(float64(spliced))
 	} else {
 		_, err = c.upstream.Write(frame)
 	}
 	if err != nil {
-		c.s.Metrics.brokerError(brokerWrite)
+		c.s.Metrics.BrokerError(metrics.BrokerWrite)
 		c.log.Warn("closing connection: write to broker failed", "err", err)
 		c.upstream.Close()
 		return false
@@ -416,7 +417,7 @@ func (c *session) fillRequest() bool {
 	}
 	ok, readBack := c.req.FillHoles()
 	if readBack > 0 {
-		c.s.Metrics.produceReadBack.Add(float64(readBack))
+		c.s.Metrics.ProduceReadBack.Add(float64(readBack))
 	}
 	return ok
 }
@@ -429,22 +430,22 @@ func (c *session) readFailed(err error) {
 	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
 		c.log.Debug("client closed connection")
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		m.clientError(clientIdle)
+		m.ClientError(metrics.ClientIdle)
 		c.log.Info("closing idle client connection", "idle_timeout", c.s.Config.IdleTimeout)
 	case errors.Is(err, protocol.ErrLooksLikeTLS):
-		m.clientError(clientTLS)
+		m.ClientError(metrics.ClientTLS)
 		c.log.Warn("closing client connection: it speaks TLS; this listener is plaintext", "err", err)
 	case errors.Is(err, protocol.ErrLooksLikeHTTP):
-		m.clientError(clientHTTP)
+		m.ClientError(metrics.ClientHTTP)
 		c.log.Warn("closing client connection: it speaks HTTP, not the Kafka protocol", "err", err)
 	case errors.Is(err, protocol.ErrFrameTooLarge) && c.preAuthentication():
-		m.clientError(clientUnauth)
+		m.ClientError(metrics.ClientUnauth)
 		c.log.Warn("closing client connection: request too large before authentication (unauthenticated_max_frame_bytes)", "err", err)
 	case errors.Is(err, protocol.ErrFrameTooLarge), errors.Is(err, protocol.ErrFrameSize):
-		m.clientError(clientFrame)
+		m.ClientError(metrics.ClientFrame)
 		c.log.Warn("closing client connection: bad frame", "err", err)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		m.clientError(clientFrame)
+		m.ClientError(metrics.ClientFrame)
 		c.log.Warn("closing client connection: truncated frame", "err", err)
 	default:
 		c.log.Info("client connection read failed", "err", err)
@@ -503,7 +504,7 @@ func (c *session) responseLoop() {
 			if !dead {
 				alive := true
 				if p.key == int16(kmsg.Fetch) && p.plan == nil {
-					p.relayed, alive, err = c.fetch.Relay(upstream, p.version, p.corrID, p.start, p.api.duration)
+					p.relayed, alive, err = c.fetch.Relay(upstream, p.version, p.corrID, p.start, p.api.Duration)
 				}
 				dead = !alive
 			}
@@ -671,7 +672,7 @@ func (c *session) writeResponse(p *pending) bool {
 		return false
 	}
 	c.s.Metrics.ClientWrittenBytes.Add(float64(len(frame)))
-	p.api.duration.Observe(c.s.now().Sub(p.start).Seconds())
+	p.api.Duration.Observe(c.s.now().Sub(p.start).Seconds())
 	return true
 }
 
@@ -681,7 +682,7 @@ func (c *session) writeResponse(p *pending) bool {
 // committing what was forwarded until drained.
 func (c *session) clientWriteFailed(err error) {
 	if !c.stopping.Load() {
-		c.s.Metrics.clientError(clientWrite)
+		c.s.Metrics.ClientError(metrics.ClientWrite)
 		c.log.Info("client write failed; draining broker responses", "err", err)
 	}
 	c.client.Close()
@@ -706,10 +707,10 @@ func (c *session) upstreamFailed(err error, p *pending) {
 	}
 	switch {
 	case errors.Is(err, errCorrelation), errors.Is(err, protocol.ErrMalformedResponse), errors.Is(err, protocol.ErrFrameTooLarge), errors.Is(err, protocol.ErrFrameSize):
-		m.brokerError(brokerProtocol)
+		m.BrokerError(metrics.BrokerProtocol)
 		c.log.Error("closing connection: bad broker response", "api", kmsg.NameForKey(p.key), "api_version", p.version, "err", err)
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		m.brokerError(brokerRead)
+		m.BrokerError(metrics.BrokerRead)
 		if c.stopping.Load() {
 			c.s.drainGaveUp.Store(true)
 			c.log.Warn("gave up waiting for broker responses at shutdown", "drain_timeout", c.s.Config.DrainTimeout)
@@ -717,7 +718,7 @@ func (c *session) upstreamFailed(err error, p *pending) {
 		}
 		c.log.Warn("gave up waiting for broker responses after the client left", "drain_timeout", c.s.Config.DrainTimeout)
 	default:
-		m.brokerError(brokerRead)
+		m.BrokerError(metrics.BrokerRead)
 		c.log.Warn("closing connection: broker connection failed", "api", kmsg.NameForKey(p.key), "err", err)
 	}
 }
@@ -800,7 +801,7 @@ func (c *session) release(p *pending) {
 // (KIP-511): UNSUPPORTED_VERSION in a v0 body offering the versions the proxy
 // can read, so the client retries lower. Relaying it instead could bring
 // back a response the proxy cannot cap.
-func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start time.Time, api *apiMetrics) {
+func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start time.Time, api *metrics.API) {
 	maxV, _ := rewrite.MaxVersion(int16(kmsg.ApiVersions))
 	resp := kmsg.NewPtrApiVersionsResponse()
 	resp.SetVersion(0)

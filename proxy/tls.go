@@ -12,6 +12,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/auth"
 	"github.com/dedupproxy/dedupproxy/certprincipal"
 	"github.com/dedupproxy/dedupproxy/clock"
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // TLS on both legs (docs/reference.md, "TLS and SASL"): package auth builds
@@ -90,7 +91,7 @@ func (s *Server) clientHandshake(c *auth.Conn, log *slog.Logger) bool {
 	var rh tls.RecordHeaderError
 	switch {
 	case errors.As(err, &rh):
-		s.Metrics.clientError(clientPlaintext)
+		s.Metrics.ClientError(metrics.ClientPlaintext)
 		log.Warn("closing client connection: client sent plaintext to a TLS listener (configure it for TLS: security.protocol=SSL or SASL_SSL)", "err", err)
 	case errors.Is(err, io.EOF):
 		// A TCP health check, usually: a client that rejects the
@@ -99,7 +100,7 @@ func (s *Server) clientHandshake(c *auth.Conn, log *slog.Logger) bool {
 	case s.closing.Load():
 		log.Debug("TLS handshake abandoned for shutdown")
 	default:
-		s.Metrics.clientError(clientHandshake)
+		s.Metrics.ClientError(metrics.ClientHandshake)
 		log.Warn("closing client connection: TLS handshake failed", "err", err)
 	}
 	return false

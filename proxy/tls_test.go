@@ -23,6 +23,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/testpki"
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // testCerts is one test's PKI: a root CA and an intermediate that issues
@@ -300,7 +301,7 @@ func TestTLSLegs(t *testing.T) {
 			}
 			kgoRoundTrip(t, p.addr(), clientCfg, topic, 500)
 			saramaProduce(t, p.addr(), clientCfg, topic, 200)
-			if n := testutil.ToFloat64(p.Metrics.batches[outAccepted]); n < 2 {
+			if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutAccepted]); n < 2 {
 				t.Fatalf("%v batches decided; want every idempotent batch decided", n)
 			}
 			for id := int32(0); id < 3; id++ {
@@ -346,7 +347,7 @@ func TestTLSMutualClients(t *testing.T) {
 		t.Logf("%s: the client sees %v", bad.name, err)
 		p.awaitLog(t, bad.log)
 	}
-	if n := testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientHandshake)); n != 3 {
+	if n := testutil.ToFloat64(p.Metrics.ClientErrors.WithLabelValues(metrics.ClientHandshake)); n != 3 {
 		t.Errorf("tls_handshake errors counted %v, want 3", n)
 	}
 	open.apiVersions()
@@ -372,7 +373,7 @@ func TestTLSClientMistakes(t *testing.T) {
 		expectClosed(t, plain.conn)
 		p.awaitLog(t, "client sent plaintext to a TLS listener")
 		waitFor(t, 10*time.Second, "plaintext counted", func() bool {
-			return testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientPlaintext)) == 1
+			return testutil.ToFloat64(p.Metrics.ClientErrors.WithLabelValues(metrics.ClientPlaintext)) == 1
 		})
 		if n := strings.Count(p.logs.String(), "client sent plaintext to a TLS listener"); n != 1 {
 			t.Errorf("%d log lines for one plaintext connection, want 1", n)
@@ -477,7 +478,7 @@ func TestTLSBrokerMistakes(t *testing.T) {
 		expectClosed(t, dialRaw(t, listener(i)).conn)
 		p.awaitLog(t, want)
 	}
-	if n := testutil.ToFloat64(p.Metrics.brokerErrors.WithLabelValues(brokerTLS)); n != 2 {
+	if n := testutil.ToFloat64(p.Metrics.BrokerErrors.WithLabelValues(metrics.BrokerTLS)); n != 2 {
 		t.Errorf("broker tls errors counted %v, want 2", n)
 	}
 	open.apiVersions()

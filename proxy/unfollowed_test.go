@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
@@ -160,10 +161,10 @@ func TestUnfollowedMechanismLiftsFrameLimit(t *testing.T) {
 	if r := onlyPartition(t, ok.roundTrip(big)); r.ErrorCode != 0 || r.BaseOffset != 0 {
 		t.Fatalf("600 KiB produce after a successful GSSAPI exchange: %+v, want written at 0", r)
 	}
-	if n := testutil.ToFloat64(p.Metrics.passthrough[decide.PassUnauthenticated]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Passthrough[decide.PassUnauthenticated]); n != 1 {
 		t.Fatalf("%v batches relayed undecided, want the one: the proxy decides nothing for GSSAPI", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientUnauth)); n != 0 {
+	if n := testutil.ToFloat64(p.Metrics.ClientErrors.WithLabelValues(metrics.ClientUnauth)); n != 0 {
 		t.Fatalf("client_errors_total{reason=unauthenticated_frame} = %v", n)
 	}
 
@@ -172,7 +173,7 @@ func TestUnfollowedMechanismLiftsFrameLimit(t *testing.T) {
 	if _, err := readFrame(failed.conn); err == nil || !(errors.Is(err, io.EOF) || isReset(err)) {
 		t.Fatalf("600 KiB produce after a failed exchange: read %v, want the connection closed", err)
 	}
-	if n := testutil.ToFloat64(p.Metrics.clientErrors.WithLabelValues(clientUnauth)); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.ClientErrors.WithLabelValues(metrics.ClientUnauth)); n != 1 {
 		t.Fatalf("client_errors_total{reason=unauthenticated_frame} = %v, want 1", n)
 	}
 }

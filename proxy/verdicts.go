@@ -4,11 +4,13 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
-// countVerdicts counts a decided request's parts, and logs those the proxy
-// answers or cuts itself (enforce) or would (observe). waited: the request
-// waited for an outcome before it was decided.
+// countVerdicts counts a decided request's parts (package metrics), and
+// logs those the proxy answers or cuts itself (enforce) or would
+// (observe). waited: the request waited for an outcome before it was
+// decided.
 func (c *session) countVerdicts(pl *producePlan, waited bool) {
 	m := c.s.Metrics
 	topics := c.s.topicCounters.Load()
@@ -16,93 +18,20 @@ func (c *session) countVerdicts(pl *producePlan, waited bool) {
 		pp := &pl.Parts[i]
 		v := &pp.Verdict
 		if v.Pass >= 0 {
-			m.passthrough[v.Pass].Inc()
+			m.Count(pp, waited, nil)
 			continue
 		}
-		out := batchOutcome(pp, waited)
-		m.batches[out].Inc()
-		var tc *topicCounter
+		var tc *metrics.TopicCounter
 		if topics != nil && len(*topics) > 0 {
 			if name, ok := c.s.table.TopicName(c.dreq.Parts[i].Topic); ok {
 				tc = (*topics)[name]
 			}
 		}
-		if tc != nil {
-			tc.batches[out].Inc()
-		}
-		if v.Legacy {
-			if n := float64(v.Dropped); n > 0 && v.Rule != decide.RuleKey {
-				action := retryDropped
-				if pp.Act == decide.Forward {
-					action = retryObserved
-				}
-				m.retryRecords[action].Add(n)
-				if tc != nil {
-					tc.retryRecords[action].Add(n)
-				}
-			}
-			if v.Rule == decide.RuleKey && v.Dropped > 0 {
-				if pp.Act == decide.Forward {
-					m.keysObserved.Add(float64(v.Dropped))
-				} else {
-					m.keysDropped.Add(float64(v.Dropped))
-				}
-			}
-			if pp.Act != decide.Forward && pp.Local.ErrorCode == 0 {
-				m.dupAnswered[dupByProxy].Inc()
-			}
-		} else {
-			switch v.Rule {
-			case decide.RuleDuplicate:
-				if pp.Act == decide.Answer {
-					m.dupAnswered[dupByProxy].Inc()
-				} else {
-					m.dupAnswered[dupByBroker].Inc()
-				}
-			case decide.RuleKey:
-				m.keysObserved.Add(float64(v.Dropped))
-			}
-		}
+		m.Count(pp, waited, tc)
 		if v.Would != decide.Forward || pp.Act != decide.Forward {
 			c.logVerdict(pl, i)
 		}
 	}
-}
-
-// batchOutcome is a decided part's outcome in batches_total: each batch
-// counts once, under its final decision (in observe mode, what enforce
-// would have done); a retry answered after it waited for its original (or
-// whose wait ran out) counts as an in-flight wait.
-func batchOutcome(pp *decide.PartPlan, waited bool) int {
-	v := &pp.Verdict
-	answeredAfterWait := waited && pp.Act == decide.Answer
-	if v.Legacy {
-		switch {
-		case answeredAfterWait:
-			return outLegacyInFlight
-		case v.Would == decide.Answer:
-			return outLegacyDuplicate
-		case v.Would == decide.Rebuild:
-			return outLegacyRebatched
-		}
-		return outLegacyAccepted
-	}
-	switch v.Rule {
-	case decide.RuleDuplicate:
-		if answeredAfterWait {
-			return outInFlight
-		}
-		return outDuplicate
-	case decide.RuleInFlight:
-		return outInFlight
-	case decide.RuleOutOfOrder:
-		return outOutOfOrder
-	case decide.RuleFenced:
-		return outFenced
-	case decide.RuleSequenceReuse:
-		return outSequenceReuse
-	}
-	return outAccepted
 }
 
 // logVerdict writes one line for a part the proxy answered or cut itself,

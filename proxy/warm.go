@@ -15,16 +15,6 @@ import (
 // session reads it with package tail, on a connection of the proxy's own,
 // bounded in time and bytes.
 
-// Warm-up outcomes, for dedupproxy_warmups_total{result}.
-const (
-	warmOK       = iota // the tail was read and applied
-	warmFailed          // the tail could not be read: decided without it
-	warmTimedOut        // a request stopped waiting for it
-	numWarmResults
-)
-
-var warmResults = [numWarmResults]string{warmOK: "ok", warmFailed: "failed", warmTimedOut: "timed_out"}
-
 // readTail reads up to dedup.warm.max_bytes from the end of partition
 // (topic) at its leader (package tail): whole record batches in log order,
 // and how many.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
+	"github.com/dedupproxy/dedupproxy/metrics"
 )
 
 // TestRetryAcrossRestart: a batch is appended through one proxy, which
@@ -66,7 +67,7 @@ func TestRetryAcrossRestart(t *testing.T) {
 	if n := pc.requests.Load() - before; n != 0 {
 		t.Fatalf("%d produce requests reached the broker after the restart, want 0 (both answered from the log)", n)
 	}
-	if n := testutil.ToFloat64(second.Metrics.warmups[warmOK]); n != 2 {
+	if n := testutil.ToFloat64(second.Metrics.Warmups[metrics.WarmOK]); n != 2 {
 		t.Fatalf("warm-ups ok %v, want 2 (one per partition)", n)
 	}
 	// The same records again on the connection that now has the
@@ -102,10 +103,10 @@ func TestWarmFailureDecidesWithout(t *testing.T) {
 			t.Fatalf("send %d: %+v", i, r)
 		}
 	}
-	if n := testutil.ToFloat64(p.Metrics.warmups[warmFailed]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Warmups[metrics.WarmFailed]); n != 1 {
 		t.Fatalf("failed warm-ups %v, want 1", n)
 	}
-	if n := testutil.ToFloat64(p.Metrics.batches[outDuplicate]); n != 1 {
+	if n := testutil.ToFloat64(p.Metrics.Batches[metrics.OutDuplicate]); n != 1 {
 		t.Fatalf("duplicates %v: the retry was not decided", n)
 	}
 }
