@@ -87,7 +87,7 @@ func TestKcatTLS(t *testing.T) {
 				t.Fatalf("kcat -L -J: %v, want 3 brokers:\n%s", err, out)
 			}
 			for _, b := range md.Brokers {
-				if want, _ := p.nodes.advertised(b.ID); b.Name != want {
+				if want, _ := p.nodes.Advertised(b.ID); b.Name != want {
 					t.Errorf("kcat sees broker %d at %s, want the proxy listener %s", b.ID, b.Name, want)
 				}
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/metrics"
+	"github.com/dedupproxy/dedupproxy/nodes"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -120,7 +121,7 @@ func (s *Server) keysOn() bool {
 // response are interned so that Produce requests can be keyed (only topics
 // the cluster knows are interned, never a name a client made up).
 type responseMapper struct {
-	*nodeRegistry
+	*nodes.Registry
 	table *seqstate.Table
 }
 

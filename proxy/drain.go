@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/clock"
-	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/relay"
 )
 
@@ -34,7 +32,7 @@ func (s *Server) Ready(ctx context.Context) error {
 			return err
 		}
 	}
-	if unbound := s.nodes.unbound(); len(unbound) > 0 {
+	if unbound := s.nodes.Unbound(); len(unbound) > 0 {
 		return fmt.Errorf("broker node listeners not bound: %s", strings.Join(unbound, "; "))
 	}
 	return s.Probe(ctx)
@@ -42,39 +40,7 @@ func (s *Server) Ready(ctx context.Context) error {
 
 // NodeListeners lists the broker node listeners bound now, as
 // "node=ID addr=HOST:PORT", by node id.
-func (s *Server) NodeListeners() []string {
-	r := &s.nodes
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ids := make([]int32, 0, len(r.nodes))
-	for id, n := range r.nodes {
-		if n.bound != "" {
-			ids = append(ids, id)
-		}
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	out := make([]string, len(ids))
-	for i, id := range ids {
-		out[i] = fmt.Sprintf("node=%d addr=%s", id, r.nodes[id].bound)
-	}
-	return out
-}
-
-// unbound describes the nodes whose listener failed to bind (and is being
-// retried). Nodes left out by design (a port outside 1..65535) are not
-// listed: they never get a listener.
-func (r *nodeRegistry) unbound() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, n := range r.nodes {
-		if n.bound == "" && n.err != nil && n.err.reason == metrics.ListenerBind {
-			out = append(out, n.err.Error())
-		}
-	}
-	sort.Strings(out)
-	return out
-}
+func (s *Server) NodeListeners() []string { return s.nodes.Listeners() }
 
 // drainPoll is how often Shutdown looks for sessions that hold only
 // long-poll Fetches.

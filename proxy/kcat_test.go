@@ -48,7 +48,7 @@ func TestKcatThroughProxy(t *testing.T) {
 	}
 	real := realAddrs(c)
 	for _, b := range md.Brokers {
-		want, _ := p.nodes.advertised(b.ID)
+		want, _ := p.nodes.Advertised(b.ID)
 		if real[b.Name] || b.Name != want {
 			t.Errorf("kcat sees broker %d at %s, want the proxy listener %s", b.ID, b.Name, want)
 		}

@@ -22,6 +22,7 @@ var layers = [][]string{
 	{"auth"},
 	{"tail", "replica", "relay"},
 	{"metrics"},
+	{"nodes"},
 	{"proxy"},
 }
 

@@ -161,7 +161,7 @@ func lostAckSetup(t *testing.T, topic string, partitions int32, dropAt int64, mo
 			mod(cfg)
 		}
 	})
-	target, ok := p.nodes.listenAddr(0)
+	target, ok := p.nodes.ListenAddr(0)
 	if !ok {
 		t.Fatal("no listener for node 0")
 	}

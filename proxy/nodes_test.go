@@ -24,6 +24,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
 	"github.com/dedupproxy/dedupproxy/metrics"
+	"github.com/dedupproxy/dedupproxy/nodes"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 )
@@ -368,7 +369,7 @@ func TestNodePortOutOfRangeIsOmitted(t *testing.T) {
 
 // TestNodeBindRetryBackoff: a node whose listener fails to bind (the port
 // is taken) is logged once and left out; the bind is retried at most once
-// per bindRetryInterval, not on every response that names the node, and
+// per nodes.BindRetryInterval, not on every response that names the node, and
 // once it succeeds the node is advertised again.
 func TestNodeBindRetryBackoff(t *testing.T) {
 	t.Parallel()
@@ -406,7 +407,7 @@ func TestNodeBindRetryBackoff(t *testing.T) {
 	if n := count(); n != 1 {
 		t.Fatalf("%d bind attempts for 100 responses, want 1", n)
 	}
-	advance(bindRetryInterval - time.Second)
+	advance(nodes.BindRetryInterval - time.Second)
 	mapped()
 	if n := count(); n != 1 {
 		t.Fatalf("%d bind attempts before the retry interval, want 1", n)
@@ -427,12 +428,12 @@ func TestNodeBindRetryBackoff(t *testing.T) {
 	mu.Lock()
 	taken = false
 	mu.Unlock()
-	advance(bindRetryInterval)
+	advance(nodes.BindRetryInterval)
 	host, port := mapped()
 	if port <= 0 {
 		t.Fatalf("node 5 still left out after its bind succeeded")
 	}
-	if addr, ok := s.nodes.listenAddr(5); !ok || addrString(host, port) != addr {
+	if addr, ok := s.nodes.ListenAddr(5); !ok || addrString(host, port) != addr {
 		t.Fatalf("node 5 advertised at %s, listening on %s", addrString(host, port), addr)
 	}
 }
@@ -465,7 +466,7 @@ func TestNodeIDOffsetEndToEnd(t *testing.T) {
 	p := startNodeProxy(t, upstream, hostPort("127.0.0.1", listen), func(s *Server) { s.Config.NodeIDOffset = 1000 })
 	for id := int32(1001); id <= 1003; id++ {
 		want := hostPort("127.0.0.1", listen+1+int(id-1000))
-		if got, ok := p.nodes.advertised(id); !ok || got != want {
+		if got, ok := p.nodes.Advertised(id); !ok || got != want {
 			t.Errorf("node %d advertised at %q, want %s", id, got, want)
 		}
 	}
@@ -544,3 +545,6 @@ func TestNodeListenerOnAdminPortFailsStart(t *testing.T) {
 		t.Error("the bootstrap listener still accepts after Start failed")
 	}
 }
+
+// hostPort joins a host and a port.
+func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }

@@ -176,7 +176,7 @@ func TestShutdownDrainsInflight(t *testing.T) {
 // dialLeader connects to the proxy listener of the leader of topic/partition.
 func dialLeader(t testing.TB, p *testProxy, c *kfake.Cluster, topic string, partition int32) *rawConn {
 	t.Helper()
-	addr, ok := p.nodes.advertised(c.LeaderFor(topic, partition))
+	addr, ok := p.nodes.Advertised(c.LeaderFor(topic, partition))
 	if !ok {
 		t.Fatalf("no proxy listener for the leader of %s/%d", topic, partition)
 	}

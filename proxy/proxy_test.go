@@ -89,7 +89,7 @@ func assertOnlyProxyAddrs(t *testing.T, c *kfake.Cluster, p *testProxy, tap *add
 	real := realAddrs(c)
 	proxyAddrs := map[string]bool{p.addr(): true}
 	for id := int32(0); id < 16; id++ {
-		if a, ok := p.nodes.advertised(id); ok {
+		if a, ok := p.nodes.Advertised(id); ok {
 			proxyAddrs[a] = true
 		}
 	}
@@ -171,7 +171,7 @@ func TestLeaderMovesClientFollows(t *testing.T) {
 		tapResponse(t, tap, raw, req)
 	}
 	notLeaderNode := (c.LeaderFor(topic, 0) + 1) % 3
-	nodeAddr, ok := p.nodes.advertised(notLeaderNode)
+	nodeAddr, ok := p.nodes.Advertised(notLeaderNode)
 	if !ok {
 		t.Fatalf("no proxy listener for node %d", notLeaderNode)
 	}

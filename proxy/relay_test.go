@@ -258,7 +258,7 @@ func TestFetchRelayLargeNodeEndpoints(t *testing.T) {
 						func(s *Server) { s.copyOnly = copyOnly })
 					raw := dialRaw(t, p.addr())
 					raw.learnTopics("relay")
-					want, ok := p.nodes.advertised(0)
+					want, ok := p.nodes.Advertised(0)
 					if !ok {
 						t.Fatal("no proxy listener for node 0")
 					}
@@ -437,7 +437,7 @@ func TestFetchRelayWalkRich(t *testing.T) {
 				if err := resp.ReadFrom(got); err != nil {
 					t.Fatalf("decode: %v", err)
 				}
-				want, _ := p.nodes.advertised(0)
+				want, _ := p.nodes.Advertised(0)
 				if len(resp.Brokers) != 1 || addrString(resp.Brokers[0].Host, resp.Brokers[0].Port) != want {
 					t.Fatalf("NodeEndpoints %+v, want the proxy's %s", resp.Brokers, want)
 				}

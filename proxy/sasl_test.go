@@ -150,7 +150,7 @@ func TestSASLProxyOwnCredentials(t *testing.T) {
 		if p.openUpstream.Load() {
 			t.Errorf("%s: openUpstream set by an authenticated probe", m.name)
 		}
-		if _, ok := p.nodes.listenAddr(0); !ok {
+		if _, ok := p.nodes.ListenAddr(0); !ok {
 			t.Errorf("%s: no node listener learned at start", m.name)
 		}
 	}
@@ -246,7 +246,7 @@ func TestLostAckSASL(t *testing.T) {
 	p := startProxy(t, c, both(withProxySASL(t, config.SASLScramSHA512, scram512User, scram512), func(cfg *Config) {
 		cfg.Nodes = map[int32]NodeConfig{0: {Advertise: shim.ln.Addr().String()}}
 	}))
-	target, ok := p.nodes.listenAddr(0)
+	target, ok := p.nodes.ListenAddr(0)
 	if !ok {
 		t.Fatal("no listener for node 0")
 	}

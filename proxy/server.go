@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,11 +17,17 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/metrics"
+	"github.com/dedupproxy/dedupproxy/nodes"
 	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 	"github.com/dedupproxy/dedupproxy/tail"
 )
+
+// ErrAdminPortTaken is returned by [Server.Start] when a listener the proxy
+// needs (the bootstrap's, or a broker node's learned by Start's probe)
+// would take the admin listener's port ([Server.AdminAddr]).
+var ErrAdminPortTaken = nodes.ErrAdminPortTaken
 
 // ErrServerClosed is returned by [Server.Start] called after (or while)
 // [Server.Shutdown] runs: a Server serves once, like net/http's.
@@ -65,7 +70,7 @@ type Server struct {
 	// listener or to a node its probe learns.
 	AdminAddr net.Addr
 
-	nodes nodeRegistry
+	nodes nodes.Registry // broker nodes and their listeners
 	// The Produce path (produce.go): the decision core and its tables, nil
 	// in dedup mode off.
 	core           *decide.Core
@@ -208,7 +213,14 @@ func (s *Server) Start(ctx context.Context) error {
 	s.dialCtx, s.cancelDial = context.WithCancel(context.Background())
 	s.warmCtx, s.cancelWarm = context.WithCancel(context.Background())
 	s.core, s.table, s.keys = core, table, keys
-	s.nodes.init(s)
+	s.nodes.Init(nodes.Options{
+		Config: &s.Config, Log: s.Logger, Now: s.now, Metrics: s.Metrics,
+		Listen:    func(network, addr string) (net.Listener, error) { return s.Listen(network, addr) },
+		Serve:     s.serve,
+		Closing:   s.closing.Load,
+		AdminAddr: s.AdminAddr,
+		Replicas:  func() *replica.Set { return s.replicas },
+	})
 	s.mu.Unlock()
 	if err := s.setupTLS(); err != nil {
 		return err
@@ -232,7 +244,7 @@ func (s *Server) Start(ctx context.Context) error {
 
 	ln, err := s.Listen("tcp", s.Config.Listen)
 	if err != nil {
-		if port, ok := s.adminHolds(s.Config.Listen, err); ok {
+		if port, ok := nodes.AdminHolds(s.AdminAddr, s.Config.Listen, err); ok {
 			return fmt.Errorf("%w: port %d for the bootstrap listener is the admin listener's (%s)", ErrAdminPortTaken, port, s.AdminAddr)
 		}
 		return fmt.Errorf("bootstrap listener: %w", err)
@@ -262,7 +274,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	// A node listener on the admin port is a configuration mistake that
 	// would leave that broker unreachable for good: refuse to start.
-	if err := s.nodes.adminCollision(); err != nil {
+	if err := s.nodes.AdminCollision(); err != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		s.Shutdown(sctx)
@@ -712,9 +724,6 @@ func (s *Server) drainResult() error {
 	}
 	return nil
 }
-
-// hostPort joins a host and a port.
-func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
 
 // topicRefreshInterval is how often the proxy checks whether batches for
 // topics it does not know were seen, and if so asks the cluster for its

@@ -305,7 +305,7 @@ func TestTLSLegs(t *testing.T) {
 				t.Fatalf("%v batches decided; want every idempotent batch decided", n)
 			}
 			for id := int32(0); id < 3; id++ {
-				if addr, ok := p.nodes.advertised(id); ok && clientCfg != nil {
+				if addr, ok := p.nodes.Advertised(id); ok && clientCfg != nil {
 					dialRawTLS(t, addr, clientCfg).apiVersions()
 				}
 			}
@@ -461,7 +461,7 @@ func TestTLSBrokerMistakes(t *testing.T) {
 	listener := func(i int) string {
 		for id := int32(0); id < 3; id++ {
 			if up, _ := p.nodes.Upstream(id); up == addrs[i] {
-				if a, ok := p.nodes.listenAddr(id); ok {
+				if a, ok := p.nodes.ListenAddr(id); ok {
 					return a
 				}
 			}
