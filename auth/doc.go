@@ -36,6 +36,7 @@
 // runs a TLS client handshake after the TCP dial, verifying each broker's
 // certificate for its own host (the address the cluster's metadata gives
 // it) or a configured name (docs/reference.md, "TLS and SASL").
+// [LoadTLS] loads all of it from a configuration into a [TLS].
 //
 // Nothing here reads the clock but through the now function it is given,
 // logs but through the logger it is given, or dials.

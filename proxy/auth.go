@@ -122,7 +122,7 @@ func (c *session) noteTLSPrincipal(st tls.ConnectionState) {
 	dn, err := certprincipal.Subject(st.PeerCertificates[0].RawSubject)
 	name, ok := "", false
 	if err == nil {
-		name, ok = c.s.certPrincipals.Name(dn)
+		name, ok = c.s.tls.Principals.Name(dn)
 	}
 	if !ok {
 		c.unscoped.Store(true)

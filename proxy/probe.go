@@ -114,7 +114,7 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 func (s *Server) probeHint(err error, authenticated bool) error {
 	var wants []string
 	closed := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-	if s.upTLS == nil && (closed || errors.Is(err, protocol.ErrLooksLikeTLS) || errors.Is(err, protocol.ErrFrameTooLarge)) {
+	if s.tls.Upstream == nil && (closed || errors.Is(err, protocol.ErrLooksLikeTLS) || errors.Is(err, protocol.ErrFrameTooLarge)) {
 		wants = append(wants, "TLS (upstream_tls, --upstream-tls)")
 	}
 	if closed && !authenticated {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/auth"
-	"github.com/dedupproxy/dedupproxy/certprincipal"
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
@@ -94,16 +93,8 @@ type Server struct {
 	replicas        *replica.Set    // nil when the proxy runs on its own (replicas.go)
 	replicaMetrics  *replica.Metrics
 
-	// TLS (tls.go), set by Start: the client listeners' and the admin
-	// listener's certificates, TLS to brokers, and every certificate
-	// source that ReloadTLS re-reads.
-	clientTLS *auth.CertFiles
-	// certPrincipals maps client certificate subjects to principals
-	// (tls.principal_mapping_rules, package certprincipal).
-	certPrincipals *certprincipal.Mapper
-	adminTLS       *auth.CertFiles
-	upTLS          *auth.UpstreamTLS
-	certs          []*auth.CertFiles
+	// tls is TLS on both legs (tls.go, package auth), set by Start.
+	tls auth.TLS
 
 	// stop is closed, and dialCtx cancelled, once by the first Shutdown:
 	// background loops end and dials in progress are abandoned.
@@ -238,7 +229,7 @@ func (s *Server) Start(ctx context.Context) error {
 		every := max(min(s.Config.Dedup.ProducerIDExpiration/10, time.Minute), 10*time.Millisecond)
 		s.spawnTicker(every, s.expireLoop)
 	}
-	if len(s.certs) > 0 {
+	if s.tls.Files() {
 		s.spawnTicker(max(s.Config.CertReloadInterval, 10*time.Millisecond), s.certReloadLoop)
 	}
 
@@ -256,7 +247,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return ErrServerClosed
 	}
 	s.Logger.Info("listening", "listener", "bootstrap", "addr", ln.Addr().String(), "upstream", s.Config.Upstream,
-		"tls", s.clientTLS != nil, "upstream_tls", s.upTLS != nil, "upstream_sasl", s.Config.UpstreamSASL.Mechanism)
+		"tls", s.tls.Client != nil, "upstream_tls", s.tls.Upstream != nil, "upstream_sasl", s.Config.UpstreamSASL.Mechanism)
 
 	// Learning the brokers and topics up front makes node listeners exist
 	// before any client asks, and batches decidable, which matters after a
@@ -347,8 +338,8 @@ func (s *Server) serve(ln net.Listener, node int32) bool {
 		ln.Close()
 		return false
 	}
-	if s.clientTLS != nil {
-		ln = auth.Listener(ln, s.clientTLS.ServerConfig())
+	if s.tls.Client != nil {
+		ln = auth.Listener(ln, s.tls.Client.ServerConfig())
 	}
 	s.listeners = append(s.listeners, ln)
 	s.wg.Add(1)

@@ -4,13 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 
 	"github.com/dedupproxy/dedupproxy/auth"
-	"github.com/dedupproxy/dedupproxy/certprincipal"
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/metrics"
 )
@@ -22,50 +20,9 @@ import (
 
 // setupTLS loads every certificate the configuration names. Called by Start.
 func (s *Server) setupTLS() error {
-	cfg := &s.Config
-	m, err := certprincipal.ParseRules(cfg.TLS.PrincipalMappingRules)
-	if err != nil {
-		return fmt.Errorf("tls.principal_mapping_rules: %w", err)
-	}
-	s.certPrincipals = m
-	if cfg.TLS.Enabled() {
-		f, err := auth.LoadServerCert("tls", cfg.TLS, s.Logger, s.now)
-		if err != nil {
-			return err
-		}
-		s.clientTLS = f
-		s.certs = append(s.certs, f)
-	}
-	if cfg.AdminTLS.Enabled() {
-		f, err := auth.LoadServerCert("admin_tls", cfg.AdminTLS, s.Logger, s.now)
-		if err != nil {
-			return err
-		}
-		s.adminTLS = f
-		s.certs = append(s.certs, f)
-	}
-	if u := cfg.UpstreamTLS; u.Enabled {
-		ut, err := auth.NewUpstreamTLS(u, s.Logger, s.now)
-		if err != nil {
-			return err
-		}
-		if f := ut.ClientCert(); f != nil {
-			s.certs = append(s.certs, f)
-		}
-		s.upTLS = ut
-		if u.InsecureSkipVerify {
-			s.Logger.Warn("INSECURE: upstream_tls.insecure_skip_verify is set: broker certificates are NOT verified, so anyone on the network path to the brokers can read and change every record and every SASL exchange. Use upstream_tls.ca instead outside tests.")
-		}
-	}
-	if sa := cfg.UpstreamSASL; sa.Mechanism != "" {
-		if _, err := auth.ReadPassword(sa.PasswordFile); err != nil {
-			return fmt.Errorf("upstream_sasl: %w", err)
-		}
-		if !cfg.UpstreamTLS.Enabled {
-			s.Logger.Warn("upstream_sasl without upstream_tls: the proxy's own credentials cross the network unencrypted (SASL_PLAINTEXT)", "mechanism", sa.Mechanism)
-		}
-	}
-	return nil
+	t, err := auth.LoadTLS(&s.Config, s.Logger, s.now)
+	s.tls = t
+	return err
 }
 
 // dialUpstream connects to the broker at addr: a TCP connection through
@@ -73,10 +30,10 @@ func (s *Server) setupTLS() error {
 // certificate for its host (or upstream_tls.server_name). ctx bounds both.
 func (s *Server) dialUpstream(ctx context.Context, addr string) (net.Conn, error) {
 	conn, err := s.Dial(ctx, "tcp", addr)
-	if err != nil || s.upTLS == nil {
+	if err != nil || s.tls.Upstream == nil {
 		return conn, err
 	}
-	return s.upTLS.Client(ctx, conn, addr)
+	return s.tls.Upstream.Client(ctx, conn, addr)
 }
 
 // clientHandshake runs the TLS handshake of a client connection, bounded by
@@ -111,15 +68,7 @@ func (s *Server) clientHandshake(c *auth.Conn, log *slog.Logger) bool {
 // that does not load keeps the previous certificate; the error says which.
 // The command calls it on SIGHUP; the files are also checked every
 // CertReloadInterval.
-func (s *Server) ReloadTLS() error {
-	var errs []error
-	for _, f := range s.certs {
-		if err := f.Load(); err != nil && !errors.Is(err, auth.ErrUnchanged) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
+func (s *Server) ReloadTLS() error { return s.tls.Reload() }
 
 // certReloadLoop checks the certificate files every CertReloadInterval.
 func (s *Server) certReloadLoop(t *clock.Ticker) {
@@ -136,9 +85,4 @@ func (s *Server) certReloadLoop(t *clock.Ticker) {
 // AdminTLSConfig is the admin listener's TLS configuration (its
 // certificate reloaded like the others), or nil when admin_tls is not set.
 // Valid after Start.
-func (s *Server) AdminTLSConfig() *tls.Config {
-	if s.adminTLS == nil {
-		return nil
-	}
-	return s.adminTLS.ServerConfig()
-}
+func (s *Server) AdminTLSConfig() *tls.Config { return s.tls.AdminConfig() }
