@@ -167,7 +167,8 @@ func (s *Server) Start(ctx context.Context) error {
 		d := &net.Dialer{Timeout: s.Config.DialTimeout, KeepAlive: 30 * time.Second}
 		s.Dial = d.DialContext
 	}
-	s.own = &tail.Conns{Dial: s.dialUpstream, SASL: auth.SASLMechanism(s.Config.UpstreamSASL), MaxFrame: s.Config.MaxFrameBytes}
+	s.own = &tail.Conns{Dial: s.dialUpstream, SASL: auth.SASLMechanism(s.Config.UpstreamSASL), MaxFrame: s.Config.MaxFrameBytes,
+		TLS: s.Config.UpstreamTLS.Enabled, User: s.Config.UpstreamSASL.User}
 	s.tails = &tail.Reader{Conns: s.own, Bootstrap: s.Config.Upstream, Brokers: &s.nodes, LogStart: s.noteLogStart}
 	core, table, keys, err := newCore(&s.Config)
 	if err != nil {

@@ -21,6 +21,10 @@ type Conns struct {
 	SASL sasl.Mechanism
 	// MaxFrame caps a response frame (max_frame_bytes).
 	MaxFrame int32
+	// TLS says whether Dial speaks TLS (upstream_tls), and User is
+	// upstream_sasl.user: errors name them.
+	TLS  bool
+	User string
 }
 
 // Conn is one connection of the proxy's own: a request written, then its

@@ -8,8 +8,9 @@
 //
 // It reads on connections of the proxy's own ([Conns]): dialled as the
 // proxy dials its brokers (TLS with upstream_tls) and authenticated with
-// upstream_sasl. The proxy's other requests of its own (the readiness
-// probe, the partitions a replica takes) use them too.
+// upstream_sasl. The proxy's other requests of its own use them too: the
+// readiness probe, which learns the cluster's brokers and topics
+// ([Conns.Metadata]), and the partitions a replica takes.
 //
 // Deciding is not its business: it returns records, and tells the log
 // start offset it learns to the function it is given.

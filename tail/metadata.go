@@ -1,0 +1,74 @@
+package tail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/clock"
+	"github.com/dedupproxy/dedupproxy/protocol"
+)
+
+// Metadata asks the broker at addr for the cluster's metadata on a
+// connection of the proxy's own: over TLS with upstream_tls, authenticated
+// with upstream_sasl when that is set, bounded by ctx. With topics false it
+// asks for the brokers only; with topics, for every topic at the newest
+// Metadata version both sides know, up to v12 (topic IDs, which Produce
+// v13 names topics by, come with v10). An error after connecting says what
+// the cluster likely requires.
+func (cs *Conns) Metadata(ctx context.Context, addr string, topics bool) (*kmsg.MetadataResponse, error) {
+	nc, err := cs.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(clock.Real.Now()) })
+	defer stop()
+
+	conn := cs.Wrap(nc)
+	if err := conn.Authenticate(ctx, cs.SASL, addr); err != nil {
+		return nil, fmt.Errorf("as upstream_sasl.user %q: %w", cs.User, err)
+	}
+	version := int16(MetadataVersion)
+	if topics {
+		if version, err = conn.NewestMetadata(); err != nil {
+			return nil, cs.hint(err)
+		}
+	}
+	req := kmsg.NewPtrMetadataRequest()
+	req.SetVersion(version)
+	if !topics {
+		req.Topics = []kmsg.MetadataRequestTopic{} // no topics, only brokers
+	} // nil: every topic
+	resp := kmsg.NewPtrMetadataResponse()
+	resp.SetVersion(version)
+	if err := conn.RoundTrip(req, resp); err != nil {
+		return nil, cs.hint(fmt.Errorf("metadata probe: %w", err))
+	}
+	return resp, nil
+}
+
+// hint adds the likely cause to a request that failed after connecting: a
+// broker that closes an unauthenticated connection wants SASL; one that
+// closes it or answers with a TLS record (Java sends an alert) wants TLS.
+func (cs *Conns) hint(err error) error {
+	var wants []string
+	closed := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	if !cs.TLS && (closed || errors.Is(err, protocol.ErrLooksLikeTLS) || errors.Is(err, protocol.ErrFrameTooLarge)) {
+		wants = append(wants, "TLS (upstream_tls, --upstream-tls)")
+	}
+	if closed && cs.SASL == nil {
+		wants = append(wants, "SASL (upstream_sasl, --upstream-sasl-*)")
+	}
+	if len(wants) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (does the cluster require %s?)", err, strings.Join(wants, " or "))
+}
