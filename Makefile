@@ -1,4 +1,4 @@
-.PHONY: run build test race fuzz bench lint
+.PHONY: run build test race fuzz bench lint kgo-suite
 
 run:
 	go run ./cmd/dedupproxy
@@ -38,3 +38,8 @@ lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	go vet ./...
 	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+# franz-go's pkg/kgo tests through the proxy, in front of a local cluster
+# (docs/real-cluster.md, "franz-go's own tests through the proxy").
+kgo-suite:
+	.ci/kgo-suite
