@@ -191,6 +191,14 @@
 // where the broker is; their own Release is a no-op. If that leaves no batch,
 // or if a committed batch followed the released one, the entry is forgotten:
 // the table no longer knows the broker's state, and unknown is always safe.
+// SettleBatchesDropped names the pending batches a release, or a forgotten
+// entry, took with it: they may still be on their way to the broker, and the
+// caller may wait for their answer before deciding a retry of one.
+//
+// CommitLogged is Commit for a batch read back from the log, which replays a
+// producer's batches from the oldest: one that ends before the window's first
+// sequence changes nothing (Commit would forget the entry), and one the
+// window holds committed without an offset takes the log's.
 //
 // # Fingerprints
 //

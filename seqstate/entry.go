@@ -448,6 +448,31 @@ const (
 	forget                // the table can no longer mirror the broker: drop the entry
 )
 
+// passed reports whether b ends before the window's first sequence (within
+// half the sequence space, so that a wrapped producer's new batches are
+// not taken for old ones).
+func (e entry) passed(b Batch) bool {
+	d := seqDistance(b.FirstSeq, e.h.first)
+	return d >= uint32(b.Count) && d < 1<<30
+}
+
+// pendingInto appends to dropped, when it is not nil, the pending batches
+// of the window but the one at index skip (-1 for none), with k as their
+// key: a release or a forgotten entry takes them, still on their way to
+// the broker.
+func (e entry) pendingInto(k Key, skip int, dropped *[]Op) {
+	if dropped == nil {
+		return
+	}
+	for j := 0; j < int(e.h.n); j++ {
+		if s := e.at(j); j != skip && s.pending() {
+			first := e.firstOf(j)
+			*dropped = append(*dropped, Op{Key: k, Batch: Batch{Epoch: e.h.epoch, FirstSeq: first,
+				Count: int32(seqDistance(first, s.lastSeq())) + 1, Fingerprint: s.fingerprint}})
+		}
+	}
+}
+
 // commit applies an append the broker confirmed.
 //
 // A pending batch becomes committed in place, with its offsets; earlier batches
@@ -511,7 +536,11 @@ func (e entry) pushCommitted(b Batch, last int32, baseOffset, maxTimestamp int64
 //
 // A batch that is not pending (unknown, already committed, or already
 // dropped) is ignored.
-func (e entry) release(b Batch) outcome {
+//
+// The later pending batches dropped are appended to dropped (with k as
+// their key), when it is not nil: they are still on their way to the
+// broker, which may yet append one (see Table.SettleBatchesDropped).
+func (e entry) release(k Key, b Batch, dropped *[]Op) outcome {
 	if b.Epoch != e.h.epoch {
 		return keep
 	}
@@ -521,9 +550,11 @@ func (e entry) release(b Batch) outcome {
 	}
 	for j := i + 1; j < int(e.h.n); j++ {
 		if !e.at(j).pending() {
+			e.pendingInto(k, i, dropped)
 			return forget
 		}
 	}
+	e.pendingInto(k, i, dropped)
 	e.h.n = uint8(i)
 	if i == 0 {
 		return forget

@@ -78,7 +78,22 @@ func (t *Table) checkBatches(ops []Op, now int64, register bool) {
 // batch, Release for the others. Consecutive outcomes whose producer ids
 // share a shard are applied under one acquisition of its lock, as in
 // CheckBatches.
-func (t *Table) SettleBatches(outs []Outcome, now time.Time) {
+func (t *Table) SettleBatches(outs []Outcome, now time.Time) { t.settleBatches(outs, now, nil) }
+
+// SettleBatchesDropped is SettleBatches that also appends to dropped the
+// pending batches a release took with the batch it released (see
+// Release), or an entry forgotten took with it, and returns it: they may
+// still be on their way to the broker, which may append them (a batch
+// registered after a released one is refused as out of order unless a
+// resend of the released batch reaches the log first). Their outcome is unknown until their own answer, which
+// the caller still settles. dropped grows only when a release drops
+// something.
+func (t *Table) SettleBatchesDropped(outs []Outcome, now time.Time, dropped []Op) []Op {
+	t.settleBatches(outs, now, &dropped)
+	return dropped
+}
+
+func (t *Table) settleBatches(outs []Outcome, now time.Time, dropped *[]Op) {
 	ns := now.UnixNano()
 	for i := 0; i < len(outs); {
 		s, pid, si := (*shard)(nil), int64(0), -1
@@ -99,9 +114,9 @@ func (t *Table) SettleBatches(outs []Outcome, now time.Time) {
 				pid = o.Key.ProducerID
 			}
 			if o.Appended {
-				s.commit(o.Key, o.Batch, o.BaseOffset, o.MaxTimestamp, ns)
+				s.commit(o.Key, o.Batch, o.BaseOffset, o.MaxTimestamp, ns, dropped)
 			} else {
-				s.release(o.Key, o.Batch)
+				s.release(o.Key, o.Batch, dropped)
 			}
 		}
 		if s != nil {

@@ -152,19 +152,21 @@ func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.
 	ns := now.UnixNano()
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	s.commit(k, b, baseOffset, maxTimestamp, ns)
+	s.commit(k, b, baseOffset, maxTimestamp, ns, nil)
 	s.mu.Unlock()
 }
 
 // commit is Commit under the shard lock, for a valid batch of a producer id
-// of this shard.
-func (s *shard) commit(k Key, b Batch, baseOffset, maxTimestamp, now int64) {
+// of this shard. An entry it forgets appends its pending batches to
+// dropped (see entry.pendingInto).
+func (s *shard) commit(k Key, b Batch, baseOffset, maxTimestamp, now int64, dropped *[]Op) {
 	e, ok := s.mruEntry, s.mruHit(k, now)
 	if !ok {
 		e, ok = s.lookupMiss(k, now)
 	}
 	if ok {
 		if !e.commitNewest(b, baseOffset, maxTimestamp, now) && e.commit(b, baseOffset, maxTimestamp, now) == forget {
+			e.pendingInto(k, -1, dropped)
 			s.remove(s.mru) // the lookup made it the most recently used
 		}
 		return
@@ -173,6 +175,39 @@ func (s *shard) commit(k Key, b Batch, baseOffset, maxTimestamp, now int64) {
 	e.setEpoch(b.Epoch)
 	e.pushCommitted(b, b.LastSeq(), baseOffset, maxTimestamp)
 	e.h.lastSeen = now
+}
+
+// CommitLogged is Commit for a batch read back from the partition's log,
+// which replays a producer's batches from the oldest the read reaches: a
+// batch of the entry's epoch that ends before the oldest batch its window
+// retains is one the window has moved past, and changes nothing (Commit
+// would take it for a disagreement with the broker and forget the entry,
+// with the batches it holds in flight); a batch the window holds committed
+// without an offset (REQUEST_TIMED_OUT) takes the log's.
+func (t *Table) CommitLogged(k Key, b Batch, baseOffset, maxTimestamp int64, now time.Time) {
+	if k.ProducerID < 0 || !b.valid() {
+		return
+	}
+	s := t.shard(k.ProducerID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if idx, ok := s.peek(k); ok && baseOffset >= 0 {
+		e := s.entry(idx)
+		if b.Epoch == e.h.epoch && e.h.n > 0 && e.passed(b) {
+			return
+		}
+		if i := e.find(b.FirstSeq, b.LastSeq()); b.Epoch == e.h.epoch && i >= 0 {
+			// Committed without an offset (REQUEST_TIMED_OUT): the log
+			// has it.
+			if j := e.pos(i); !e.s[j].pending() {
+				if off, _ := e.offsets(j); off < 0 {
+					e.setOffsets(j, baseOffset, maxTimestamp)
+				}
+				return
+			}
+		}
+	}
+	s.commit(k, b, baseOffset, maxTimestamp, now.UnixNano(), nil)
 }
 
 // Release records that the broker did not append b, a batch Check accepted:
@@ -185,15 +220,15 @@ func (t *Table) Release(k Key, b Batch) {
 	}
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	s.release(k, b)
+	s.release(k, b, nil)
 	s.mu.Unlock()
 }
 
 // release is Release under the shard lock, for a valid batch of a producer
-// id of this shard.
-func (s *shard) release(k Key, b Batch) {
+// id of this shard; see entry.release for dropped.
+func (s *shard) release(k Key, b Batch, dropped *[]Op) {
 	if idx, ok := s.peek(k); ok {
-		if s.entry(idx).release(b) == forget {
+		if s.entry(idx).release(k, b, dropped) == forget {
 			s.remove(idx)
 		}
 	}

@@ -566,3 +566,84 @@ func TestCompactionBoundsMemory(t *testing.T) {
 	}
 	tab.dumpAll(t)
 }
+
+// TestSettleBatchesDropped: a release names the pending batches it takes
+// with it, each with its sequence range and fingerprint, and nothing else.
+func TestSettleBatchesDropped(t *testing.T) {
+	t.Parallel()
+	tab, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(0, 0)
+	k := Key{ProducerID: 7, Partition: 1}
+	b0 := Batch{Epoch: 2, FirstSeq: 0, Count: 3, Fingerprint: 11}
+	b1 := Batch{Epoch: 2, FirstSeq: 3, Count: 2, Fingerprint: 12}
+	b2 := Batch{Epoch: 2, FirstSeq: 5, Count: 4, Fingerprint: 13}
+	for _, b := range []Batch{b0, b1, b2} {
+		if r := tab.Check(k, b, now); r.Decision != Accept {
+			t.Fatalf("Check(%+v) = %v", b, r.Decision)
+		}
+	}
+	tab.Commit(k, b0, 100, 1, now)
+	got := tab.SettleBatchesDropped([]Outcome{{Key: k, Batch: b1}}, now, nil)
+	if want := []Op{{Key: k, Batch: b2}}; !slices.Equal(got, want) {
+		t.Fatalf("dropped %+v, want %+v", got, want)
+	}
+	if r := tab.Decide(k, b2, now); r.Decision != OutOfOrder {
+		t.Errorf("the dropped batch is %v, want out_of_order (no longer pending)", r.Decision)
+	}
+	// A release that drops nothing adds nothing; a commit neither.
+	if got := tab.SettleBatchesDropped([]Outcome{{Key: k, Batch: b2}, {Key: k, Batch: b0, Appended: true, BaseOffset: 100}}, now, got[:0]); len(got) != 0 {
+		t.Errorf("dropped %+v, want nothing", got)
+	}
+}
+
+// TestCommitLogged: a batch read back from the log that the window has
+// moved past changes nothing (Commit forgets the entry, its batch in
+// flight with it); one the window holds committed without an offset takes
+// the log's; one that follows the window is committed as Commit does.
+func TestCommitLogged(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(0, 0)
+	k := Key{ProducerID: 7, Partition: 1}
+	batch := func(seq int32) Batch { return Batch{Epoch: 0, FirstSeq: seq, Count: 1, Fingerprint: uint32(seq) + 1} }
+	fill := func() *Table {
+		tab, err := New(Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for seq := int32(0); seq < 6; seq++ {
+			tab.Check(k, batch(seq), now)
+			tab.Commit(k, batch(seq), int64(seq), 1, now)
+		}
+		tab.Check(k, batch(6), now) // in flight
+		return tab
+	}
+	tab := fill()
+	tab.CommitLogged(k, Batch{FirstSeq: 0, Count: 1}, 0, 1, now)
+	if r := tab.Decide(k, batch(6), now); r.Decision != InFlight {
+		t.Errorf("after a logged batch the window moved past, the batch in flight is %v, want in_flight", r.Decision)
+	}
+	tab = fill()
+	tab.Commit(k, Batch{FirstSeq: 0, Count: 1}, 0, 1, now)
+	if r := tab.Decide(k, batch(6), now); r.Decision != Accept {
+		t.Errorf("Commit of a batch the window moved past: %v, want accept (the entry forgotten)", r.Decision)
+	}
+
+	tab, _ = New(Config{})
+	tab.Check(k, batch(0), now)
+	tab.Commit(k, batch(0), -1, 5, now) // REQUEST_TIMED_OUT
+	tab.CommitLogged(k, Batch{FirstSeq: 0, Count: 1}, 40, 5, now)
+	if r := tab.Decide(k, batch(0), now); r.Decision != Duplicate || r.BaseOffset != 40 {
+		t.Errorf("after the log gave its offset: %+v, want a duplicate at 40", r)
+	}
+	tab.CommitLogged(k, Batch{FirstSeq: 0, Count: 1}, 41, 5, now)
+	if r := tab.Decide(k, batch(0), now); r.BaseOffset != 40 {
+		t.Errorf("a known offset changed to %d", r.BaseOffset)
+	}
+	tab.CommitLogged(k, Batch{FirstSeq: 1, Count: 1}, 42, 6, now)
+	if r := tab.Decide(k, batch(1), now); r.Decision != Duplicate || r.BaseOffset != 42 {
+		t.Errorf("a logged batch after the window: %+v, want a duplicate at 42", r)
+	}
+}
