@@ -19,6 +19,7 @@ type Core struct {
 	settings atomic.Pointer[Settings]
 	legacy   legacyStore
 	parts    partitions
+	flying   atomic.Int64 // flying batches kept over all partitions (flying.go)
 	warmOn   bool
 	window   time.Duration
 }
@@ -386,6 +387,18 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
 	if len(pl.seqOps) == 0 {
 		return false
 	}
+	// A resend of a batch on its way to the broker that the table no
+	// longer holds (flying.go) waits for its answer. Looked at before the
+	// table, with the wait registered: an answer settled after this wakes
+	// the request, and one settled before it is in the table.
+	if req.Acks == -1 && c.flying.Load() > 0 {
+		for j := range pl.seqOps {
+			i := pl.seqIdx[j]
+			if st := &pl.st[i]; st.mode == Enforce {
+				st.flying = c.awaitFlying(st.key, st.batch, req.Conn.id, now)
+			}
+		}
+	}
 	// acks=0 has no response to commit from: consult the table only.
 	if req.Acks == 0 {
 		c.table.DecideBatches(pl.seqOps, now)
@@ -406,6 +419,16 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
 				return false
 			}
 			return protocol.BatchValid(p.Records, &p.Header) == 0
+		}
+		switch r := op.Result; {
+		case st.flying && (r.Decision == seqstate.Accept || r.Decision == seqstate.OutOfOrder):
+			// Its original's outcome is not known yet: the broker would
+			// answer this resend with it.
+			pp.Verdict.Rule = RuleInFlight
+			st.pending, st.commit = r.Decision == seqstate.Accept, false
+			wait = true
+			pl.waitOn = appendKey(pl.waitOn, partKeyOf(p.Topic, p.Partition))
+			continue
 		}
 		switch r := op.Result; r.Decision {
 		case seqstate.Accept:
@@ -466,7 +489,7 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
 			st.pending, st.commit = false, false
 		}
 	}
-	c.table.SettleBatches(pl.seqOuts, now)
+	c.settleTable(pl, pl.seqOuts, now)
 	pl.seqOuts = pl.seqOuts[:0]
 	if !wait {
 		// Its answer needs the records held in pipes: read them, then

@@ -255,7 +255,7 @@ func (c *Core) disownAppended(pl *Plan) {
 // settleIdempotent applies pl.seqOuts to the table.
 func (c *Core) settleIdempotent(pl *Plan, now time.Time) {
 	if len(pl.seqOuts) > 0 {
-		c.table.SettleBatches(pl.seqOuts, now)
+		c.settleTable(pl, pl.seqOuts, now)
 		pl.seqOuts = pl.seqOuts[:0]
 	}
 	for i := range pl.st {

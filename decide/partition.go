@@ -26,6 +26,9 @@ type partition struct {
 	// broke) or appended without an offset: the next read of the tail
 	// settles them.
 	unknown []batchRef
+	// flying lists idempotent batches on their way to the broker that the
+	// table no longer holds as pending (flying.go).
+	flying []flyingBatch
 }
 
 type warmState uint8
@@ -82,7 +85,7 @@ func (ps *partitions) get(k seqstate.Key) (*partition, *partShard) {
 	if !ok {
 		if len(sh.m) >= maxPartsPerShard {
 			for victim, vp := range sh.m {
-				if len(vp.waiters) == 0 && len(vp.unknown) == 0 && vp.warm != reading {
+				if len(vp.waiters) == 0 && len(vp.unknown) == 0 && len(vp.flying) == 0 && vp.warm != reading {
 					delete(sh.m, victim)
 					break
 				}

@@ -42,6 +42,7 @@ type Plan struct {
 	seqOps  []seqstate.Op
 	seqIdx  []int // seqOps[j] is part seqIdx[j]
 	seqOuts []seqstate.Outcome
+	dropped []seqstate.Op // pending batches a release took with it
 	ids     []protocol.RecordID
 	keys    []protocol.RecordKey
 	drops   []bool
@@ -65,6 +66,7 @@ type partState struct {
 	batch   seqstate.Batch
 	maxTS   int64
 	pending bool // idempotent: registered in the table
+	flying  bool // idempotent: a resend of a flying batch (flying.go), waiting for it
 	commit  bool // idempotent: commit if appended
 	// legacy: m holds the records it repeats, b those sent upstream
 	m, b            batchRef

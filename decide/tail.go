@@ -64,7 +64,7 @@ func (c *Core) tailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 			// principal wrote it: ANONYMOUS (docs/security.md).
 			key := seqstate.Key{ProducerID: bh.ProducerID, Topic: k.Topic, Partition: k.Partition}
 			batch := seqstate.Batch{Epoch: bh.ProducerEpoch, FirstSeq: bh.BaseSequence, Count: bh.LastOffsetDelta + 1}
-			c.table.Commit(key, batch, bh.BaseOffset, bh.MaxTimestamp, now)
+			c.table.CommitLogged(key, batch, bh.BaseOffset, bh.MaxTimestamp, now)
 		case match != MatchOff:
 			var err error
 			ids = ids[:0]

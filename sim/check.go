@@ -18,7 +18,10 @@ import (
 //  2. no record is taken for another client instance's retry;
 //  3. nothing of a retry shape the rule covers is written twice;
 //  4. an idempotent producer's every answer equals the broker's;
-//  5. an answer's offset is true: the log holds the batch's records there.
+//  5. an answer's offset is true: the log holds the batch's records there;
+//  6. an idempotent resend is answered here, or waits for its original's
+//     answer, never forwarded while its original's outcome is the proxy's
+//     to know (in the log, or on its way there with its answer due).
 //
 // What the rule documents it cannot tell apart is not a failure: each
 // such record is counted under its shape, and the test asserts a bound
@@ -29,6 +32,7 @@ type shape struct {
 	name    string
 	covered bool // the rule claims it: any count is a failure
 	drop    bool // a record dropped, not written twice
+	fwd     bool // an idempotent batch forwarded (invariant 6), not a record
 }
 
 // The shapes. NOTE: a new shape needs its row in docs/simulation.md and a
@@ -70,6 +74,12 @@ var (
 	shDropOwn          = shape{name: "identical record and timestamp of the same instance", drop: true}
 	shDropUnknownOther = shape{name: "unknown outcome settled by another instance's identical record and timestamp in the log", drop: true}
 	shDropOther        = shape{name: "dropped for no documented reason", covered: true, drop: true}
+	// Idempotent resends forwarded though a copy was in the log or on its
+	// way there (invariant 6), per batch: the broker deduplicates them.
+	shIdemForwarded   = shape{name: "idempotent resend forwarded, its original's outcome the proxy's to know", covered: true, fwd: true}
+	shIdemFwdLost     = shape{name: "idempotent resend forwarded: its original's answer lost with the broker connection", fwd: true}
+	shIdemFwdNoOffset = shape{name: "idempotent resend forwarded: its original appended without an offset (REQUEST_TIMED_OUT) or with acks=1", fwd: true}
+	shIdemFwdRestart  = shape{name: "idempotent resend forwarded across a proxy restart (the table is memory)", fwd: true}
 	// An answer's offset holding a record the rule can tell from the one
 	// answered (invariant 5), per record.
 	shWrongOffset = shape{name: "answered with the offset of another record of the same content (an unknown outcome settled from the log)"}
@@ -77,7 +87,8 @@ var (
 
 var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent, shIdemEpoch,
 	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend, shMiddlebox, shMovedAcrossRep, shContentOnlyTaken, shHandoverUnsettled,
-	shDropContent, shDropShared, shDropRestart, shDropOwn, shDropUnknownOther, shDropOther, shWrongOffset}
+	shDropContent, shDropShared, shDropRestart, shDropOwn, shDropUnknownOther, shDropOther, shWrongOffset,
+	shIdemForwarded, shIdemFwdLost, shIdemFwdNoOffset, shIdemFwdRestart}
 
 // result is what one run found.
 type result struct {
@@ -126,6 +137,10 @@ func (w *world) check(ended bool) *result {
 		res.failf("the run did not end within %d steps", w.maxSteps)
 	}
 	res.failures = append(res.failures, w.idemFailures...)
+	res.resent[shIdemForwarded.name] = w.idemResent
+	for name, n := range w.idemForwarded {
+		res.counts[name] += n
+	}
 	// Records the rule cannot tell apart (one client instance, the same
 	// key, value and headers, and the same timestamp unless the core
 	// leaves timestamps out for the client) are judged together: the log
@@ -704,8 +719,11 @@ func (t *table) String() string {
 	fmt.Fprintf(&sb, "%d runs, %d records\n", t.runs, t.records)
 	for _, s := range allShapes {
 		kind := "written twice"
-		if s.drop {
+		switch {
+		case s.drop:
 			kind = "dropped"
+		case s.fwd:
+			kind = "forwarded"
 		}
 		cov := "miss"
 		if s.covered {

@@ -171,8 +171,10 @@ type wireReq struct {
 	answered []partResult  // what the client got, nil if nothing
 	js       *jsSendState
 	node     int
-	timedOut bool // the client gave up waiting for its answer
-	lost     bool // the proxy told the core its answer will never come
+	timedOut bool          // the client gave up waiting for its answer
+	lost     bool          // the proxy told the core its answer will never come
+	settled  time.Duration // when the proxy stepped its broker answer (0: never)
+	resp     []partResult  // the broker's answer, as the proxy stepped it
 }
 
 func (w *world) newClient(name string, info clientInfo, lib library, acks int16, workload string) *client {

@@ -303,6 +303,7 @@ func (s *session) step(d *deciding) {
 	s.cur = nil
 	d.req.decided, d.req.plan, d.req.coreName, d.req.replica = w.now, pl, s.k.name, s.r.id
 	w.checkIdempotent(d)
+	w.noteIdempotent(d)
 	s.sendDecided(d)
 	s.pumpRead()
 }
@@ -479,6 +480,7 @@ func (s *session) pumpResp() {
 			return
 		default:
 			w.script.answer(s, p)
+			p.req.settled, p.req.resp = w.now, p.resp
 			w.wake(s.k.outcome(p.pl, requestVersion, p.resp, w.wall()), s.k)
 		}
 		if p.failed && !s.dead {

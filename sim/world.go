@@ -39,6 +39,9 @@ type world struct {
 	// restarts and handovers: when each happened.
 	restarts, handovers  []time.Duration
 	idemFailures         []string
+	idemSent             map[idemKey][]*wireReq
+	idemResent           int            // idempotent resends decided (invariant 6)
+	idemForwarded        map[string]int // of them, forwarded, per shape
 	rewarms              int
 	tailFails, tailReads []tailFail
 	// endAt: no new records, faults or reconnects after it; the run then
