@@ -4,7 +4,8 @@
 // constants its keys take, and what follows from it alone: the address
 // each broker node's listener binds and is advertised at
 // ([Config.NodeAddrs]), and the replicas' layout ([Config.ReplicaLayout]:
-// which replica owns which node, where each is reached).
+// which replica owns which node, where each is reached), and the dedup
+// settings as the decision core takes them ([DedupConfig.CoreSettings]).
 //
 // It reads no files and opens no sockets; errors wrap [ErrInvalidConfig]
 // and speak in the configuration's own terms.

@@ -45,61 +45,9 @@ func newCore(cfg *Config) (*decide.Core, *seqstate.Table, *seqstate.KeyTable, er
 			break
 		}
 	}
-	scope := decide.ScopeInstance
-	if dc.Legacy.Scope == config.ScopeClientID {
-		scope = decide.ScopeClientID
-	}
-	core := decide.New(decide.Config{Table: t, Keys: keys, Window: dc.Legacy.Window, Scope: scope,
-		MaxRecords: dc.Legacy.MaxRecords, Warm: *dc.Warm.Enabled}, coreSettings(dc))
+	core := decide.New(decide.Config{Table: t, Keys: keys, Window: dc.Legacy.Window, Scope: dc.CoreScope(),
+		MaxRecords: dc.Legacy.MaxRecords, Warm: *dc.Warm.Enabled}, dc.CoreSettings())
 	return core, t, keys, nil
-}
-
-// coreSettings are the settings of dc a running proxy may change.
-func coreSettings(dc *DedupConfig) *decide.Settings {
-	s := &decide.Settings{Mode: coreMode(dc.Mode), Match: coreMatch(dc.Legacy.Match)}
-	for name, tc := range dc.Topics {
-		var ts decide.TopicSettings
-		if tc.Mode != "" {
-			m := coreMode(tc.Mode)
-			ts.Mode = &m
-		}
-		if tc.LegacyMatch != "" {
-			m := coreMatch(tc.LegacyMatch)
-			ts.Match = &m
-		}
-		if tc.IdempotencyKey != nil {
-			ts.KeyHeader = tc.IdempotencyKey.Header
-		}
-		if ts != (decide.TopicSettings{}) {
-			if s.Topics == nil {
-				s.Topics = map[string]decide.TopicSettings{}
-			}
-			s.Topics[name] = ts
-		}
-	}
-	return s
-}
-
-func coreMode(m string) decide.Mode {
-	switch m {
-	case config.DedupObserve:
-		return decide.Observe
-	case config.DedupOff:
-		return decide.Off
-	}
-	return decide.Enforce
-}
-
-func coreMatch(m string) decide.Match {
-	switch m {
-	case config.MatchRecords:
-		return decide.MatchRecords
-	case config.MatchExact:
-		return decide.MatchExact
-	case config.MatchOff:
-		return decide.MatchOff
-	}
-	return decide.MatchAuto
 }
 
 // keysOn reports whether some topic reads idempotency keys now: requests
@@ -243,7 +191,7 @@ func (s *Server) SetDedup(cfg DedupConfig) ([]string, error) {
 	if err := test.Validate(); err != nil {
 		return nil, err
 	}
-	next := coreSettings(&test.Dedup)
+	next := test.Dedup.CoreSettings()
 	if s.keys == nil {
 		for name, ts := range next.Topics {
 			if ts.KeyHeader != "" {
