@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/auth"
@@ -113,39 +112,10 @@ func (c *session) redirect(rs *replica.Set, req *kmsg.ProduceRequest, h protocol
 }
 
 // answerNotLeader queues, in order, the answer to a Produce request the
-// proxy does not forward: NOT_LEADER_OR_FOLLOWER for every partition, the
-// answer Kafka gives a client that asked the wrong broker, which every
-// client retries after refreshing where the partition's leader is. From
-// v10 on, CurrentLeader names the node (its epoch -1: unknown, so clients
-// refresh their metadata rather than trust an epoch the proxy cannot
-// know) and NodeEndpoints gives the node at target's address (KIP-951).
+// proxy does not forward: NOT_LEADER_OR_FOLLOWER, pointing at the replica
+// target (replica.Set.NotLeader).
 func (c *session) answerNotLeader(rs *replica.Set, req *kmsg.ProduceRequest, h protocol.RequestHeader, n *replica.Node, target int, start time.Time, api *metrics.API) {
-	resp := kmsg.NewPtrProduceResponse()
-	resp.SetVersion(h.APIVersion)
-	leader := n.ID()
-	if target < 0 || leader < 0 {
-		leader = -1
-	}
-	for _, rt := range req.Topics {
-		t := kmsg.NewProduceResponseTopic()
-		t.Topic, t.TopicID = rt.Topic, rt.TopicID
-		for _, rp := range rt.Partitions {
-			p := kmsg.NewProduceResponseTopicPartition()
-			p.Partition = rp.Partition
-			p.ErrorCode = kerr.NotLeaderForPartition.Code
-			p.BaseOffset, p.LogAppendTime, p.LogStartOffset = -1, -1, -1
-			p.CurrentLeader.LeaderID, p.CurrentLeader.LeaderEpoch = leader, -1
-			t.Partitions = append(t.Partitions, p)
-		}
-		resp.Topics = append(resp.Topics, t)
-	}
-	if h.APIVersion >= 10 && leader >= 0 {
-		if host, port, ok := rs.Layout.NodeAddr(&c.s.Config, target, n.ID()); ok {
-			b := kmsg.NewProduceResponseBroker()
-			b.NodeID, b.Host, b.Port = n.ID(), host, port
-			resp.Brokers = append(resp.Brokers, b)
-		}
-	}
+	resp := rs.NotLeader(&c.s.Config, req, n, target)
 	bp := relay.GetFrame(256)
 	buf := append((*bp)[:0], 0, 0, 0, 0)
 	buf = protocol.AppendResponseHeader(buf, int16(kmsg.Produce), h.APIVersion, h.CorrelationID)

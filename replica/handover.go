@@ -4,6 +4,10 @@ import (
 	"context"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/owner"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -161,6 +165,44 @@ func (rs *Set) redirectTarget(n *Node) int {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return rs.own.RedirectTarget(n.id)
+}
+
+// NotLeader is the answer to a Produce request (decoded at its version)
+// for node n that the proxy does not forward: NOT_LEADER_OR_FOLLOWER for
+// every partition, the answer Kafka gives a client that asked the wrong
+// broker, which every client retries after refreshing where the
+// partition's leader is. From v10 on, CurrentLeader names the node (its
+// epoch -1: unknown, so clients refresh their metadata rather than trust an
+// epoch the proxy cannot know) and NodeEndpoints gives the node at target's
+// address (KIP-951); target -1 names no one.
+func (rs *Set) NotLeader(cfg *config.Config, req *kmsg.ProduceRequest, n *Node, target int) *kmsg.ProduceResponse {
+	resp := kmsg.NewPtrProduceResponse()
+	resp.SetVersion(req.GetVersion())
+	leader := n.ID()
+	if target < 0 || leader < 0 {
+		leader = -1
+	}
+	for _, rt := range req.Topics {
+		t := kmsg.NewProduceResponseTopic()
+		t.Topic, t.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			p := kmsg.NewProduceResponseTopicPartition()
+			p.Partition = rp.Partition
+			p.ErrorCode = kerr.NotLeaderForPartition.Code
+			p.BaseOffset, p.LogAppendTime, p.LogStartOffset = -1, -1, -1
+			p.CurrentLeader.LeaderID, p.CurrentLeader.LeaderEpoch = leader, -1
+			t.Partitions = append(t.Partitions, p)
+		}
+		resp.Topics = append(resp.Topics, t)
+	}
+	if req.GetVersion() >= 10 && leader >= 0 {
+		if host, port, ok := rs.Layout.NodeAddr(cfg, target, n.ID()); ok {
+			b := kmsg.NewProduceResponseBroker()
+			b.NodeID, b.Host, b.Port = n.ID(), host, port
+			resp.Brokers = append(resp.Brokers, b)
+		}
+	}
+	return resp
 }
 
 // Redirected counts a Produce request answered NOT_LEADER_OR_FOLLOWER: a
