@@ -18,7 +18,6 @@ import (
 	"github.com/dedupproxy/dedupproxy/relay"
 	"github.com/dedupproxy/dedupproxy/replica"
 	"github.com/dedupproxy/dedupproxy/seqstate"
-	"github.com/dedupproxy/dedupproxy/tail"
 )
 
 // Replicas (docs/replicas.md): package replica holds the protocol and the
@@ -200,57 +199,10 @@ func (rc replicaCore) PrincipalID(name string) (auth.PrincipalID, bool) {
 	return rc.s.principals.ID(name)
 }
 
-// PartitionsLedBy asks a bootstrap broker which partitions node leads,
-// keyed as the table keys them. The topics of the answer are interned (they
-// come from the cluster): a replica that just started knows none yet, and
-// takes the legacy state of their partitions back from a peer.
+// PartitionsLedBy asks a bootstrap broker which partitions node leads
+// (tail.Conns.PartitionsLedBy).
 func (rc replicaCore) PartitionsLedBy(ctx context.Context, node int32) ([]seqstate.Key, error) {
-	s, t := rc.s, rc.s.table
-	var errs []error
-	for _, addr := range s.Config.Upstream {
-		conn, err := s.own.Open(ctx, addr)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		req := kmsg.NewPtrMetadataRequest()
-		req.SetVersion(tail.MetadataVersion) // nil topics: every topic
-		resp := kmsg.NewPtrMetadataResponse()
-		resp.SetVersion(tail.MetadataVersion)
-		err = conn.RoundTrip(req, resp)
-		conn.Close()
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		refs := make([]seqstate.TopicRef, 0, len(resp.Topics))
-		for _, tp := range resp.Topics {
-			if tp.Topic != nil && tp.ErrorCode == 0 {
-				refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID, Partitions: int32(len(tp.Partitions))})
-			}
-		}
-		t.InternTopics(refs)
-		var keys []seqstate.Key
-		for _, tp := range resp.Topics {
-			if tp.Topic == nil || tp.ErrorCode != 0 {
-				continue
-			}
-			id, ok := t.LookupTopic([]byte(*tp.Topic))
-			if !ok {
-				continue
-			}
-			for _, p := range tp.Partitions {
-				if p.Leader == node {
-					keys = append(keys, seqstate.Key{Topic: id, Partition: p.Partition})
-				}
-			}
-		}
-		return keys, nil
-	}
-	if len(errs) == 0 {
-		return nil, errors.New("no upstream brokers")
-	}
-	return nil, errors.Join(errs...)
+	return rc.s.own.PartitionsLedBy(ctx, rc.s.Config.Upstream, node, rc.s.table)
 }
 
 // errReplicaNotReady wraps Ready's answer while a replica takes back its

@@ -10,7 +10,8 @@
 // proxy dials its brokers (TLS with upstream_tls) and authenticated with
 // upstream_sasl. The proxy's other requests of its own use them too: the
 // readiness probe, which learns the cluster's brokers and topics
-// ([Conns.Metadata]), and the partitions a replica takes.
+// ([Conns.Metadata]), and the partitions a replica takes
+// ([Conns.PartitionsLedBy]).
 //
 // Deciding is not its business: it returns records, and tells the log
 // start offset it learns to the function it is given.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/protocol"
+	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // Metadata asks the broker at addr for the cluster's metadata on a
@@ -71,4 +72,57 @@ func (cs *Conns) hint(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (does the cluster require %s?)", err, strings.Join(wants, " or "))
+}
+
+// PartitionsLedBy asks a broker of bootstrap, one after another until one
+// answers, which partitions node leads, keyed as t keys them. The topics of
+// the answer are interned in t (they come from the cluster): a replica that
+// just started knows none yet, and takes the legacy state of their
+// partitions back from a peer.
+func (cs *Conns) PartitionsLedBy(ctx context.Context, bootstrap []string, node int32, t *seqstate.Table) ([]seqstate.Key, error) {
+	var errs []error
+	for _, addr := range bootstrap {
+		conn, err := cs.Open(ctx, addr)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		req := kmsg.NewPtrMetadataRequest()
+		req.SetVersion(MetadataVersion) // nil topics: every topic
+		resp := kmsg.NewPtrMetadataResponse()
+		resp.SetVersion(MetadataVersion)
+		err = conn.RoundTrip(req, resp)
+		conn.Close()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		refs := make([]seqstate.TopicRef, 0, len(resp.Topics))
+		for _, tp := range resp.Topics {
+			if tp.Topic != nil && tp.ErrorCode == 0 {
+				refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID, Partitions: int32(len(tp.Partitions))})
+			}
+		}
+		t.InternTopics(refs)
+		var keys []seqstate.Key
+		for _, tp := range resp.Topics {
+			if tp.Topic == nil || tp.ErrorCode != 0 {
+				continue
+			}
+			id, ok := t.LookupTopic([]byte(*tp.Topic))
+			if !ok {
+				continue
+			}
+			for _, p := range tp.Partitions {
+				if p.Leader == node {
+					keys = append(keys, seqstate.Key{Topic: id, Partition: p.Partition})
+				}
+			}
+		}
+		return keys, nil
+	}
+	if len(errs) == 0 {
+		return nil, errors.New("no upstream brokers")
+	}
+	return nil, errors.Join(errs...)
 }
