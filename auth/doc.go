@@ -8,7 +8,9 @@
 // authenticated"). Until then the proxy decides nothing for it: no table
 // entry, no in-flight registration, no warm-up, no answer of its own. The
 // SASL exchange itself is relayed untouched on the connection's own broker
-// connection; the proxy only reads it ([State]).
+// connection; the proxy only reads it ([State]). A session follows its
+// connection with a [Client] (the exchanges, the certificate's principal,
+// whether its state can be scoped), sharing an [Env] with the others.
 //
 //   - PLAIN: the broker's one SaslAuthenticate answer, error 0.
 //   - SCRAM-SHA-256/512: the second answer (server-final), error 0. The first

@@ -95,14 +95,14 @@ func (c *session) noteResponse(p *pending, body []byte) {
 		if err != nil {
 			off = len(body) // an undecodable answer: a failure
 		}
-		c.noteAuthAnswer(p, body[off:])
+		c.auth.NoteAnswer(p.sasl, body[off:], p.version, &c.s.authEnv, c.log)
 	default:
-		if !c.auth.Started.Load() {
+		if !c.auth.SASL.Started.Load() {
 			if !c.s.openUpstream.Load() {
 				c.s.openUpstream.Store(true)
 			}
 		} else {
-			c.auth.Served()
+			c.auth.SASL.Served()
 		}
 	}
 }

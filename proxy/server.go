@@ -84,14 +84,14 @@ type Server struct {
 	answerLog      logLimiter                                       // lines about batches the proxy answered itself
 	topicCounters  atomic.Pointer[map[string]*metrics.TopicCounter] // listed topics' counters (metrics: true)
 
-	principals      auth.Principals // numbers for the principals of authenticated connections (auth.go)
-	own             *tail.Conns     // the proxy's own broker connections (the probe, tails, a take's partitions)
-	tails           *tail.Reader    // partitions' tails (warm.go)
-	warmSlots       chan struct{}   // one per warm-up running (dedup.warm.max_concurrent)
-	warmLog         logLimiter      // warm-up failures
-	unfollowedMechs sync.Map        // SASL mechanisms the proxy cannot follow, said once each
-	replicas        *replica.Set    // nil when the proxy runs on its own (replicas.go)
-	replicaMetrics  *replica.Metrics
+	principals     auth.Principals // numbers for the principals of authenticated connections (package auth)
+	own            *tail.Conns     // the proxy's own broker connections (the probe, tails, a take's partitions)
+	tails          *tail.Reader    // partitions' tails (warm.go)
+	warmSlots      chan struct{}   // one per warm-up running (dedup.warm.max_concurrent)
+	warmLog        logLimiter      // warm-up failures
+	authEnv        auth.Env        // what client connections' authentication shares, set by Start
+	replicas       *replica.Set    // nil when the proxy runs on its own (replicas.go)
+	replicaMetrics *replica.Metrics
 
 	// tls is TLS on both legs (tls.go, package auth), set by Start.
 	tls auth.TLS
@@ -217,6 +217,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.setupTLS(); err != nil {
 		return err
 	}
+	s.setupAuth()
 	s.replicaMetrics = newReplicaMetrics(s)
 	if err := s.replicaStart(); err != nil {
 		return fmt.Errorf("%w: %v", config.ErrInvalidConfig, err)
@@ -567,7 +568,7 @@ func (s *Server) handle(c net.Conn, node int32) {
 	sess := newSession(s, id, tr, up, log.With("broker", addr))
 	sess.rnode = rnode
 	if tc, ok := c.(*auth.Conn); ok {
-		sess.noteTLSPrincipal(tc.ConnectionState())
+		sess.auth.NoteTLS(tc.ConnectionState(), &s.authEnv, sess.log)
 	}
 	if !s.track(sess, tr) {
 		c.Close()

@@ -57,13 +57,10 @@ type session struct {
 	closeOnce  sync.Once
 	closed     chan struct{} // closed by closeAll: waits give up
 
-	// Authentication (auth.go): the SASL exchange as readLoop and
+	// Authentication (package auth): the SASL exchange as readLoop and
 	// responseLoop see it, the TLS client certificate's principal, and
-	// unscoped once the proxy cannot scope the connection's state.
-	auth     auth.State
-	tlsName  string
-	tlsID    auth.PrincipalID
-	unscoped atomic.Bool
+	// whether the proxy can scope the connection's state.
+	auth auth.Client
 
 	warmSlots chan struct{} // one per warm-up this connection runs (connWarmups)
 
@@ -129,7 +126,7 @@ type pending struct {
 	plan         *producePlan // Produce decided by the core, else nil
 	initTxn      bool         // InitProducerId for a transactional id: feeds fencing
 	relayed      bool         // the response went to the client as it was read (relay.Fetch)
-	sasl         *auth.Step   // SaslHandshake, SaslAuthenticate: what the request means (auth.go)
+	sasl         *auth.Step   // SaslHandshake, SaslAuthenticate: what the request means (package auth)
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{} }}
@@ -365,7 +362,7 @@ func (c *session) readLoop() {
 		case int16(kmsg.InitProducerID):
 			initTxn = c.s.table != nil && isTransactionalInit(body[h.BodyOffset:], h.APIVersion)
 		case int16(kmsg.SASLHandshake), int16(kmsg.SASLAuthenticate):
-			sasl = c.noteAuthRequest(h, body)
+			sasl = c.auth.NoteRequest(h.APIKey, body[h.BodyOffset:], h.APIVersion, &c.s.authEnv, c.log)
 		}
 		if respond {
 			p := c.newPending(h, start, api)
@@ -824,3 +821,22 @@ func (c *session) answerUnsupportedAPIVersions(h protocol.RequestHeader, start t
 // enqueue queues p for responseLoop (blocking at MaxInflight: the
 // backpressure).
 func (c *session) enqueue(p *pending) { c.queue.Push(p) }
+
+// authenticated returns the connection's principal once the broker has
+// authenticated it (auth.Client.Authenticated); ok is false before, and
+// for a connection the proxy cannot scope.
+func (c *session) authenticated() (auth.Principal, bool) {
+	return c.auth.Authenticated(c.s.openUpstream.Load())
+}
+
+func (c *session) isAuthenticated() bool {
+	_, ok := c.authenticated()
+	return ok
+}
+
+// preAuthentication reports whether the broker has not yet authenticated
+// the connection, as far as the proxy can tell: Kafka's limit on request
+// size applies until it has.
+func (c *session) preAuthentication() bool {
+	return c.auth.PreAuthentication(c.s.openUpstream.Load())
+}

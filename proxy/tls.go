@@ -25,6 +25,16 @@ func (s *Server) setupTLS() error {
 	return err
 }
 
+// setupAuth readies what client connections' authentication shares
+// (package auth). Called by Start, after setupTLS.
+func (s *Server) setupAuth() {
+	e := &s.authEnv
+	e.Principals, e.Certs = &s.principals, s.tls.Principals
+	e.OAuthClaim = s.Config.OAuthBearerPrincipalClaim
+	e.Unfollowed = s.Metrics.AuthUnfollowed.Inc
+	e.RelayedOnly = func(reason string) { s.Metrics.AuthRelayedOnly.WithLabelValues(reason).Inc() }
+}
+
 // dialUpstream connects to the broker at addr: a TCP connection through
 // s.Dial and, with upstream TLS, a handshake that verifies the broker's
 // certificate for its host (or upstream_tls.server_name). ctx bounds both.
