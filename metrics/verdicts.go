@@ -1,6 +1,12 @@
 package metrics
 
-import "github.com/dedupproxy/dedupproxy/decide"
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/decide"
+)
 
 // Count counts one decided part of a Produce request: its outcome in
 // batches_total (and in tc's, for a listed topic; tc may be nil), the
@@ -88,4 +94,86 @@ func batchOutcome(pp *decide.PartPlan, waited bool) int {
 		return OutSequenceReuse
 	}
 	return OutAccepted
+}
+
+// LogVerdict writes one line for a part the proxy answered or cut itself,
+// or would have in enforce mode ("would ..."): pp is the part's plan, p
+// the part as decided, in topic, from the client clientID authenticated as
+// principal. An operator of a payment system wants to see each one, and
+// one running observe mode before enforcing wants to read what it would
+// drop; the caller rate-limits the lines (LogLimiter), suppressed is how
+// many it let go since the last.
+func LogVerdict(log *slog.Logger, pp *decide.PartPlan, p *decide.Part, topic, clientID, principal string, suppressed int) {
+	v := &pp.Verdict
+	attrs := []any{"topic", topic, "partition", p.Partition, "client_id", clientID, "principal", principal,
+		"rule", v.Rule.String(), "records", v.Records}
+	if v.Dropped > 0 {
+		attrs = append(attrs, "dropped", v.Dropped)
+	}
+	if v.Original >= 0 {
+		attrs = append(attrs, "original_offset", v.Original, "original_age", v.Age.Round(time.Millisecond))
+	}
+	if pp.Act == decide.Answer {
+		if pp.Local.ErrorCode != 0 {
+			attrs = append(attrs, "error_code", pp.Local.ErrorCode)
+		} else {
+			attrs = append(attrs, "offset", pp.Local.BaseOffset)
+		}
+	}
+	if !v.Legacy {
+		attrs = append(attrs, "producer_id", p.Header.ProducerID, "epoch", p.Header.ProducerEpoch, "first_seq", p.Header.BaseSequence)
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, "suppressed", suppressed)
+	}
+	var msg string
+	switch {
+	case pp.Act == decide.Forward && v.Would == decide.Answer && v.Rule == decide.RuleSequenceReuse:
+		msg = "would refuse a sequence reused for other records"
+	case pp.Act == decide.Forward && v.Would == decide.Answer:
+		msg = "would answer as a retry (observe mode: written)"
+	case pp.Act == decide.Forward && v.Would == decide.Rebuild:
+		msg = "would drop records already written (observe mode: written)"
+	case pp.Act == decide.Answer && pp.Local.ErrorCode != 0 && v.Rule == decide.RuleSequenceReuse:
+		msg = "refused: a sequence reused for other records (Kafka would drop them silently)"
+	case pp.Act == decide.Answer && pp.Local.ErrorCode != 0:
+		msg = "answered REQUEST_TIMED_OUT: the outcome it waited for did not come in time"
+	case pp.Act == decide.Answer && pp.Local.BaseOffset >= 0:
+		msg = "answered as a retry with the original's offset"
+	case pp.Act == decide.Answer:
+		msg = "answered as a retry, offset -1 (no one offset is true for the whole batch)"
+	case pp.Act == decide.Rebuild:
+		msg = "dropped records already written; the rest forwarded"
+	default:
+		return
+	}
+	log.Info(msg, attrs...)
+}
+
+// LogLimiter lets at most 20 lines through each second and counts the
+// rest, which the next line that passes reports.
+type LogLimiter struct {
+	mu         sync.Mutex
+	second     int64
+	n          int
+	suppressed int
+}
+
+const logPerSecond = 20
+
+// Allow reports whether a line may be written at now, and how many were
+// let go since the last that was.
+func (l *LogLimiter) Allow(now time.Time) (ok bool, suppressed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := now.Unix(); s != l.second {
+		l.second, l.n = s, 0
+	}
+	if l.n >= logPerSecond {
+		l.suppressed++
+		return false, 0
+	}
+	l.n++
+	suppressed, l.suppressed = l.suppressed, 0
+	return true, suppressed
 }

@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -105,32 +103,6 @@ func (c *session) noteResponse(p *pending, body []byte) {
 			c.auth.SASL.Served()
 		}
 	}
-}
-
-// logLimiter lets at most perSecond lines through each second and counts
-// the rest, which the next line that passes reports.
-type logLimiter struct {
-	mu         sync.Mutex
-	second     int64
-	n          int
-	suppressed int
-}
-
-const answerLogPerSecond = 20
-
-func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if s := now.Unix(); s != l.second {
-		l.second, l.n = s, 0
-	}
-	if l.n >= answerLogPerSecond {
-		l.suppressed++
-		return false, 0
-	}
-	l.n++
-	suppressed, l.suppressed = l.suppressed, 0
-	return true, suppressed
 }
 
 // isTransactionalInit reports whether an InitProducerId request names a

@@ -584,7 +584,7 @@ func (s *Server) warmPartition(topic string, k decide.TailKey) {
 	}
 	if err != nil {
 		s.Metrics.Warmups[metrics.WarmFailed].Inc()
-		if ok, suppressed := s.warmLog.allow(s.now()); ok {
+		if ok, suppressed := s.warmLog.Allow(s.now()); ok {
 			s.Logger.Warn("cannot read partition tail; deciding its batches without it", "topic", topic, "partition", k.Partition, "err", err, "suppressed", suppressed)
 		}
 		s.stepWake(&decide.Event{Kind: decide.EvTailFailed, Tail: k}, nil)

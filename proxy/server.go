@@ -81,16 +81,16 @@ type Server struct {
 	pendingBatches atomic.Int64                                     // batches sent upstream, not yet settled
 	byID           sync.Map                                         // session id -> *session, to wake a waiting request
 	openUpstream   atomic.Bool                                      // a broker answered a request without authentication (see session.authenticated)
-	answerLog      logLimiter                                       // lines about batches the proxy answered itself
+	answerLog      metrics.LogLimiter                               // lines about batches the proxy answered itself
 	topicCounters  atomic.Pointer[map[string]*metrics.TopicCounter] // listed topics' counters (metrics: true)
 
-	principals     auth.Principals // numbers for the principals of authenticated connections (package auth)
-	own            *tail.Conns     // the proxy's own broker connections (the probe, tails, a take's partitions)
-	tails          *tail.Reader    // partitions' tails (warm.go)
-	warmSlots      chan struct{}   // one per warm-up running (dedup.warm.max_concurrent)
-	warmLog        logLimiter      // warm-up failures
-	authEnv        auth.Env        // what client connections' authentication shares, set by Start
-	replicas       *replica.Set    // nil when the proxy runs on its own (replicas.go)
+	principals     auth.Principals    // numbers for the principals of authenticated connections (package auth)
+	own            *tail.Conns        // the proxy's own broker connections (the probe, tails, a take's partitions)
+	tails          *tail.Reader       // partitions' tails (warm.go)
+	warmSlots      chan struct{}      // one per warm-up running (dedup.warm.max_concurrent)
+	warmLog        metrics.LogLimiter // warm-up failures
+	authEnv        auth.Env           // what client connections' authentication shares, set by Start
+	replicas       *replica.Set       // nil when the proxy runs on its own (replicas.go)
 	replicaMetrics *replica.Metrics
 
 	// tls is TLS on both legs (tls.go, package auth), set by Start.
