@@ -15,6 +15,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/metrics"
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/replica"
+	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // ErrAdminPortTaken is returned when a listener the proxy needs would take
@@ -308,4 +309,26 @@ func (r *Registry) Unbound() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Mapper is what a session hands package rewrite for a response: the
+// registry maps broker addresses, and the topics of every Metadata
+// response are interned in Table (nil: none) so that Produce requests can
+// be keyed (only topics the cluster knows are interned, never a name a
+// client made up).
+type Mapper struct {
+	*Registry
+	Table *seqstate.Table
+}
+
+// ObserveTopics interns a Metadata response's topics (rewrite.TopicObserver).
+func (m *Mapper) ObserveTopics(topics []rewrite.TopicInfo) {
+	if m.Table == nil {
+		return
+	}
+	refs := make([]seqstate.TopicRef, len(topics))
+	for i, t := range topics {
+		refs[i] = seqstate.TopicRef{Name: t.Name, ID: t.ID, Partitions: t.Partitions}
+	}
+	m.Table.InternTopics(refs)
 }

@@ -11,9 +11,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/metrics"
-	"github.com/dedupproxy/dedupproxy/nodes"
 	"github.com/dedupproxy/dedupproxy/protocol"
-	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -60,26 +58,6 @@ func (s *Server) keysOn() bool {
 		}
 	}
 	return false
-}
-
-// responseMapper is what session.rewrite hands the protocol package: the
-// node registry maps broker addresses, and the topics of every Metadata
-// response are interned so that Produce requests can be keyed (only topics
-// the cluster knows are interned, never a name a client made up).
-type responseMapper struct {
-	*nodes.Registry
-	table *seqstate.Table
-}
-
-func (m responseMapper) ObserveTopics(topics []rewrite.TopicInfo) {
-	if m.table == nil {
-		return
-	}
-	refs := make([]seqstate.TopicRef, len(topics))
-	for i, t := range topics {
-		refs[i] = seqstate.TopicRef{Name: t.Name, ID: t.ID, Partitions: t.Partitions}
-	}
-	m.table.InternTopics(refs)
 }
 
 // noteResponse learns from a broker response what authenticated needs:

@@ -21,6 +21,7 @@ import (
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/metrics"
+	"github.com/dedupproxy/dedupproxy/nodes"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
 	"github.com/dedupproxy/dedupproxy/relay"
@@ -153,7 +154,7 @@ func newSession(s *Server, id uint64, client, upstream net.Conn, log *slog.Logge
 	}
 	c.fetch = relay.Fetch{
 		Client: client, RawClient: c.rawClient, RawUp: c.rawUp, MaxFrame: s.Config.MaxFrameBytes,
-		Mapper:      &responseMapper{&s.nodes, s.table},
+		Mapper:      &nodes.Mapper{Registry: &s.nodes, Table: s.table},
 		Metrics:     relay.FetchMetrics{BrokerRead: s.Metrics.BrokerReadBytes, ClientWritten: s.Metrics.ClientWrittenBytes},
 		Now:         s.now,
 		ExtendWrite: c.extendClientWrite,
@@ -747,7 +748,7 @@ func (c *session) rewrite(p *pending, bp *[]byte, body []byte) error {
 	if err != nil {
 		return err
 	}
-	out, changed, err = rewrite.Addresses(nil, p.key, p.version, body[off:], &responseMapper{&c.s.nodes, c.s.table})
+	out, changed, err = rewrite.Addresses(nil, p.key, p.version, body[off:], &nodes.Mapper{Registry: &c.s.nodes, Table: c.s.table})
 	if err != nil {
 		return err
 	}
