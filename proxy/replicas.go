@@ -75,7 +75,7 @@ func (c *session) replicaGateSlow(rs *replica.Set, tr *relay.Tracker, h protocol
 	// Wait at most the request's own timeout (the client gives up then),
 	// and no longer than a drain.
 	bound := min(max(time.Duration(req.TimeoutMillis)*time.Millisecond, 250*time.Millisecond), c.s.Config.DrainTimeout)
-	switch v, target := rs.Hold(n, &heldRequest{tr: tr, corr: h.CorrelationID, closed: c.closed}, bound, start); v {
+	switch v, target := rs.Hold(n, tr.Held(h.CorrelationID, c.closed), bound, start); v {
 	case replica.Forward:
 		return false
 	case replica.Redirect:
@@ -85,18 +85,6 @@ func (c *session) replicaGateSlow(rs *replica.Set, tr *relay.Tracker, h protocol
 	}
 	return true
 }
-
-// heldRequest is a Produce request's connection as the gate holds it.
-type heldRequest struct {
-	tr     *relay.Tracker
-	corr   int32
-	closed chan struct{}
-}
-
-func (r *heldRequest) Sent()                   { r.tr.ProduceSent(r.corr) }
-func (r *heldRequest) Unsent()                 { r.tr.ProduceUnsent() }
-func (r *heldRequest) Closed() <-chan struct{} { return r.closed }
-func (r *heldRequest) Gone() <-chan struct{}   { return r.tr.Gone() }
 
 // redirect answers a Produce request NOT_LEADER_OR_FOLLOWER pointing at
 // target, then stops reading the connection: it closes once that answer

@@ -216,3 +216,23 @@ type Drain interface {
 	Draining() bool
 	CheckDrained()
 }
+
+// Held is a Produce request on the tracker's connection as a replica's
+// gate holds it (replica.Held): Sent and Unsent count it as forwarded or
+// not, Closed is the session's closing, Gone the client's leaving.
+type Held struct {
+	tr     *Tracker
+	corr   int32
+	closed <-chan struct{}
+}
+
+// Held returns the request of correlation id corr on t's connection as a
+// gate holds it; closed is closed when the session closes.
+func (t *Tracker) Held(corr int32, closed <-chan struct{}) *Held {
+	return &Held{tr: t, corr: corr, closed: closed}
+}
+
+func (h *Held) Sent()                   { h.tr.ProduceSent(h.corr) }
+func (h *Held) Unsent()                 { h.tr.ProduceUnsent() }
+func (h *Held) Closed() <-chan struct{} { return h.closed }
+func (h *Held) Gone() <-chan struct{}   { return h.tr.Gone() }
