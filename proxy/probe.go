@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/dedupproxy/dedupproxy/protocol/rewrite"
-	"github.com/dedupproxy/dedupproxy/seqstate"
+	"github.com/dedupproxy/dedupproxy/tail"
 )
 
 // Probe asks the upstream bootstrap brokers, one after another, for the
@@ -51,13 +51,7 @@ func (s *Server) probeOne(ctx context.Context, addr string, topics bool) error {
 	}
 	if topics {
 		if t := s.table; t != nil {
-			refs := make([]seqstate.TopicRef, 0, len(resp.Topics))
-			for _, tp := range resp.Topics {
-				if tp.ErrorCode == 0 && tp.Topic != nil {
-					refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID, Partitions: int32(len(tp.Partitions))})
-				}
-			}
-			t.InternTopics(refs)
+			t.InternTopics(tail.TopicRefs(resp.Topics))
 		}
 		rewrite.ObserveLeaders(&s.nodes, resp.Topics)
 	}

@@ -97,13 +97,7 @@ func (cs *Conns) PartitionsLedBy(ctx context.Context, bootstrap []string, node i
 			errs = append(errs, err)
 			continue
 		}
-		refs := make([]seqstate.TopicRef, 0, len(resp.Topics))
-		for _, tp := range resp.Topics {
-			if tp.Topic != nil && tp.ErrorCode == 0 {
-				refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID, Partitions: int32(len(tp.Partitions))})
-			}
-		}
-		t.InternTopics(refs)
+		t.InternTopics(TopicRefs(resp.Topics))
 		var keys []seqstate.Key
 		for _, tp := range resp.Topics {
 			if tp.Topic == nil || tp.ErrorCode != 0 {
@@ -125,4 +119,16 @@ func (cs *Conns) PartitionsLedBy(ctx context.Context, bootstrap []string, node i
 		return nil, errors.New("no upstream brokers")
 	}
 	return nil, errors.Join(errs...)
+}
+
+// TopicRefs are the topics of a Metadata response that the cluster
+// answered without error, as a table interns them.
+func TopicRefs(topics []kmsg.MetadataResponseTopic) []seqstate.TopicRef {
+	refs := make([]seqstate.TopicRef, 0, len(topics))
+	for _, tp := range topics {
+		if tp.Topic != nil && tp.ErrorCode == 0 {
+			refs = append(refs, seqstate.TopicRef{Name: *tp.Topic, ID: tp.TopicID, Partitions: int32(len(tp.Partitions))})
+		}
+	}
+	return refs
 }
