@@ -114,13 +114,6 @@ func testHook(where string) {
 	}
 }
 
-// dedupKey is the table key of a (producer, topic name, partition) of an
-// ANONYMOUS client, for tests and diagnostics.
-func (s *Server) dedupKey(topic string, pid int64, partition int32) seqstate.Key {
-	id, _ := s.table.LookupTopic([]byte(topic))
-	return seqstate.Key{ProducerID: pid, Topic: id, Partition: partition}
-}
-
 // SetDedup applies the dedup settings a running proxy can change (mode,
 // legacy match, per-topic settings), as SIGHUP does; sizes and windows
 // need a restart. Mode off at start has no tables: leaving it needs a

@@ -490,3 +490,10 @@ func TestLocalAnswersAcrossSessions(t *testing.T) {
 		t.Fatalf("%d Produce requests reached the broker, want only the original", n)
 	}
 }
+
+// dedupKey is the table key of a (producer, topic name, partition) of an
+// ANONYMOUS client.
+func (s *Server) dedupKey(topic string, pid int64, partition int32) seqstate.Key {
+	id, _ := s.table.LookupTopic([]byte(topic))
+	return seqstate.Key{ProducerID: pid, Topic: id, Partition: partition}
+}
