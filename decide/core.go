@@ -420,12 +420,17 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
 			}
 			return protocol.BatchValid(p.Records, &p.Header) == 0
 		}
-		switch r := op.Result; {
-		case st.flying && (r.Decision == seqstate.Accept || r.Decision == seqstate.OutOfOrder):
+		if r := op.Result.Decision; st.flying && r != seqstate.Accept && r != seqstate.OutOfOrder {
+			// The original's answer was settled between the look and the
+			// table's decision: decided as usual.
+			c.unwait(req.Conn.id, []seqstate.Key{partKeyOf(p.Topic, p.Partition)})
+			st.flying = false
+		}
+		if st.flying {
 			// Its original's outcome is not known yet: the broker would
 			// answer this resend with it.
 			pp.Verdict.Rule = RuleInFlight
-			st.pending, st.commit = r.Decision == seqstate.Accept, false
+			st.pending, st.commit = op.Result.Decision == seqstate.Accept, false
 			wait = true
 			pl.waitOn = appendKey(pl.waitOn, partKeyOf(p.Topic, p.Partition))
 			continue
