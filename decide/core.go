@@ -281,6 +281,7 @@ func (c *Core) decideOnce(req *Request, pl *Plan, now time.Time) {
 	}
 	c.rebuild(req, pl)
 	pl.account()
+	c.flyUnregistered(req, pl, now)
 }
 
 // giveUp decides a request whose wait ran out: what it waited for is

@@ -132,3 +132,32 @@ func (c *Core) awaitFlying(k seqstate.Key, b seqstate.Batch, conn ConnID, now ti
 	}
 	return false
 }
+
+// flyUnregistered keeps as flying the idempotent batches of a decided
+// request that go upstream without a registration in the table (decided
+// out of order or fenced, where the table's view may be behind the
+// broker's, or an acks=1 resend of a batch in flight): the broker may
+// append them, so a resend of one waits for its answer too. Their answer,
+// a lost connection or an unsent request lands them (settleIdempotent).
+func (c *Core) flyUnregistered(req *Request, pl *Plan, now time.Time) {
+	if req.Acks == 0 {
+		return
+	}
+	for i := range pl.st {
+		st := &pl.st[i]
+		if !st.legacy && st.pass < 0 && st.commit && !st.pending && pl.Parts[i].Act == Forward {
+			c.fly(st.key, st.batch, now)
+			st.flew = true
+		}
+	}
+}
+
+// landFlown lands the batches of pl that flyUnregistered kept flying.
+func (c *Core) landFlown(pl *Plan, now time.Time) {
+	for i := range pl.st {
+		if st := &pl.st[i]; st.flew {
+			c.land(st.key, st.batch, now)
+			st.flew = false
+		}
+	}
+}

@@ -94,7 +94,10 @@ func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartitio
 	switch {
 	case st.pass >= 0:
 	case !st.legacy:
-		if st.pending || st.commit {
+		// A batch forwarded without a registration and not appended has
+		// nothing of its own to release, and a release would take another
+		// copy's registration of the same sequences.
+		if st.pending || st.commit && appended {
 			ts := pr.LogAppendTime
 			if ts < 0 {
 				ts = st.maxTS
@@ -257,6 +260,9 @@ func (c *Core) settleIdempotent(pl *Plan, now time.Time) {
 	if len(pl.seqOuts) > 0 {
 		c.settleTable(pl, pl.seqOuts, now)
 		pl.seqOuts = pl.seqOuts[:0]
+	}
+	if c.flying.Load() > 0 {
+		c.landFlown(pl, now)
 	}
 	for i := range pl.st {
 		pl.st[i].pending, pl.st[i].commit = false, false

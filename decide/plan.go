@@ -67,6 +67,7 @@ type partState struct {
 	maxTS   int64
 	pending bool // idempotent: registered in the table
 	flying  bool // idempotent: a resend of a flying batch (flying.go), waiting for it
+	flew    bool // idempotent: forwarded without a registration in the table, kept flying until its answer
 	commit  bool // idempotent: commit if appended
 	// legacy: m holds the records it repeats, b those sent upstream
 	m, b            batchRef

@@ -80,6 +80,7 @@ var (
 	shIdemFwdLost     = shape{name: "idempotent resend forwarded: its original's answer lost with the broker connection", fwd: true}
 	shIdemFwdNoOffset = shape{name: "idempotent resend forwarded: its original appended without an offset (REQUEST_TIMED_OUT) or with acks=1", fwd: true}
 	shIdemFwdRestart  = shape{name: "idempotent resend forwarded across a proxy restart (the table is memory)", fwd: true}
+	shIdemFwdBeyond   = shape{name: "idempotent resend forwarded, the broker refusing it as out of order: more of its producer's batches on their way than the 5 Kafka retains", fwd: true}
 	// An answer's offset holding a record the rule can tell from the one
 	// answered (invariant 5), per record.
 	shWrongOffset = shape{name: "answered with the offset of another record of the same content (an unknown outcome settled from the log)"}
@@ -88,7 +89,7 @@ var (
 var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent, shIdemEpoch,
 	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend, shMiddlebox, shMovedAcrossRep, shContentOnlyTaken, shHandoverUnsettled,
 	shDropContent, shDropShared, shDropRestart, shDropOwn, shDropUnknownOther, shDropOther, shWrongOffset,
-	shIdemForwarded, shIdemFwdLost, shIdemFwdNoOffset, shIdemFwdRestart}
+	shIdemForwarded, shIdemFwdLost, shIdemFwdNoOffset, shIdemFwdRestart, shIdemFwdBeyond}
 
 // result is what one run found.
 type result struct {

@@ -54,6 +54,13 @@ func (w *world) noteIdempotent(d *deciding) {
 			w.idemResent++
 			if pp.Act == decide.Forward {
 				sh := w.idemForwardShape(req, copies, b.partition)
+				if sh.covered && ref.code == kerr.OutOfOrderSequenceNumber.Code {
+					// The broker itself would refuse this resend now: it
+					// neither follows its producer's last batch nor is
+					// one of the 5 Kafka retains, so more of its
+					// producer's batches are on their way than that.
+					sh = shIdemFwdBeyond
+				}
 				w.idemForwarded[sh.name]++
 				if sh.covered {
 					e := copies[len(copies)-1]
