@@ -6,13 +6,14 @@ import (
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
-// flyingBatch is an idempotent batch still on its way to the broker whose
-// registration in the table a release of an earlier batch of its producer
-// took with it (seqstate.Table.SettleBatchesDropped): the broker refuses
-// it as out of order, unless a resend of the released batch reaches the
-// log first, and then it appends it. Until its own answer, a resend of it
-// waits, as a resend of any batch in flight does (docs/produce-path.md,
-// "Idempotent batches").
+// flyingBatch is an idempotent batch still on its way to the broker that
+// the table does not hold as pending: its registration went with a refused
+// earlier batch of its producer, or with a producer the table forgot
+// (seqstate.Table.SettleBatchesDropped), or it was forwarded without one
+// (flyUnregistered). The broker may still append it, so until its own
+// answer a resend of it waits, as a resend of any batch in flight does
+// (docs/produce-path.md, "Idempotent batches"). Two copies of one batch
+// flying at once are kept as one: the first answer lands it.
 type flyingBatch struct {
 	key   seqstate.Key
 	batch seqstate.Batch
