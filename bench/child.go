@@ -18,6 +18,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/dedupproxy/dedupproxy/bench/load"
+	"github.com/dedupproxy/dedupproxy/bench/wire"
 )
 
 // The bench runs every party in its own OS process: upstream, floor relay,
@@ -29,7 +32,7 @@ import (
 //
 //	upstream -kind kfake|kfake-store|sink -partitions N -topics a,b
 //	floor -seed host:port
-//	load                  (reads a loadSpec as JSON on stdin)
+//	load                  (reads a load.Spec as JSON on stdin)
 //
 // upstream and floor print one JSON line with their addresses on stdout
 // and serve until stdin closes (the parent exits or stops them) or
@@ -94,7 +97,7 @@ func upstreamChild(args []string) error {
 		}
 		addrs, closeFn = c.ListenAddrs(), c.Close
 	case "sink":
-		s, err := StartSink("127.0.0.1:0", int32(*partitions))
+		s, err := wire.StartSink("127.0.0.1:0", int32(*partitions))
 		if err != nil {
 			return err
 		}
@@ -112,7 +115,7 @@ func floorChild(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	f, err := StartFloor(*seed)
+	f, err := wire.StartFloor(*seed)
 	if err != nil {
 		return err
 	}
@@ -155,7 +158,7 @@ func loadChild() error {
 	if err != nil {
 		return fmt.Errorf("read spec: %w", err)
 	}
-	var spec loadSpec
+	var spec load.Spec
 	if err := json.Unmarshal(line, &spec); err != nil {
 		return fmt.Errorf("decode spec: %w", err)
 	}
@@ -172,16 +175,16 @@ func loadChild() error {
 			goErr = fmt.Errorf("waiting for go: %q %v", l, err)
 		}
 	}
-	var shim *Shim
+	var shim *wire.Shim
 	var dial func(context.Context, string, string) (net.Conn, error)
 	if spec.RetryRate > 0 {
-		shim = NewShim(spec.RetryRate)
+		shim = wire.NewShim(spec.RetryRate)
 		defer shim.Close()
 		dial = shim.Dial
 		if spec.Cluster {
 			// The shim reads frames: it speaks TLS to the real cluster,
 			// the producers plaintext (and SASL) to it.
-			c, err := clusterFromEnv()
+			c, err := load.ClusterFromEnv()
 			if err != nil {
 				return err
 			}
@@ -189,7 +192,7 @@ func loadChild() error {
 			spec.Cluster, spec.SASL = false, true
 		}
 	}
-	res, err := runLoad(ctx, spec.Seeds, dial, spec)
+	res, err := load.Run(ctx, spec.Seeds, dial, spec)
 	if goErr != nil {
 		return goErr
 	}
@@ -204,11 +207,7 @@ func loadChild() error {
 	if shim != nil {
 		_, rep.AcksDropped = shim.Counts()
 	}
-	for i := range res.Hist.counts {
-		if c := res.Hist.counts[i].Load(); c > 0 {
-			rep.Hist = append(rep.Hist, [2]uint64{uint64(i), c})
-		}
-	}
+	rep.Hist = res.Hist.Sparse()
 	return out.Encode(rep)
 }
 
@@ -364,7 +363,7 @@ func startFloorProc(ctx context.Context, seed string) (*upstream, error) {
 type loadPhase struct{ c *child }
 
 // startLoad starts a load child for spec and waits until it has warmed up.
-func startLoad(ctx context.Context, spec loadSpec) (*loadPhase, error) {
+func startLoad(ctx context.Context, spec load.Spec) (*loadPhase, error) {
 	c, err := startChild("load")
 	if err != nil {
 		return nil, err
@@ -386,25 +385,20 @@ func startLoad(ctx context.Context, spec loadSpec) (*loadPhase, error) {
 }
 
 // run starts the timed phase and returns its result.
-func (l *loadPhase) run(ctx context.Context, timeout time.Duration) (loadResult, int64, error) {
+func (l *loadPhase) run(ctx context.Context, timeout time.Duration) (load.Result, int64, error) {
 	defer l.c.stop()
 	if _, err := io.WriteString(l.c.stdin, "go\n"); err != nil {
 		l.c.kill()
-		return loadResult{}, 0, err
+		return load.Result{}, 0, err
 	}
 	var rep loadReport
 	if err := l.c.readJSON(ctx, timeout, &rep); err != nil {
-		return loadResult{}, 0, err
+		return load.Result{}, 0, err
 	}
-	res := loadResult{Sent: rep.Sent, Acked: rep.Acked, Failed: rep.Failed, Bytes: rep.Bytes, AckedInWindow: rep.AckedInWindow,
-		Elapsed: time.Duration(rep.ElapsedNs), Hist: new(histogram)}
+	res := load.Result{Sent: rep.Sent, Acked: rep.Acked, Failed: rep.Failed, Bytes: rep.Bytes, AckedInWindow: rep.AckedInWindow,
+		Elapsed: time.Duration(rep.ElapsedNs), Hist: load.FromSparse(rep.Hist)}
 	if rep.FirstErr != "" {
 		res.FirstErr = errors.New(rep.FirstErr)
-	}
-	for _, b := range rep.Hist {
-		if b[0] < uint64(len(res.Hist.counts)) {
-			res.Hist.counts[b[0]].Store(b[1])
-		}
 	}
 	return res, rep.AcksDropped, nil
 }

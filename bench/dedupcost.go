@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+
+	"github.com/dedupproxy/dedupproxy/bench/load"
 )
 
 // runDedupCost compares two proxy processes in front of one upstream, one
@@ -12,7 +14,7 @@ import (
 // what deciding every batch costs, as the per-pair ratio of their CPU per
 // MB. The off proxy is also measured twice per repetition (A/A), for the
 // noise of that ratio.
-func runDedupCost(ctx context.Context, cfg Config, dir string, base loadSpec, idempotent bool, reps int, log *slog.Logger) (Row, error) {
+func runDedupCost(ctx context.Context, cfg Config, dir string, base load.Spec, idempotent bool, reps int, log *slog.Logger) (Row, error) {
 	kind := cfg.DedupCostUpstream
 	l := base
 	l.RecordSize, l.Idempotent, l.Acks, l.RetryRate = cfg.DedupCostSize, idempotent, "all", 0

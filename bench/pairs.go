@@ -7,6 +7,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/dedupproxy/dedupproxy/bench/load"
 )
 
 // Side is what one target (direct, its A/A twin, the floor relay, the
@@ -106,7 +108,7 @@ type endpoint struct {
 
 // phase is what one phase of one target measured.
 type phase struct {
-	res     loadResult
+	res     load.Result
 	dropped int64
 	cpu     time.Duration
 	sys     time.Duration // of which in the kernel
@@ -120,7 +122,7 @@ var outcomes = []string{"duplicate", "in_flight_wait", "accepted", "legacy_accep
 // even repetitions and in reverse on odd ones, so each target goes first
 // against the reference in half of its pairs and machine drift hits all
 // alike. Each phase is a fresh load process.
-func runPairs(ctx context.Context, spec loadSpec, eps []endpoint, reps int, log *slog.Logger, label string) ([][]phase, error) {
+func runPairs(ctx context.Context, spec load.Spec, eps []endpoint, reps int, log *slog.Logger, label string) ([][]phase, error) {
 	out := make([][]phase, reps)
 	for rep := range reps {
 		out[rep] = make([]phase, len(eps))
@@ -141,7 +143,7 @@ func runPairs(ctx context.Context, spec loadSpec, eps []endpoint, reps int, log 
 			r := ph.res
 			log.Info("phase", "row", label, "rep", rep, "target", ep.name, "acked", r.Acked, "failed", r.Failed,
 				"mb_per_s", fmt.Sprintf("%.1f", float64(r.Bytes)/1e6/r.Elapsed.Seconds()),
-				"p50", r.Hist.quantile(0.5).Round(time.Microsecond), "p99", r.Hist.quantile(0.99).Round(time.Microsecond),
+				"p50", r.Hist.Quantile(0.5).Round(time.Microsecond), "p99", r.Hist.Quantile(0.99).Round(time.Microsecond),
 				"cpu_ms", ph.cpu.Milliseconds(), "sys_ms", ph.sys.Milliseconds(), "acked_in_window", r.AckedInWindow)
 			if r.Failed > 0 {
 				log.Warn("records failed", "target", ep.name, "first_err", r.FirstErr)
@@ -151,7 +153,7 @@ func runPairs(ctx context.Context, spec loadSpec, eps []endpoint, reps int, log 
 	return out, nil
 }
 
-func runPhase(ctx context.Context, spec loadSpec, ep endpoint) (phase, error) {
+func runPhase(ctx context.Context, spec load.Spec, ep endpoint) (phase, error) {
 	ph := phase{metrics: map[string]float64{}}
 	spec.Seeds, spec.Cluster, spec.SASL = ep.seeds, ep.cluster, ep.sasl
 	l, err := startLoad(ctx, spec)
@@ -219,7 +221,7 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 	for i, ep := range eps {
 		row.Targets = append(row.Targets, ep.name)
 		var s Side
-		var hist histogram
+		var hist load.Histogram
 		var bytes int64
 		var cpu, sys time.Duration
 		var hwm int64
@@ -239,7 +241,7 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 			cpu += ph.cpu
 			sys += ph.sys
 			hwm = max(hwm, ph.hwm)
-			hist.merge(ph.res.Hist)
+			hist.Merge(ph.res.Hist)
 			if ep.pid != 0 {
 				cpuMB = append(cpuMB, cpuPerMB(ph))
 			}
@@ -252,9 +254,9 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 				continue
 			}
 			thr = append(thr, ratio(mbps(ph), mbps(ref)))
-			if ph.res.Hist.total() > 0 && ref.res.Hist.total() > 0 {
-				p50 = append(p50, us(ph.res.Hist.quantile(0.5))-us(ref.res.Hist.quantile(0.5)))
-				p99 = append(p99, us(ph.res.Hist.quantile(0.99))-us(ref.res.Hist.quantile(0.99)))
+			if ph.res.Hist.Total() > 0 && ref.res.Hist.Total() > 0 {
+				p50 = append(p50, us(ph.res.Hist.Quantile(0.5))-us(ref.res.Hist.Quantile(0.5)))
+				p99 = append(p99, us(ph.res.Hist.Quantile(0.99))-us(ref.res.Hist.Quantile(0.99)))
 			}
 			if ep.pid != 0 && eps[0].pid != 0 {
 				cpuR = append(cpuR, ratio(cpuPerMB(ph), cpuPerMB(ref)))
@@ -264,7 +266,7 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 			s.RecPerSec = float64(s.Acked) / s.Seconds
 			s.MBPerSec = float64(bytes) / 1e6 / s.Seconds
 		}
-		s.P50us, s.P99us, s.P999us = us(hist.quantile(0.5)), us(hist.quantile(0.99)), us(hist.quantile(0.999))
+		s.P50us, s.P99us, s.P999us = us(hist.Quantile(0.5)), us(hist.Quantile(0.99)), us(hist.Quantile(0.999))
 		if ep.pid != 0 {
 			s.CPUSeconds, s.SysSeconds = cpu.Seconds(), sys.Seconds()
 			if bytes > 0 {
@@ -302,7 +304,7 @@ func ratio(a, b float64) float64 {
 type phaseAcc struct {
 	sent, acked, failed, dropped int64
 	elapsed                      time.Duration
-	hist                         histogram
+	hist                         load.Histogram
 }
 
 func (a *phaseAcc) side(size int) Side {
@@ -311,8 +313,8 @@ func (a *phaseAcc) side(size int) Side {
 		s.RecPerSec = float64(a.acked) / s.Seconds
 		s.MBPerSec = float64(a.acked) * float64(size) / 1e6 / s.Seconds
 	}
-	s.P50us = us(a.hist.quantile(0.50))
-	s.P99us = us(a.hist.quantile(0.99))
-	s.P999us = us(a.hist.quantile(0.999))
+	s.P50us = us(a.hist.Quantile(0.50))
+	s.P99us = us(a.hist.Quantile(0.99))
+	s.P999us = us(a.hist.Quantile(0.999))
 	return s
 }

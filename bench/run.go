@@ -16,6 +16,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dedupproxy/dedupproxy/bench/load"
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
@@ -200,7 +201,7 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 			topics[i] = testcluster.TopicName(fmt.Sprintf("dedupproxy-bench-%d", i))
 		}
 	}
-	base := loadSpec{
+	base := load.Spec{
 		Producers: cfg.Producers, Topics: topics, Linger: cfg.Linger, BatchBytes: int32(cfg.BatchBytes),
 		Acks: cfg.Acks, Idempotent: cfg.Idempotent, BufferBytes: cfg.BufferBytes,
 		Duration: cfg.Duration, Records: cfg.Records, Recovery: cfg.Recovery, RetryRate: cfg.RetryRate,
@@ -342,7 +343,7 @@ func endpointNamed(eps []endpoint, name string) endpoint {
 	return endpoint{}
 }
 
-func baseRow(scenario, upstream string, l loadSpec, dedup string) Row {
+func baseRow(scenario, upstream string, l load.Spec, dedup string) Row {
 	r := Row{Scenario: scenario, Upstream: upstream, RecordSize: l.RecordSize, Producers: l.Producers,
 		Acks: l.Acks, Idempotent: l.Idempotent, Dedup: dedup, RetryRate: l.RetryRate}
 	if l.RoundTrip {
@@ -353,14 +354,14 @@ func baseRow(scenario, upstream string, l loadSpec, dedup string) Row {
 
 // runProduceRows runs the batched rows (one per size), the round-trip row
 // and the lost-ack row against one upstream process.
-func runProduceRows(ctx context.Context, cfg Config, dir, kind string, base loadSpec, reps int, log *slog.Logger) ([]Row, error) {
+func runProduceRows(ctx context.Context, cfg Config, dir, kind string, base load.Spec, reps int, log *slog.Logger) ([]Row, error) {
 	eps, stop, err := stack(ctx, cfg, dir, kind, base.Topics, cfg.Partitions, cfg.Dedup)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
 	var rows []Row
-	run := func(row Row, l loadSpec, eps []endpoint, reps int) error {
+	run := func(row Row, l load.Spec, eps []endpoint, reps int) error {
 		label := fmt.Sprintf("%s/%s/%s", row.Scenario, kind, sizeLabel(l.RecordSize))
 		log.Info("row", "row", label, "pairs", reps)
 		phases, err := runPairs(ctx, l, eps, reps, log, label)
@@ -418,7 +419,7 @@ func runConsumeRow(ctx context.Context, cfg Config, dir string, reps int, log *s
 	// Large batches whatever -batch-bytes says: the fill is set-up, and
 	// what the consumers fetch is then a few large record batches per
 	// partition, as from a real log.
-	fill := loadSpec{Producers: cfg.Producers, Topics: []string{topic}, RecordSize: size, Linger: cfg.Linger,
+	fill := load.Spec{Producers: cfg.Producers, Topics: []string{topic}, RecordSize: size, Linger: cfg.Linger,
 		BatchBytes: 1_000_012, Acks: "all", Idempotent: true, BufferBytes: cfg.BufferBytes,
 		Duration: 10 * time.Minute, Records: records, Recovery: cfg.Recovery}
 	log.Info("consume: pre-filling", "records", records, "record_size", size)
@@ -432,7 +433,7 @@ func runConsumeRow(ctx context.Context, cfg Config, dir string, reps int, log *s
 	if ph.res.Failed > 0 {
 		return Row{}, fmt.Errorf("pre-fill: %d records failed: %v", ph.res.Failed, ph.res.FirstErr)
 	}
-	l := loadSpec{Topics: []string{topic}, RecordSize: size, Consume: true, ConsumeRecords: total,
+	l := load.Spec{Topics: []string{topic}, RecordSize: size, Consume: true, ConsumeRecords: total,
 		Duration: 2 * time.Minute}
 	row := Row{Scenario: "consume", Upstream: "kfake-store", RecordSize: size, Acks: "n/a", Dedup: cfg.Dedup}
 	label := "consume/kfake-store/" + sizeLabel(size)

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/bench/load"
+	"github.com/dedupproxy/dedupproxy/bench/wire"
 	"github.com/dedupproxy/dedupproxy/internal/testpki"
 )
 
@@ -104,19 +106,19 @@ func runTLSCost(ctx context.Context, cfg Config, dir string, size int, log *slog
 		return nil, err
 	}
 	const topic = "bench-tls"
-	plainSink, err := StartSink("127.0.0.1:0", int32(cfg.Partitions))
+	plainSink, err := wire.StartSink("127.0.0.1:0", int32(cfg.Partitions))
 	if err != nil {
 		return nil, err
 	}
 	defer plainSink.Close()
-	tlsSink, err := StartSinkTLS("127.0.0.1:0", int32(cfg.Partitions), &tls.Config{Certificates: []tls.Certificate{leaf.TLS()}})
+	tlsSink, err := wire.StartSinkTLS("127.0.0.1:0", int32(cfg.Partitions), &tls.Config{Certificates: []tls.Certificate{leaf.TLS()}})
 	if err != nil {
 		return nil, err
 	}
 	defer tlsSink.Close()
 	names := []string{"plain", "tls"}
 	extra := []string{"", fmt.Sprintf("tls:\n  cert: %s\n  key: %s\nupstream_tls:\n  ca: %s\n", certFile, keyFile, caFile)}
-	sinks := []*Sink{plainSink, tlsSink}
+	sinks := []*wire.Sink{plainSink, tlsSink}
 	clientTLS := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second}, Config: &tls.Config{RootCAs: ca.Pool}}
 	dials := []func(context.Context, string, string) (net.Conn, error){nil, clientTLS.DialContext}
 	var procs [2]*proxyProc
@@ -128,7 +130,7 @@ func runTLSCost(ctx context.Context, cfg Config, dir string, size int, log *slog
 		defer px.stop()
 		procs[i] = px
 	}
-	load := loadSpec{
+	spec := load.Spec{
 		Producers: cfg.Producers, Topics: []string{topic}, Linger: cfg.Linger, BatchBytes: int32(cfg.BatchBytes),
 		Acks: "all", Idempotent: true, BufferBytes: cfg.BufferBytes, Duration: cfg.Duration, RecordSize: size,
 		Recovery: cfg.Recovery,
@@ -145,12 +147,12 @@ func runTLSCost(ctx context.Context, cfg Config, dir string, size int, log *slog
 			px := procs[i]
 			var before procStats
 			var metricsBefore string
-			l := load
+			l := spec
 			l.OnStart = func() {
 				before, _ = readProc(px.pid)
 				metricsBefore, _ = scrape(ctx, px.admin)
 			}
-			r, err := runLoad(ctx, []string{px.bootstrap}, dials[i], l)
+			r, err := load.Run(ctx, []string{px.bootstrap}, dials[i], l)
 			if err != nil {
 				return nil, fmt.Errorf("%s phase: %w\nproxy log:\n%s", names[i], err, px.lastLines())
 			}
@@ -172,7 +174,7 @@ func runTLSCost(ctx context.Context, cfg Config, dir string, size int, log *slog
 			a.acked += r.Acked
 			a.failed += r.Failed
 			a.elapsed += r.Elapsed
-			a.hist.merge(r.Hist)
+			a.hist.Merge(r.Hist)
 			log.Info("tls cost phase", "proxy", names[i], "rep", rep, "acked", r.Acked,
 				"mb_per_s", fmt.Sprintf("%.1f", float64(r.Acked)*float64(size)/1e6/r.Elapsed.Seconds()),
 				"cpu_ms", (after.cpu - before.cpu).Milliseconds())
@@ -198,7 +200,7 @@ func writeTLSCost(w io.Writer, r *TLSCostResult, command string) {
 	fmt.Fprintf(w, "# What TLS costs the proxy\n\n")
 	fmt.Fprintf(w, "`%s` on %d CPUs (%s), %s. %d kgo producers, idempotent, acks=all, %d-byte records, "+
 		"%d plain/TLS phase pairs, alternated; the proxy is its own process (its CPU from /proc), in front of the sink "+
-		"(bench/sink.go, plaintext or TLS). Certificates: ECDSA P-256; connections are set up before the clock starts, "+
+		"(bench/wire/sink.go, plaintext or TLS). Certificates: ECDSA P-256; connections are set up before the clock starts, "+
 		"so this is the cost of encrypting the stream, not of handshakes.\n\n",
 		strings.TrimSpace(command), m.NumCPU, m.CPUModel, m.GoVersion, r.Producers, r.RecordSize, r.Reps)
 	fmt.Fprintf(w, "| both legs | MB/s | records/s | proxy CPU per MB |\n|---|---|---|---|\n")

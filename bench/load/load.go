@@ -1,4 +1,8 @@
-package main
+// Package load is the bench's load generator: kgo producers or a consumer
+// running one measured phase against a set of seeds, and the latency
+// histogram it fills. A load child process runs it (bench/proc); the TLS
+// scenario runs it in the bench process.
+package load
 
 import (
 	"context"
@@ -18,17 +22,17 @@ import (
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
-// histogram is a lock-free log-linear latency histogram: 128 linear
+// Histogram is a lock-free log-linear latency histogram: 128 linear
 // sub-buckets per power of two of nanoseconds, so a quantile is within
 // 0.8% of the true value. Millions of records per phase cannot each be kept.
-type histogram struct {
+type Histogram struct {
 	counts [64 * histSub]atomic.Uint64
 }
 
 const histSubBits = 7
 const histSub = 1 << histSubBits
 
-func histIndex(ns int64) int {
+func bucketIndex(ns int64) int {
 	if ns < histSub {
 		if ns < 0 {
 			ns = 0
@@ -40,8 +44,8 @@ func histIndex(ns int64) int {
 	return exp*histSub + sub
 }
 
-// histValue is the midpoint of bucket i.
-func histValue(i int) int64 {
+// bucketValue is the midpoint of bucket i.
+func bucketValue(i int) int64 {
 	exp, sub := i/histSub, i%histSub
 	if exp == 0 {
 		return int64(sub)
@@ -50,9 +54,11 @@ func histValue(i int) int64 {
 	return lo + (int64(1)<<(exp-1))/2
 }
 
-func (h *histogram) record(d time.Duration) { h.counts[histIndex(int64(d))].Add(1) }
+// Record counts one latency.
+func (h *Histogram) Record(d time.Duration) { h.counts[bucketIndex(int64(d))].Add(1) }
 
-func (h *histogram) merge(o *histogram) {
+// Merge adds o's counts to h.
+func (h *Histogram) Merge(o *Histogram) {
 	for i := range o.counts {
 		if c := o.counts[i].Load(); c > 0 {
 			h.counts[i].Add(c)
@@ -60,7 +66,8 @@ func (h *histogram) merge(o *histogram) {
 	}
 }
 
-func (h *histogram) total() uint64 {
+// Total is the number of latencies counted.
+func (h *Histogram) Total() uint64 {
 	var n uint64
 	for i := range h.counts {
 		n += h.counts[i].Load()
@@ -68,9 +75,33 @@ func (h *histogram) total() uint64 {
 	return n
 }
 
-// quantile returns the q-quantile (0 < q <= 1), or 0 with no samples.
-func (h *histogram) quantile(q float64) time.Duration {
-	n := h.total()
+// Sparse is h as (bucket index, count) pairs of its non-empty buckets: how
+// a load child hands its histogram to the bench.
+func (h *Histogram) Sparse() [][2]uint64 {
+	var out [][2]uint64
+	for i := range h.counts {
+		if c := h.counts[i].Load(); c > 0 {
+			out = append(out, [2]uint64{uint64(i), c})
+		}
+	}
+	return out
+}
+
+// FromSparse is the histogram of Sparse's pairs; pairs naming a bucket
+// that does not exist are left out.
+func FromSparse(pairs [][2]uint64) *Histogram {
+	h := new(Histogram)
+	for _, b := range pairs {
+		if b[0] < uint64(len(h.counts)) {
+			h.counts[b[0]].Store(b[1])
+		}
+	}
+	return h
+}
+
+// Quantile returns the q-quantile (0 < q <= 1), or 0 with no samples.
+func (h *Histogram) Quantile(q float64) time.Duration {
+	n := h.Total()
 	if n == 0 {
 		return 0
 	}
@@ -82,14 +113,14 @@ func (h *histogram) quantile(q float64) time.Duration {
 	for i := range h.counts {
 		seen += h.counts[i].Load()
 		if seen >= rank {
-			return time.Duration(histValue(i))
+			return time.Duration(bucketValue(i))
 		}
 	}
 	return 0
 }
 
-// loadSpec is what one measured phase runs.
-type loadSpec struct {
+// Spec is what one measured phase runs.
+type Spec struct {
 	Producers   int
 	Topics      []string
 	RecordSize  int
@@ -102,7 +133,7 @@ type loadSpec struct {
 	Records     int64         // record bound (all producers); 0 = none
 	RoundTrip   bool          // one producer, one record per ProduceSync
 	Recovery    time.Duration // retry backoff and metadata min age; 0 = kgo's defaults
-	// Seeds are the bootstrap addresses (a load child's; runLoad takes
+	// Seeds are the bootstrap addresses (a load child's; Run takes
 	// them as an argument).
 	Seeds []string
 	// RetryRate makes a load child dial through a fault shim dropping
@@ -123,13 +154,13 @@ type loadSpec struct {
 	OnStart func() `json:"-"`
 }
 
-// loadResult is what one phase measured, client side.
-type loadResult struct {
+// Result is what one phase measured, client side.
+type Result struct {
 	Sent, Acked, Failed int64
 	Bytes               int64 // record value bytes acknowledged or consumed
 	AckedInWindow       int64 // produce: acknowledged before the phase's deadline
 	Elapsed             time.Duration
-	Hist                *histogram
+	Hist                *Histogram
 	FirstErr            error
 }
 
@@ -137,13 +168,13 @@ type loadResult struct {
 // asked for.
 const maxRecordsPerPhase = 200_000_000
 
-// runLoad drives spec.Producers kgo clients at seeds (dialing through dial
+// Run drives spec.Producers kgo clients at seeds (dialing through dial
 // when set) until the duration or record bound, then flushes.
-func runLoad(ctx context.Context, seeds []string, dial func(context.Context, string, string) (net.Conn, error), spec loadSpec) (loadResult, error) {
+func Run(ctx context.Context, seeds []string, dial func(context.Context, string, string) (net.Conn, error), spec Spec) (Result, error) {
 	if spec.Consume {
 		return runConsume(ctx, seeds, spec)
 	}
-	res := loadResult{Hist: new(histogram)}
+	res := Result{Hist: new(Histogram)}
 	producers := spec.Producers
 	if spec.RoundTrip {
 		producers = 1
@@ -266,7 +297,7 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 				issued.Add(1)
 				if spec.RoundTrip {
 					err := cl.ProduceSync(ctx, rec).FirstErr()
-					res.Hist.record(time.Since(now))
+					res.Hist.Record(time.Since(now))
 					if err != nil {
 						failed.Add(1)
 						errOnce.Do(func() { res.FirstErr = err })
@@ -279,7 +310,7 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 					continue
 				}
 				cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-					res.Hist.record(time.Since(now))
+					res.Hist.Record(time.Since(now))
 					if err != nil {
 						failed.Add(1)
 						errOnce.Do(func() { res.FirstErr = err })
@@ -315,8 +346,8 @@ func runLoad(ctx context.Context, seeds []string, dial func(context.Context, str
 // start with one kgo consumer. The client is made after OnStart, so its
 // first connections are inside the timed window: a few round trips against
 // a phase that fetches hundreds of MB.
-func runConsume(ctx context.Context, seeds []string, spec loadSpec) (loadResult, error) {
-	res := loadResult{Hist: new(histogram)}
+func runConsume(ctx context.Context, seeds []string, spec Spec) (Result, error) {
+	res := Result{Hist: new(Histogram)}
 	if spec.OnStart != nil {
 		spec.OnStart()
 	}
@@ -350,9 +381,9 @@ func runConsume(ctx context.Context, seeds []string, spec loadSpec) (loadResult,
 	return res, nil
 }
 
-// clusterFromEnv is the real cluster of the environment a load child
+// ClusterFromEnv is the real cluster of the environment a load child
 // inherits (DEDUPPROXY_TEST_UPSTREAM).
-func clusterFromEnv() (*testcluster.Cluster, error) {
+func ClusterFromEnv() (*testcluster.Cluster, error) {
 	dir, err := os.MkdirTemp("", "dedupproxy-bench-")
 	if err != nil {
 		return nil, err
@@ -369,7 +400,7 @@ func clusterFromEnv() (*testcluster.Cluster, error) {
 // environment: its TLS and SASL when direct, its SASL alone through a
 // relay.
 func clusterOpts(direct bool) ([]kgo.Opt, error) {
-	c, err := clusterFromEnv()
+	c, err := ClusterFromEnv()
 	if err != nil {
 		return nil, err
 	}
