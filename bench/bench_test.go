@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
@@ -26,8 +27,8 @@ import (
 // (upstream, floor relay, load generator): the pipeline re-executes
 // os.Executable, which under go test is this binary.
 func TestMain(m *testing.M) {
-	if isChild() {
-		os.Exit(childMain(os.Args[1:]))
+	if proc.IsChild() {
+		os.Exit(proc.ChildMain(os.Args[1:]))
 	}
 	os.Exit(testskip.Run(m))
 }
@@ -227,33 +228,6 @@ func childPIDs() []int {
 	return kids
 }
 
-func TestMetricValue(t *testing.T) {
-	const text = `# HELP dedupproxy_batches_total x
-# TYPE dedupproxy_batches_total counter
-dedupproxy_batches_total{outcome="accepted"} 10
-dedupproxy_batches_total{outcome="duplicate"} 3
-dedupproxy_batches_total_other 99
-dedupproxy_seqstate_entries 4.5e+06
-`
-	for _, c := range []struct {
-		name, label string
-		want        float64
-	}{
-		{"dedupproxy_batches_total", `outcome="duplicate"`, 3},
-		{"dedupproxy_batches_total", "", 13},
-		{"dedupproxy_seqstate_entries", "", 4.5e6},
-		{"dedupproxy_missing", "", 0},
-	} {
-		var labels []string
-		if c.label != "" {
-			labels = append(labels, c.label)
-		}
-		if got := metricValue(text, c.name, labels...); got != c.want {
-			t.Errorf("%s %s = %v, want %v", c.name, c.label, got, c.want)
-		}
-	}
-}
-
 func TestParseBenchAndSummarize(t *testing.T) {
 	const out = `goos: linux
 pkg: github.com/dedupproxy/dedupproxy/seqstate
@@ -295,7 +269,7 @@ func TestTLSCostTiny(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.Producers, cfg.Reps, cfg.Duration = 2, 1, 300*time.Millisecond
 	var err error
-	if cfg.ProxyBin, err = buildProxy(ctx, dir); err != nil {
+	if cfg.ProxyBin, err = proc.BuildProxy(ctx, dir); err != nil {
 		t.Fatal(err)
 	}
 	res, err := runTLSCost(ctx, cfg, dir, 512, slog.New(slog.NewTextHandler(t.Output(), nil)))

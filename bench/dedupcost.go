@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/dedupproxy/dedupproxy/bench/load"
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 )
 
 // runDedupCost compares two proxy processes in front of one upstream, one
@@ -19,19 +20,19 @@ func runDedupCost(ctx context.Context, cfg Config, dir string, base load.Spec, i
 	l := base
 	l.RecordSize, l.Idempotent, l.Acks, l.RetryRate = cfg.DedupCostSize, idempotent, "all", 0
 	row := baseRow("dedupcost", kind, l, "enforce÷off")
-	up, err := startUpstream(ctx, kind, l.Topics, cfg.Partitions)
+	up, err := proc.StartUpstream(ctx, kind, l.Topics, cfg.Partitions)
 	if err != nil {
 		return row, err
 	}
-	defer up.close()
+	defer up.Close()
 	var eps []endpoint
 	for _, mode := range []string{"off", "enforce"} {
-		px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, mode, cfg.proxyExtra()...)
+		px, err := proc.StartProxy(ctx, cfg.ProxyBin, dir, up.Addrs, mode, cfg.proxyExtra()...)
 		if err != nil {
 			return row, err
 		}
-		defer px.stop()
-		eps = append(eps, endpoint{name: mode, seeds: []string{px.bootstrap}, pid: px.pid, admin: px.admin})
+		defer px.Stop()
+		eps = append(eps, endpoint{name: mode, seeds: []string{px.Bootstrap}, pid: px.Pid, admin: px.Admin})
 	}
 	// A/A: the off proxy against itself, the noise of a CPU-per-MB ratio.
 	aa := eps[0]

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 )
 
 // IdleResult is what an idle client connection costs the proxy and the
@@ -39,42 +41,42 @@ const idleWarmConns = 64
 // each, and reads each process's RSS growth. The clients live in the bench
 // process: only the measured process's memory counts.
 func runIdle(ctx context.Context, cfg Config, dir string) (*IdleResult, error) {
-	up, err := startUpstream(ctx, "sink", []string{"idle"}, 1)
+	up, err := proc.StartUpstream(ctx, "sink", []string{"idle"}, 1)
 	if err != nil {
 		return nil, err
 	}
-	defer up.close()
+	defer up.Close()
 	res := &IdleResult{Conns: cfg.IdleConns, Sides: map[string]IdleSide{}}
 
-	fl, err := startFloorProc(ctx, up.addrs[0])
+	fl, err := proc.StartFloor(ctx, up.Addrs[0])
 	if err != nil {
 		return nil, err
 	}
-	side, err := measureIdle(ctx, fl.pid, fl.addrs[0], cfg.IdleConns)
-	fl.close()
+	side, err := measureIdle(ctx, fl.Pid, fl.Addrs[0], cfg.IdleConns)
+	fl.Close()
 	if err != nil {
 		return nil, fmt.Errorf("floor: %w", err)
 	}
 	res.Sides["floor"] = side
 
-	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, "enforce", cfg.proxyExtra()...)
+	px, err := proc.StartProxy(ctx, cfg.ProxyBin, dir, up.Addrs, "enforce", cfg.proxyExtra()...)
 	if err != nil {
 		return nil, err
 	}
-	side, err = measureIdle(ctx, px.pid, px.bootstrap, cfg.IdleConns)
-	px.stop()
+	side, err = measureIdle(ctx, px.Pid, px.Bootstrap, cfg.IdleConns)
+	px.Stop()
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	res.Sides["proxy"] = side
 
 	if cfg.PeerBin != "" {
-		pe, err := startPeer(ctx, cfg.PeerBin, up.addrs[0])
+		pe, err := proc.StartPeer(ctx, cfg.PeerBin, up.Addrs[0])
 		if err != nil {
 			return nil, fmt.Errorf("peer: %w", err)
 		}
-		side, err = measureIdle(ctx, pe.pid, pe.addr, cfg.IdleConns)
-		pe.stop()
+		side, err = measureIdle(ctx, pe.Pid, pe.Addr, cfg.IdleConns)
+		pe.Stop()
 		if err != nil {
 			return nil, fmt.Errorf("peer: %w", err)
 		}
@@ -93,7 +95,7 @@ func measureIdle(ctx context.Context, pid int, addr string, n int) (IdleSide, er
 	if err != nil {
 		return side, err
 	}
-	before, err := readProc(pid)
+	before, err := proc.ReadStats(pid)
 	if err != nil {
 		return side, err
 	}
@@ -102,13 +104,13 @@ func measureIdle(ctx context.Context, pid int, addr string, n int) (IdleSide, er
 	if err != nil {
 		return side, err
 	}
-	after, err := readProc(pid)
+	after, err := proc.ReadStats(pid)
 	if err != nil {
 		return side, err
 	}
-	side.RSSBeforeMiB = float64(before.rss) / (1 << 20)
-	side.RSSAfterMiB = float64(after.rss) / (1 << 20)
-	side.PerConnKiB = float64(after.rss-before.rss) / float64(n) / 1024
+	side.RSSBeforeMiB = float64(before.RSS) / (1 << 20)
+	side.RSSAfterMiB = float64(after.RSS) / (1 << 20)
+	side.PerConnKiB = float64(after.RSS-before.RSS) / float64(n) / 1024
 	return side, nil
 }
 

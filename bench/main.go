@@ -9,7 +9,7 @@
 //	go run ./bench replicas [flags] # replicas at 100 brokers: the simulation (docs/replicas.md)
 //
 // The end-to-end run re-executes this binary for its upstream, floor relay
-// and load-generator processes (child.go).
+// and load-generator processes (bench/proc, child.go).
 package main
 
 import (
@@ -25,14 +25,16 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if isChild() {
+	if proc.IsChild() {
 		stop()
-		os.Exit(childMain(os.Args[1:]))
+		os.Exit(proc.ChildMain(os.Args[1:]))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	var err error

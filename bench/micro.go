@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 )
 
 // microMain runs the hot-path Go benchmarks with repetitions and prints a
@@ -34,7 +36,7 @@ func microMain(ctx context.Context, args []string, stdout io.Writer, log *slog.L
 	if *count < 1 || *count > 100 {
 		return fmt.Errorf("-count: want 1..100")
 	}
-	root, err := moduleRoot()
+	root, err := proc.ModuleRoot()
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/bench/load"
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 )
 
 // Side is what one target (direct, its A/A twin, the floor relay, the
@@ -156,47 +157,47 @@ func runPairs(ctx context.Context, spec load.Spec, eps []endpoint, reps int, log
 func runPhase(ctx context.Context, spec load.Spec, ep endpoint) (phase, error) {
 	ph := phase{metrics: map[string]float64{}}
 	spec.Seeds, spec.Cluster, spec.SASL = ep.seeds, ep.cluster, ep.sasl
-	l, err := startLoad(ctx, spec)
+	l, err := proc.StartLoad(ctx, spec)
 	if err != nil {
 		return ph, err
 	}
-	var before procStats
+	var before proc.Stats
 	var mBefore string
 	// Scrape first: serving /metrics costs the proxy CPU, which must stay
 	// outside the timed window.
 	if ep.admin != "" {
-		if mBefore, err = scrape(ctx, ep.admin); err != nil {
-			l.c.kill()
+		if mBefore, err = proc.Scrape(ctx, ep.admin); err != nil {
+			l.Kill()
 			return ph, err
 		}
 	}
 	if ep.pid != 0 {
-		resetPeak(ep.pid)
-		if before, err = readProc(ep.pid); err != nil {
-			l.c.kill()
+		proc.ResetPeak(ep.pid)
+		if before, err = proc.ReadStats(ep.pid); err != nil {
+			l.Kill()
 			return ph, err
 		}
 	}
-	res, dropped, err := l.run(ctx, spec.Duration+2*time.Minute)
+	res, dropped, err := l.Run(ctx, spec.Duration+2*time.Minute)
 	if err != nil {
 		return ph, err
 	}
 	ph.res, ph.dropped = res, dropped
 	if ep.pid != 0 {
-		after, err := readProc(ep.pid)
+		after, err := proc.ReadStats(ep.pid)
 		if err != nil {
 			return ph, fmt.Errorf("read /proc of %s: %w", ep.name, err)
 		}
-		ph.cpu, ph.sys, ph.hwm = after.cpu-before.cpu, after.sys-before.sys, after.hwm
+		ph.cpu, ph.sys, ph.hwm = after.CPU-before.CPU, after.Sys-before.Sys, after.HWM
 	}
 	if ep.admin != "" {
-		mAfter, err := scrape(ctx, ep.admin)
+		mAfter, err := proc.Scrape(ctx, ep.admin)
 		if err != nil {
 			return ph, err
 		}
 		for _, o := range outcomes {
 			l := `outcome="` + o + `"`
-			ph.metrics[o] = metricValue(mAfter, "dedupproxy_batches_total", l) - metricValue(mBefore, "dedupproxy_batches_total", l)
+			ph.metrics[o] = proc.MetricValue(mAfter, "dedupproxy_batches_total", l) - proc.MetricValue(mBefore, "dedupproxy_batches_total", l)
 		}
 	}
 	return ph, nil

@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 )
 
 // replicasMain is `go run ./bench replicas`: the replicas design note's
@@ -53,7 +55,7 @@ func replicasMain(_ context.Context, args []string, stdout io.Writer, _ *slog.Lo
 	}
 	dir := *results
 	if dir == "" {
-		root, err := moduleRoot()
+		root, err := proc.ModuleRoot()
 		if err != nil {
 			return err
 		}

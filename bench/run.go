@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupproxy/dedupproxy/bench/load"
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
@@ -175,7 +176,7 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 	rep := &Report{Machine: describeMachine(), Config: cfg, Started: time.Now(), LoadStart: loadAvg()}
 	if cfg.ProxyBin == "" {
 		log.Info("building the proxy", "dir", dir)
-		bin, err := buildProxy(ctx, dir)
+		bin, err := proc.BuildProxy(ctx, dir)
 		if err != nil {
 			return nil, err
 		}
@@ -269,62 +270,62 @@ func stack(ctx context.Context, cfg Config, dir, kind string, topics []string, p
 		}
 	}()
 	real := kind == "cluster"
-	var up *upstream
+	var up *proc.Upstream
 	if real {
 		up, err = clusterUpstream(ctx, cfg.cluster, topics, partitions)
 	} else {
-		up, err = startUpstream(ctx, kind, topics, partitions)
+		up, err = proc.StartUpstream(ctx, kind, topics, partitions)
 	}
 	if err != nil {
 		return nil, stop, err
 	}
-	stops = append(stops, up.close)
+	stops = append(stops, up.Close)
 	extra := cfg.proxyExtra()
 	if real {
 		extra = append(extra, cfg.cluster.ProxyYAML())
 	}
-	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, dedup, extra...)
+	px, err := proc.StartProxy(ctx, cfg.ProxyBin, dir, up.Addrs, dedup, extra...)
 	if err != nil {
 		return nil, stop, err
 	}
-	stops = append(stops, px.stop)
+	stops = append(stops, px.Stop)
 	eps = []endpoint{
-		{name: "direct", seeds: up.addrs, cluster: real},
-		{name: "A/A", seeds: up.addrs, cluster: real},
-		{name: "proxy", seeds: []string{px.bootstrap}, pid: px.pid, admin: px.admin, sasl: real},
+		{name: "direct", seeds: up.Addrs, cluster: real},
+		{name: "A/A", seeds: up.Addrs, cluster: real},
+		{name: "proxy", seeds: []string{px.Bootstrap}, pid: px.Pid, admin: px.Admin, sasl: real},
 	}
 	// The floor relay reads frames in plaintext: it cannot stand in front
 	// of a cluster that speaks TLS (its rows then have no floor).
 	if real && cfg.cluster.Config.UpstreamTLS.Enabled {
 		return eps, stop, nil
 	}
-	fl, err := startFloorProc(ctx, up.addrs[0])
+	fl, err := proc.StartFloor(ctx, up.Addrs[0])
 	if err != nil {
 		return nil, stop, err
 	}
-	stops = append(stops, fl.close)
-	floor := endpoint{name: "floor", seeds: fl.addrs, pid: fl.pid, sasl: real}
+	stops = append(stops, fl.Close)
+	floor := endpoint{name: "floor", seeds: fl.Addrs, pid: fl.Pid, sasl: real}
 	eps = []endpoint{eps[0], eps[1], floor, eps[2]}
 	if cfg.PeerBin != "" && !real {
-		pe, err := startPeer(ctx, cfg.PeerBin, up.addrs[0])
+		pe, err := proc.StartPeer(ctx, cfg.PeerBin, up.Addrs[0])
 		if err != nil {
 			return nil, stop, fmt.Errorf("peer: %w", err)
 		}
-		stops = append(stops, pe.stop)
-		eps = append(eps, endpoint{name: "peer", seeds: []string{pe.addr}, pid: pe.pid})
+		stops = append(stops, pe.Stop)
+		eps = append(eps, endpoint{name: "peer", seeds: []string{pe.Addr}, pid: pe.Pid})
 	}
 	return eps, stop, nil
 }
 
 // clusterUpstream is the real cluster as an upstream: topics created on
 // it, and deleted by close.
-func clusterUpstream(ctx context.Context, c *testcluster.Cluster, topics []string, partitions int) (*upstream, error) {
+func clusterUpstream(ctx context.Context, c *testcluster.Cluster, topics []string, partitions int) (*proc.Upstream, error) {
 	for _, t := range topics {
 		if err := c.CreateTopic(ctx, t, int32(partitions)); err != nil {
 			return nil, err
 		}
 	}
-	return &upstream{addrs: c.Config.Upstream, close: func() {
+	return &proc.Upstream{Addrs: c.Config.Upstream, Close: func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		for _, t := range topics {
@@ -452,21 +453,21 @@ func runConsumeRow(ctx context.Context, cfg Config, dir string, reps int, log *s
 // close when done, so connection buffers do not pile up in the figure.
 func runMemory(ctx context.Context, cfg Config, dir string) (*MemoryResult, error) {
 	const topic = "mem"
-	up, err := startUpstream(ctx, "sink", []string{topic}, cfg.MemPartitions)
+	up, err := proc.StartUpstream(ctx, "sink", []string{topic}, cfg.MemPartitions)
 	if err != nil {
 		return nil, err
 	}
-	defer up.close()
-	px, err := startProxy(ctx, cfg.ProxyBin, dir, up.addrs, "enforce")
+	defer up.Close()
+	px, err := proc.StartProxy(ctx, cfg.ProxyBin, dir, up.Addrs, "enforce")
 	if err != nil {
 		return nil, err
 	}
-	defer px.stop()
+	defer px.Stop()
 	m := &MemoryResult{Producers: cfg.MemProducers, Partitions: cfg.MemPartitions,
 		ExpectedEntries: (cfg.MemProducers - 1) * cfg.MemPartitions}
 
 	produceAll := func() error {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(px.bootstrap), kgo.DefaultProduceTopic(topic),
+		cl, err := kgo.NewClient(kgo.SeedBrokers(px.Bootstrap), kgo.DefaultProduceTopic(topic),
 			kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0),
 			kgo.RequiredAcks(kgo.AllISRAcks()))
 		if err != nil {
@@ -486,11 +487,11 @@ func runMemory(ctx context.Context, cfg Config, dir string) (*MemoryResult, erro
 	if err := produceAll(); err != nil {
 		return nil, err
 	}
-	before, err := readProc(px.pid)
+	before, err := proc.ReadStats(px.Pid)
 	if err != nil {
 		return nil, err
 	}
-	mBefore, err := scrape(ctx, px.admin)
+	mBefore, err := proc.Scrape(ctx, px.Admin)
 	if err != nil {
 		return nil, err
 	}
@@ -535,25 +536,25 @@ feed:
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	after, err := readProc(px.pid)
+	after, err := proc.ReadStats(px.Pid)
 	if err != nil {
 		return nil, err
 	}
-	mAfter, err := scrape(ctx, px.admin)
+	mAfter, err := proc.Scrape(ctx, px.Admin)
 	if err != nil {
 		return nil, err
 	}
-	entriesBefore := metricValue(mBefore, "dedupproxy_seqstate_entries")
-	m.EntriesTotal = metricValue(mAfter, "dedupproxy_seqstate_entries")
+	entriesBefore := proc.MetricValue(mBefore, "dedupproxy_seqstate_entries")
+	m.EntriesTotal = proc.MetricValue(mAfter, "dedupproxy_seqstate_entries")
 	grown := m.EntriesTotal - entriesBefore
 	m.Entries = grown
-	m.RSSBeforeMiB = float64(before.rss) / (1 << 20)
-	m.RSSAfterMiB = float64(after.rss) / (1 << 20)
+	m.RSSBeforeMiB = float64(before.RSS) / (1 << 20)
+	m.RSSAfterMiB = float64(after.RSS) / (1 << 20)
 	if grown <= 0 {
 		return m, errors.New("dedupproxy_seqstate_entries did not grow")
 	}
-	m.RSSPerEntry = float64(after.rss-before.rss) / grown
-	m.HeapPerEntry = (metricValue(mAfter, "go_memstats_heap_inuse_bytes") - metricValue(mBefore, "go_memstats_heap_inuse_bytes")) / grown
+	m.RSSPerEntry = float64(after.RSS-before.RSS) / grown
+	m.HeapPerEntry = (proc.MetricValue(mAfter, "go_memstats_heap_inuse_bytes") - proc.MetricValue(mBefore, "go_memstats_heap_inuse_bytes")) / grown
 	return m, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/bench/load"
+	"github.com/dedupproxy/dedupproxy/bench/proc"
 	"github.com/dedupproxy/dedupproxy/bench/wire"
 	"github.com/dedupproxy/dedupproxy/internal/testpki"
 )
@@ -66,7 +67,7 @@ func tlsMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	}
 	defer os.RemoveAll(dir)
 	if cfg.ProxyBin == "" {
-		if cfg.ProxyBin, err = buildProxy(ctx, dir); err != nil {
+		if cfg.ProxyBin, err = proc.BuildProxy(ctx, dir); err != nil {
 			return err
 		}
 	}
@@ -121,13 +122,13 @@ func runTLSCost(ctx context.Context, cfg Config, dir string, size int, log *slog
 	sinks := []*wire.Sink{plainSink, tlsSink}
 	clientTLS := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second}, Config: &tls.Config{RootCAs: ca.Pool}}
 	dials := []func(context.Context, string, string) (net.Conn, error){nil, clientTLS.DialContext}
-	var procs [2]*proxyProc
+	var procs [2]*proc.Proxy
 	for i := range procs {
-		px, err := startProxy(ctx, cfg.ProxyBin, dir, []string{sinks[i].Addr()}, "enforce", extra[i])
+		px, err := proc.StartProxy(ctx, cfg.ProxyBin, dir, []string{sinks[i].Addr()}, "enforce", extra[i])
 		if err != nil {
 			return nil, fmt.Errorf("%s proxy: %w", names[i], err)
 		}
-		defer px.stop()
+		defer px.Stop()
 		procs[i] = px
 	}
 	spec := load.Spec{
@@ -145,29 +146,29 @@ func runTLSCost(ctx context.Context, cfg Config, dir string, size int, log *slog
 		}
 		for _, i := range order {
 			px := procs[i]
-			var before procStats
+			var before proc.Stats
 			var metricsBefore string
 			l := spec
 			l.OnStart = func() {
-				before, _ = readProc(px.pid)
-				metricsBefore, _ = scrape(ctx, px.admin)
+				before, _ = proc.ReadStats(px.Pid)
+				metricsBefore, _ = proc.Scrape(ctx, px.Admin)
 			}
-			r, err := load.Run(ctx, []string{px.bootstrap}, dials[i], l)
+			r, err := load.Run(ctx, []string{px.Bootstrap}, dials[i], l)
 			if err != nil {
-				return nil, fmt.Errorf("%s phase: %w\nproxy log:\n%s", names[i], err, px.lastLines())
+				return nil, fmt.Errorf("%s phase: %w\nproxy log:\n%s", names[i], err, px.LastLines())
 			}
-			after, err := readProc(px.pid)
+			after, err := proc.ReadStats(px.Pid)
 			if err != nil {
 				return nil, err
 			}
-			cpu[i] += after.cpu - before.cpu
+			cpu[i] += after.CPU - before.CPU
 			if i == 1 {
-				metricsAfter, err := scrape(ctx, px.admin)
+				metricsAfter, err := proc.Scrape(ctx, px.Admin)
 				if err != nil {
 					return nil, err
 				}
-				res.Decided += metricValue(metricsAfter, "dedupproxy_batches_total", `outcome="accepted"`) -
-					metricValue(metricsBefore, "dedupproxy_batches_total", `outcome="accepted"`)
+				res.Decided += proc.MetricValue(metricsAfter, "dedupproxy_batches_total", `outcome="accepted"`) -
+					proc.MetricValue(metricsBefore, "dedupproxy_batches_total", `outcome="accepted"`)
 			}
 			a := &accs[i]
 			a.sent += r.Sent
@@ -177,7 +178,7 @@ func runTLSCost(ctx context.Context, cfg Config, dir string, size int, log *slog
 			a.hist.Merge(r.Hist)
 			log.Info("tls cost phase", "proxy", names[i], "rep", rep, "acked", r.Acked,
 				"mb_per_s", fmt.Sprintf("%.1f", float64(r.Acked)*float64(size)/1e6/r.Elapsed.Seconds()),
-				"cpu_ms", (after.cpu - before.cpu).Milliseconds())
+				"cpu_ms", (after.CPU - before.CPU).Milliseconds())
 		}
 	}
 	res.Plain, res.TLS = accs[0].side(size), accs[1].side(size)

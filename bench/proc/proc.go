@@ -1,4 +1,9 @@
-package main
+// Package proc runs and measures the bench's processes: the proxy (built
+// as released), the peer proxy, and the bench's own children (upstream,
+// floor relay, load generator: the bench binary re-executed in a role), and
+// reads what /proc and /metrics say about them. It decides no figure; the
+// orchestrator (package main) does.
+package proc
 
 import (
 	"bufio"
@@ -18,15 +23,15 @@ import (
 	"time"
 )
 
-// buildProxy compiles ./cmd/dedupproxy once into dir, with the release
+// BuildProxy compiles ./cmd/dedupproxy once into dir, with the release
 // build's script (deploy/build.sh: static, no cgo), so the bench measures
 // the binary that ships. A default go build links libc dynamically where
 // cgo is available, and its mapped pages added about 2 MiB to the proxy's
 // RSS. The proxy runs as its own process so its CPU time and peak RSS can
 // be read from /proc without the load generator's (or kfake's) share mixed
 // in.
-func buildProxy(ctx context.Context, dir string) (string, error) {
-	root, err := moduleRoot()
+func BuildProxy(ctx context.Context, dir string) (string, error) {
+	root, err := ModuleRoot()
 	if err != nil {
 		return "", err
 	}
@@ -39,9 +44,9 @@ func buildProxy(ctx context.Context, dir string) (string, error) {
 	return out, nil
 }
 
-// moduleRoot finds the directory holding go.mod, from the working directory
+// ModuleRoot finds the directory holding go.mod, from the working directory
 // up (go run ./bench runs in the root; go test runs in bench/).
-func moduleRoot() (string, error) {
+func ModuleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
@@ -59,12 +64,12 @@ func moduleRoot() (string, error) {
 	return "", errors.New("go.mod not found above the working directory")
 }
 
-// proxyProc is a running dedupproxy process.
-type proxyProc struct {
+// Proxy is a running dedupproxy process.
+type Proxy struct {
 	cmd       *exec.Cmd
-	pid       int
-	bootstrap string // bootstrap listener
-	admin     string // /metrics host:port
+	Pid       int
+	Bootstrap string // bootstrap listener
+	Admin     string // /metrics host:port
 	done      chan struct{}
 
 	mu   sync.Mutex
@@ -76,10 +81,10 @@ var (
 	reAdmin     = regexp.MustCompile(`msg="admin listening" addr=(\S+)`)
 )
 
-// startProxy runs bin against upstream with the given dedup mode, every
+// StartProxy runs bin against upstream with the given dedup mode, every
 // address on 127.0.0.1:0, and waits for it to log its bootstrap and admin
 // addresses. extra is appended to its config file (top-level YAML keys).
-func startProxy(ctx context.Context, bin, dir string, upstream []string, mode string, extra ...string) (*proxyProc, error) {
+func StartProxy(ctx context.Context, bin, dir string, upstream []string, mode string, extra ...string) (*Proxy, error) {
 	cfgPath := filepath.Join(dir, fmt.Sprintf("proxy-%d.yaml", time.Now().UnixNano()))
 	// log_level info: the two address lines are logged at info, and the
 	// proxy logs nothing per request at info, so it costs nothing here.
@@ -98,7 +103,7 @@ func startProxy(ctx context.Context, bin, dir string, upstream []string, mode st
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &proxyProc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{})}
+	p := &Proxy{cmd: cmd, Pid: cmd.Process.Pid, done: make(chan struct{})}
 	found := make(chan struct{})
 	go func() {
 		defer close(p.done)
@@ -108,17 +113,17 @@ func startProxy(ctx context.Context, bin, dir string, upstream []string, mode st
 		for sc.Scan() {
 			line := sc.Text()
 			p.mu.Lock()
-			if m := reBootstrap.FindStringSubmatch(line); m != nil && p.bootstrap == "" {
-				p.bootstrap = m[1]
+			if m := reBootstrap.FindStringSubmatch(line); m != nil && p.Bootstrap == "" {
+				p.Bootstrap = m[1]
 			}
-			if m := reAdmin.FindStringSubmatch(line); m != nil && p.admin == "" {
-				p.admin = m[1]
+			if m := reAdmin.FindStringSubmatch(line); m != nil && p.Admin == "" {
+				p.Admin = m[1]
 			}
 			if len(p.tail) == 50 {
 				p.tail = p.tail[1:]
 			}
 			p.tail = append(p.tail, line)
-			ready := p.bootstrap != "" && p.admin != ""
+			ready := p.Bootstrap != "" && p.Admin != ""
 			p.mu.Unlock()
 			if ready && !signalled {
 				signalled = true
@@ -132,24 +137,25 @@ func startProxy(ctx context.Context, bin, dir string, upstream []string, mode st
 	case <-found:
 		return p, nil
 	case <-p.done:
-		return nil, fmt.Errorf("proxy exited before listening:\n%s", p.lastLines())
+		return nil, fmt.Errorf("proxy exited before listening:\n%s", p.LastLines())
 	case <-time.After(15 * time.Second):
-		p.stop()
-		return nil, fmt.Errorf("proxy did not log its addresses within 15s:\n%s", p.lastLines())
+		p.Stop()
+		return nil, fmt.Errorf("proxy did not log its addresses within 15s:\n%s", p.LastLines())
 	case <-ctx.Done():
-		p.stop()
+		p.Stop()
 		return nil, ctx.Err()
 	}
 }
 
-func (p *proxyProc) lastLines() string {
+// LastLines is the end of the proxy's log, for errors.
+func (p *Proxy) LastLines() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return strings.Join(p.tail, "\n")
 }
 
-// stop sends SIGTERM (the proxy drains and exits) and kills it after 10s.
-func (p *proxyProc) stop() {
+// Stop sends SIGTERM (the proxy drains and exits) and kills it after 10s.
+func (p *Proxy) Stop() {
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
@@ -159,12 +165,12 @@ func (p *proxyProc) stop() {
 	}
 }
 
-// procStats is what /proc says about the proxy process.
-type procStats struct {
-	cpu   time.Duration // utime + stime
-	sys   time.Duration // stime alone: time in the kernel (syscalls, page faults)
-	rss   int64         // VmRSS, bytes
-	hwm   int64         // VmHWM (peak RSS since start or the last resetPeak), bytes
+// Stats is what /proc says about the proxy process.
+type Stats struct {
+	CPU   time.Duration // utime + stime
+	Sys   time.Duration // stime alone: time in the kernel (syscalls, page faults)
+	RSS   int64         // VmRSS, bytes
+	HWM   int64         // VmHWM (peak RSS since start or the last ResetPeak), bytes
 	valid bool
 }
 
@@ -173,8 +179,9 @@ type procStats struct {
 // has no sysconf without cgo.
 const clockTicks = 100
 
-func readProc(pid int) (procStats, error) {
-	var st procStats
+// ReadStats reads the CPU time and memory of process pid.
+func ReadStats(pid int) (Stats, error) {
+	var st Stats
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return st, err
@@ -192,10 +199,10 @@ func readProc(pid int) (procStats, error) {
 	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	st.cpu = time.Duration(ut+stime) * time.Second / clockTicks
-	st.sys = time.Duration(stime) * time.Second / clockTicks
+	st.CPU = time.Duration(ut+stime) * time.Second / clockTicks
+	st.Sys = time.Duration(stime) * time.Second / clockTicks
 	if ns, ok := schedCPU(pid); ok {
-		st.cpu = ns
+		st.CPU = ns
 	}
 	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -209,9 +216,9 @@ func readProc(pid int) (procStats, error) {
 		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 		switch k {
 		case "VmRSS":
-			st.rss = kb << 10
+			st.RSS = kb << 10
 		case "VmHWM":
-			st.hwm = kb << 10
+			st.HWM = kb << 10
 		}
 	}
 	st.valid = true
@@ -249,16 +256,16 @@ func schedCPU(pid int) (time.Duration, bool) {
 	return time.Duration(total), true
 }
 
-// resetPeak resets VmHWM to the current RSS (Linux 4.0+, "5" to
+// ResetPeak resets VmHWM to the current RSS (Linux 4.0+, "5" to
 // clear_refs), so the peak of each measured phase is read on its own rather
 // than the process's lifetime peak. If the kernel refuses, the lifetime
 // peak is what gets reported.
-func resetPeak(pid int) {
+func ResetPeak(pid int) {
 	os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
 }
 
-// scrape fetches the proxy's /metrics text.
-func scrape(ctx context.Context, admin string) (string, error) {
+// Scrape fetches the proxy's /metrics text.
+func Scrape(ctx context.Context, admin string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/metrics", nil)
@@ -280,10 +287,10 @@ func scrape(ctx context.Context, admin string) (string, error) {
 	return string(b), nil
 }
 
-// metricValue sums the samples of name whose labels contain every one of
+// MetricValue sums the samples of name whose labels contain every one of
 // labels (each like `outcome="duplicate"`) in Prometheus text format.
 // A missing series is 0: a counter that never moved may not be exported.
-func metricValue(text, name string, labels ...string) float64 {
+func MetricValue(text, name string, labels ...string) float64 {
 	var sum float64
 	for line := range strings.SplitSeq(text, "\n") {
 		if line == "" || line[0] == '#' || !strings.HasPrefix(line, name) {

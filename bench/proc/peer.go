@@ -1,4 +1,4 @@
-package main
+package proc
 
 import (
 	"context"
@@ -18,20 +18,20 @@ import (
 // it is in this repository: the bench runs a binary built from its own
 // source.
 
-// peerProc is a running peer proxy.
-type peerProc struct {
+// Peer is a running peer proxy.
+type Peer struct {
 	cmd  *exec.Cmd
-	pid  int
-	addr string
+	Pid  int
+	Addr string
 	done chan struct{}
 }
 
-// startPeer runs kafka-proxy's server in front of the single broker at
+// StartPeer runs kafka-proxy's server in front of the single broker at
 // upstream, on a local port of its own, every address on 127.0.0.1, with
 // its HTTP endpoints off and its dynamic listeners on 127.0.0.1 (a
 // single-broker upstream needs none), and waits until it accepts
 // connections.
-func startPeer(ctx context.Context, bin, upstream string) (*peerProc, error) {
+func StartPeer(ctx context.Context, bin, upstream string) (*Peer, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -48,7 +48,7 @@ func startPeer(ctx context.Context, bin, upstream string) (*peerProc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &peerProc{cmd: cmd, pid: cmd.Process.Pid, addr: addr, done: make(chan struct{})}
+	p := &Peer{cmd: cmd, Pid: cmd.Process.Pid, Addr: addr, done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
 		close(p.done)
@@ -64,19 +64,19 @@ func startPeer(ctx context.Context, bin, upstream string) (*peerProc, error) {
 		case <-p.done:
 			return nil, fmt.Errorf("peer exited before listening:\n%s", out.String())
 		case <-ctx.Done():
-			p.stop()
+			p.Stop()
 			return nil, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			p.stop()
+			p.Stop()
 			return nil, fmt.Errorf("peer did not listen on %s within 15s:\n%s", addr, out.String())
 		}
 	}
 }
 
-// stop sends SIGTERM and kills it after 10s.
-func (p *peerProc) stop() {
+// Stop sends SIGTERM and kills it after 10s.
+func (p *Peer) Stop() {
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:

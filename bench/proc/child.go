@@ -1,4 +1,4 @@
-package main
+package proc
 
 import (
 	"bufio"
@@ -41,11 +41,11 @@ import (
 // parent dies (Pdeathsig), so an interrupted run leaks no processes.
 const childEnv = "DEDUPPROXY_BENCH_CHILD"
 
-// isChild reports whether this process was started as a bench child.
-func isChild() bool { return os.Getenv(childEnv) == "1" }
+// IsChild reports whether this process was started as a bench child.
+func IsChild() bool { return os.Getenv(childEnv) == "1" }
 
-// childMain runs a child role and returns its exit code.
-func childMain(args []string) int {
+// ChildMain runs a child role and returns its exit code.
+func ChildMain(args []string) int {
 	if len(args) == 0 {
 		fmt.Fprintln(os.Stderr, "bench child: no role")
 		return 2
@@ -320,15 +320,15 @@ func (c *child) stop() {
 	}
 }
 
-// upstream is a running upstream (kfake, kfake-store or sink) process.
-type upstream struct {
-	addrs []string
-	pid   int
-	close func()
+// Upstream is a running upstream (kfake, kfake-store or sink) process.
+type Upstream struct {
+	Addrs []string
+	Pid   int
+	Close func()
 }
 
-// startUpstream starts an upstream child of kind serving topics.
-func startUpstream(ctx context.Context, kind string, topics []string, partitions int) (*upstream, error) {
+// StartUpstream starts an upstream child of kind serving topics.
+func StartUpstream(ctx context.Context, kind string, topics []string, partitions int) (*Upstream, error) {
 	c, err := startChild("upstream", "-kind", kind, "-partitions", fmt.Sprint(partitions), "-topics", strings.Join(topics, ","))
 	if err != nil {
 		return nil, err
@@ -342,11 +342,11 @@ func startUpstream(ctx context.Context, kind string, topics []string, partitions
 		c.stop()
 		return nil, errors.New("upstream child printed no address")
 	}
-	return &upstream{addrs: a.Addrs, pid: c.pid, close: c.stop}, nil
+	return &Upstream{Addrs: a.Addrs, Pid: c.pid, Close: c.stop}, nil
 }
 
-// startFloorProc starts a floor relay child in front of seed.
-func startFloorProc(ctx context.Context, seed string) (*upstream, error) {
+// StartFloor starts a floor relay child in front of seed.
+func StartFloor(ctx context.Context, seed string) (*Upstream, error) {
 	c, err := startChild("floor", "-seed", seed)
 	if err != nil {
 		return nil, err
@@ -356,14 +356,14 @@ func startFloorProc(ctx context.Context, seed string) (*upstream, error) {
 		c.kill()
 		return nil, err
 	}
-	return &upstream{addrs: a.Addrs, pid: c.pid, close: c.stop}, nil
+	return &Upstream{Addrs: a.Addrs, Pid: c.pid, Close: c.stop}, nil
 }
 
-// loadPhase is a load child that has warmed up and waits for go.
-type loadPhase struct{ c *child }
+// LoadPhase is a load child that has warmed up and waits for go.
+type LoadPhase struct{ c *child }
 
-// startLoad starts a load child for spec and waits until it has warmed up.
-func startLoad(ctx context.Context, spec load.Spec) (*loadPhase, error) {
+// StartLoad starts a load child for spec and waits until it has warmed up.
+func StartLoad(ctx context.Context, spec load.Spec) (*LoadPhase, error) {
 	c, err := startChild("load")
 	if err != nil {
 		return nil, err
@@ -381,11 +381,14 @@ func startLoad(ctx context.Context, spec load.Spec) (*loadPhase, error) {
 	if err := c.readJSON(ctx, 60*time.Second, &ready); err != nil {
 		return nil, fmt.Errorf("load warm-up: %w", err)
 	}
-	return &loadPhase{c}, nil
+	return &LoadPhase{c}, nil
 }
 
-// run starts the timed phase and returns its result.
-func (l *loadPhase) run(ctx context.Context, timeout time.Duration) (load.Result, int64, error) {
+// Kill ends a phase that will not run.
+func (l *LoadPhase) Kill() { l.c.kill() }
+
+// Run starts the timed phase and returns its result.
+func (l *LoadPhase) Run(ctx context.Context, timeout time.Duration) (load.Result, int64, error) {
 	defer l.c.stop()
 	if _, err := io.WriteString(l.c.stdin, "go\n"); err != nil {
 		l.c.kill()
