@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/dedupproxy/dedupproxy/bench/proc"
+	"github.com/dedupproxy/dedupproxy/bench/report"
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 	"github.com/dedupproxy/dedupproxy/internal/testskip"
 )
@@ -174,7 +175,7 @@ func TestPipelineTiny(t *testing.T) {
 	}
 
 	out := filepath.Join(dir, "results")
-	if err := writeResults(out, rep); err != nil {
+	if err := report.WriteResults(out, rep); err != nil {
 		t.Fatal(err)
 	}
 	md, err := os.ReadFile(filepath.Join(out, "results.md"))
@@ -195,7 +196,7 @@ func TestPipelineTiny(t *testing.T) {
 	if !strings.HasPrefix(string(svg), "<svg") || !strings.Contains(string(svg), "<rect") || strings.Contains(string(svg), "NaN") {
 		t.Errorf("results.svg is not a chart:\n%.500s", svg)
 	}
-	var back Report
+	var back report.Report
 	b, err := os.ReadFile(filepath.Join(out, "results.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -276,7 +277,7 @@ func TestTLSCostTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, s := range map[string]Side{"plain": res.Plain, "tls": res.TLS} {
+	for name, s := range map[string]report.Side{"plain": res.Plain, "tls": res.TLS} {
 		if s.Acked == 0 || s.Acked != s.Sent || s.Failed != 0 {
 			t.Errorf("%s: acked %d of %d, failed %d", name, s.Acked, s.Sent, s.Failed)
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/bench/load"
 	"github.com/dedupproxy/dedupproxy/bench/proc"
+	"github.com/dedupproxy/dedupproxy/bench/report"
 )
 
 // runDedupCost compares two proxy processes in front of one upstream, one
@@ -15,7 +16,7 @@ import (
 // what deciding every batch costs, as the per-pair ratio of their CPU per
 // MB. The off proxy is also measured twice per repetition (A/A), for the
 // noise of that ratio.
-func runDedupCost(ctx context.Context, cfg Config, dir string, base load.Spec, idempotent bool, reps int, log *slog.Logger) (Row, error) {
+func runDedupCost(ctx context.Context, cfg Config, dir string, base load.Spec, idempotent bool, reps int, log *slog.Logger) (report.Row, error) {
 	kind := cfg.DedupCostUpstream
 	l := base
 	l.RecordSize, l.Idempotent, l.Acks, l.RetryRate = cfg.DedupCostSize, idempotent, "all", 0
@@ -42,7 +43,7 @@ func runDedupCost(ctx context.Context, cfg Config, dir string, base load.Spec, i
 	if !idempotent {
 		producers = "legacy"
 	}
-	label := fmt.Sprintf("dedupcost/%s/%s/%s", producers, kind, sizeLabel(l.RecordSize))
+	label := fmt.Sprintf("dedupcost/%s/%s/%s", producers, kind, report.SizeLabel(l.RecordSize))
 	log.Info("row", "row", label, "pairs", reps)
 	phases, err := runPairs(ctx, l, eps, reps, log, label)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/dedupproxy/dedupproxy/bench/report"
 )
 
 // figures are the numbers the docs state about what the proxy costs, each
@@ -73,7 +75,7 @@ func loadFigures(root string) (figures, error) {
 	if err != nil {
 		return f, err
 	}
-	var rep Report
+	var rep report.Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		return f, fmt.Errorf("results.json: %w", err)
 	}
@@ -218,12 +220,12 @@ func commas(n int) string {
 }
 
 // readCommittedRun reads the committed run, bench/results/results.json.
-func readCommittedRun(root string) (*Report, error) {
+func readCommittedRun(root string) (*report.Report, error) {
 	raw, err := os.ReadFile(filepath.Join(root, "bench", "results", "results.json"))
 	if err != nil {
 		return nil, err
 	}
-	var rep Report
+	var rep report.Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		return nil, fmt.Errorf("results.json: %w", err)
 	}
@@ -233,17 +235,17 @@ func readCommittedRun(root string) (*Report, error) {
 // readmeBlock is the generated figures section of README.md: the
 // headline figures of the committed run, the proxy's beside the floor
 // relay's and, when the run had one, the peer's, and the chart.
-func readmeBlock(rep *Report) string {
+func readmeBlock(rep *report.Report) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	peer := rep.Config.Peer
-	row := func(scenario string, size int) (Row, bool) {
+	row := func(scenario string, size int) (report.Row, bool) {
 		for _, r := range rep.Rows {
 			if r.Scenario == scenario && (size == 0 || r.RecordSize == size) {
 				return r, true
 			}
 		}
-		return Row{}, false
+		return report.Row{}, false
 	}
 	quiet := "load average not recorded"
 	if rep.LoadStart != [3]float64{} {
@@ -268,7 +270,7 @@ func readmeBlock(rep *Report) string {
 		}
 		p("\n")
 	}
-	ms := func(r Row) func(string) string {
+	ms := func(r report.Row) func(string) string {
 		return func(side string) string {
 			s, ok := r.Sides[side]
 			if !ok || s.CPUmsPerMB == 0 {
@@ -277,7 +279,7 @@ func readmeBlock(rep *Report) string {
 			if side == "floor" {
 				return fmt.Sprintf("%.2f ms", s.CPUmsPerMB)
 			}
-			return fmt.Sprintf("%.2f ms (%.2f× the relay)", s.CPUmsPerMB, cpuX(r, side))
+			return fmt.Sprintf("%.2f ms (%.2f× the relay)", s.CPUmsPerMB, report.CPUOverFloor(r, side))
 		}
 	}
 	if r, ok := row("batched", 1024); ok {
@@ -286,7 +288,7 @@ func readmeBlock(rep *Report) string {
 			if _, ok := r.Sides[side]; !ok {
 				return "n/a"
 			}
-			return fmtX(r.Throughput[side])
+			return report.FormatRatio(r.Throughput[side])
 		})
 	}
 	if r, ok := row("consume", 0); ok {
@@ -328,9 +330,9 @@ func readmeBlock(rep *Report) string {
 	for _, r := range rep.Rows {
 		if r.Scenario == "dedupcost" {
 			if r.Idempotent {
-				idem = fmtX(r.CPURatio["enforce"])
+				idem = report.FormatRatio(r.CPURatio["enforce"])
 			} else {
-				legacy = fmtX(r.CPURatio["enforce"])
+				legacy = report.FormatRatio(r.CPURatio["enforce"])
 			}
 		}
 	}

@@ -13,40 +13,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupproxy/dedupproxy/bench/proc"
+	"github.com/dedupproxy/dedupproxy/bench/report"
 )
-
-// IdleResult is what an idle client connection costs the proxy and the
-// floor relay in memory: n connections that each sent one ApiVersions and
-// read its answer, then stay open, measured from outside by RSS.
-type IdleResult struct {
-	Conns int                 `json:"conns"`
-	Sides map[string]IdleSide `json:"sides"` // floor, proxy
-}
-
-// IdleSide is one process's RSS before the connections and with them open.
-type IdleSide struct {
-	RSSBeforeMiB float64 `json:"rss_before_mib"`
-	RSSAfterMiB  float64 `json:"rss_after_mib"`
-	// PerConnKiB is the RSS growth ÷ connections (KiB = 1024 B).
-	PerConnKiB float64 `json:"rss_kib_per_conn"`
-}
-
-// idleWarmConns are opened, used and closed before the "before" figure,
-// so it includes a process that has served connections (pools, listeners,
-// first allocations) rather than one that never has.
-const idleWarmConns = 64
 
 // runIdle opens cfg.IdleConns client connections to the proxy and to the
 // floor relay in front of a sink (each its own process), one ApiVersions
 // each, and reads each process's RSS growth. The clients live in the bench
 // process: only the measured process's memory counts.
-func runIdle(ctx context.Context, cfg Config, dir string) (*IdleResult, error) {
+func runIdle(ctx context.Context, cfg Config, dir string) (*report.IdleResult, error) {
 	up, err := proc.StartUpstream(ctx, "sink", []string{"idle"}, 1)
 	if err != nil {
 		return nil, err
 	}
 	defer up.Close()
-	res := &IdleResult{Conns: cfg.IdleConns, Sides: map[string]IdleSide{}}
+	res := &report.IdleResult{Conns: cfg.IdleConns, Sides: map[string]report.IdleSide{}}
 
 	fl, err := proc.StartFloor(ctx, up.Addrs[0])
 	if err != nil {
@@ -85,12 +65,12 @@ func runIdle(ctx context.Context, cfg Config, dir string) (*IdleResult, error) {
 	return res, nil
 }
 
-// measureIdle reads pid's RSS after idleWarmConns connections came and
+// measureIdle reads pid's RSS after report.IdleWarmConns connections came and
 // went, opens n connections to addr that each send one ApiVersions and read
 // its answer, reads the RSS again with them open, and closes them.
-func measureIdle(ctx context.Context, pid int, addr string, n int) (IdleSide, error) {
-	var side IdleSide
-	warm, err := openIdle(ctx, addr, idleWarmConns)
+func measureIdle(ctx context.Context, pid int, addr string, n int) (report.IdleSide, error) {
+	var side report.IdleSide
+	warm, err := openIdle(ctx, addr, report.IdleWarmConns)
 	closeAll(warm)
 	if err != nil {
 		return side, err

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/bench/proc"
+	"github.com/dedupproxy/dedupproxy/bench/report"
 )
 
 func main() {
@@ -131,9 +132,9 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 		return err
 	}
 	rep.Command = strings.TrimSpace("go run ./bench " + strings.Join(args, " "))
-	writeMarkdown(stdout, rep)
+	report.WriteMarkdown(stdout, rep)
 	if *out != "" {
-		if err := writeResults(*out, rep); err != nil {
+		if err := report.WriteResults(*out, rep); err != nil {
 			return err
 		}
 		log.Info("wrote results", "dir", *out)

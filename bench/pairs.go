@@ -10,90 +10,8 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/bench/load"
 	"github.com/dedupproxy/dedupproxy/bench/proc"
+	"github.com/dedupproxy/dedupproxy/bench/report"
 )
-
-// Side is what one target (direct, its A/A twin, the floor relay, the
-// proxy) achieved over all its phases of a row.
-type Side struct {
-	Phases    int     `json:"phases"`
-	Sent      int64   `json:"sent"`
-	Acked     int64   `json:"acked"` // produce: acknowledged; consume: records read
-	Failed    int64   `json:"failed"`
-	Seconds   float64 `json:"seconds"`
-	RecPerSec float64 `json:"records_per_sec"`
-	MBPerSec  float64 `json:"mb_per_sec"`
-	P50us     float64 `json:"p50_us"`
-	P99us     float64 `json:"p99_us"`
-	P999us    float64 `json:"p999_us"`
-	// AcksDropped is how many Produce acknowledgements the shim dropped.
-	AcksDropped int64 `json:"acks_dropped"`
-	// Stalled counts phases in which no record was acknowledged before the
-	// phase's deadline: the producers filled their buffers and then waited
-	// seconds for a first acknowledgement. It happens to every target,
-	// direct included, under heavy load from other jobs (cause not found
-	// yet: kgo or kfake), and such a phase drags its pairs' ratios.
-	Stalled int `json:"stalled_phases"`
-	// The target's own process (floor, proxy), from /proc during its
-	// timed phases; zero for direct.
-	CPUSeconds float64 `json:"cpu_seconds"`
-	SysSeconds float64 `json:"sys_seconds"` // of CPUSeconds, in the kernel
-	CPUmsPerMB float64 `json:"cpu_ms_per_mb"`
-	PeakRSSMiB float64 `json:"peak_rss_mib"`
-}
-
-// Spread is a per-pair figure over a row's repetitions: its median and the
-// smallest and largest pair. N counts the pairs that had the figure.
-type Spread struct {
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
-	N      int     `json:"n"`
-}
-
-func spreadOf(xs []float64) Spread {
-	xs = slices.DeleteFunc(slices.Clone(xs), func(x float64) bool { return math.IsNaN(x) || math.IsInf(x, 0) })
-	if len(xs) == 0 {
-		return Spread{}
-	}
-	slices.Sort(xs)
-	med := xs[len(xs)/2]
-	if len(xs)%2 == 0 {
-		med = (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
-	}
-	return Spread{Median: med, Min: xs[0], Max: xs[len(xs)-1], N: len(xs)}
-}
-
-// Row compares the targets of one scenario, upstream and record size. The
-// first target is the reference (direct, or dedup off); every per-pair
-// figure compares a target with the reference's phase of the same
-// repetition.
-type Row struct {
-	Scenario   string  `json:"scenario"` // batched, roundtrip, consume, lostack, dedupcost
-	Upstream   string  `json:"upstream"`
-	RecordSize int     `json:"record_size"`
-	Producers  int     `json:"producers"` // 0: one consumer
-	Acks       string  `json:"acks"`
-	Idempotent bool    `json:"idempotent"`
-	Dedup      string  `json:"dedup"`
-	RetryRate  float64 `json:"retry_rate"`
-	Pairs      int     `json:"pairs"`
-
-	Targets []string        `json:"targets"` // reference first
-	Sides   map[string]Side `json:"sides"`
-	// Per pair, target ÷ reference MB/s, target − reference latency, and
-	// target ÷ reference CPU per MB (when both are measured processes).
-	Throughput map[string]Spread `json:"throughput_ratio"`
-	AddedP50us map[string]Spread `json:"added_p50_us"`
-	AddedP99us map[string]Spread `json:"added_p99_us"`
-	CPURatio   map[string]Spread `json:"cpu_per_mb_ratio,omitempty"`
-	// Per phase CPU per MB of each measured target.
-	CPUmsPerMB map[string]Spread `json:"cpu_ms_per_mb,omitempty"`
-
-	// Scraped from the proxy's (dedup cost: the enforce proxy's) /metrics.
-	Duplicates    float64 `json:"duplicates"`      // batches_total{outcome="duplicate"}
-	InFlightWaits float64 `json:"in_flight_waits"` // batches_total{outcome="in_flight_wait"}
-	Decided       float64 `json:"decided"`         // outcome accepted or legacy_accepted
-}
 
 // endpoint is one target of a row: where the load connects, and the
 // process measured while it runs.
@@ -204,11 +122,11 @@ func runPhase(ctx context.Context, spec load.Spec, ep endpoint) (phase, error) {
 }
 
 // fillRow aggregates phases (from runPairs over eps) into row.
-func fillRow(row *Row, eps []endpoint, phases [][]phase) {
+func fillRow(row *report.Row, eps []endpoint, phases [][]phase) {
 	row.Pairs = len(phases)
-	row.Sides = map[string]Side{}
-	row.Throughput, row.AddedP50us, row.AddedP99us = map[string]Spread{}, map[string]Spread{}, map[string]Spread{}
-	row.CPURatio, row.CPUmsPerMB = map[string]Spread{}, map[string]Spread{}
+	row.Sides = map[string]report.Side{}
+	row.Throughput, row.AddedP50us, row.AddedP99us = map[string]report.Spread{}, map[string]report.Spread{}, map[string]report.Spread{}
+	row.CPURatio, row.CPUmsPerMB = map[string]report.Spread{}, map[string]report.Spread{}
 	row.Targets = nil
 	mbps := func(ph phase) float64 { return float64(ph.res.Bytes) / 1e6 / ph.res.Elapsed.Seconds() }
 	// A phase with no CPU tick (10 ms) or no byte has no CPU per MB:
@@ -221,7 +139,7 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 	}
 	for i, ep := range eps {
 		row.Targets = append(row.Targets, ep.name)
-		var s Side
+		var s report.Side
 		var hist load.Histogram
 		var bytes int64
 		var cpu, sys time.Duration
@@ -254,13 +172,13 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 			if i == 0 {
 				continue
 			}
-			thr = append(thr, ratio(mbps(ph), mbps(ref)))
+			thr = append(thr, report.Ratio(mbps(ph), mbps(ref)))
 			if ph.res.Hist.Total() > 0 && ref.res.Hist.Total() > 0 {
 				p50 = append(p50, us(ph.res.Hist.Quantile(0.5))-us(ref.res.Hist.Quantile(0.5)))
 				p99 = append(p99, us(ph.res.Hist.Quantile(0.99))-us(ref.res.Hist.Quantile(0.99)))
 			}
 			if ep.pid != 0 && eps[0].pid != 0 {
-				cpuR = append(cpuR, ratio(cpuPerMB(ph), cpuPerMB(ref)))
+				cpuR = append(cpuR, report.Ratio(cpuPerMB(ph), cpuPerMB(ref)))
 			}
 		}
 		if s.Seconds > 0 {
@@ -274,31 +192,22 @@ func fillRow(row *Row, eps []endpoint, phases [][]phase) {
 				s.CPUmsPerMB = cpu.Seconds() * 1e3 / (float64(bytes) / 1e6)
 			}
 			s.PeakRSSMiB = float64(hwm) / (1 << 20)
-			row.CPUmsPerMB[ep.name] = spreadOf(cpuMB)
+			row.CPUmsPerMB[ep.name] = report.SpreadOf(cpuMB)
 		}
 		row.Sides[ep.name] = s
 		if i > 0 {
-			row.Throughput[ep.name] = spreadOf(thr)
+			row.Throughput[ep.name] = report.SpreadOf(thr)
 			if len(p50) > 0 {
-				row.AddedP50us[ep.name], row.AddedP99us[ep.name] = spreadOf(p50), spreadOf(p99)
+				row.AddedP50us[ep.name], row.AddedP99us[ep.name] = report.SpreadOf(p50), report.SpreadOf(p99)
 			}
 			if len(cpuR) > 0 {
-				row.CPURatio[ep.name] = spreadOf(cpuR)
+				row.CPURatio[ep.name] = report.SpreadOf(cpuR)
 			}
 		}
 	}
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-
-// ratio is a/b, or NaN when b is 0 (dropped from spreads, never reported as
-// a misleading infinity).
-func ratio(a, b float64) float64 {
-	if b == 0 {
-		return math.NaN()
-	}
-	return a / b
-}
 
 // phaseAcc accumulates one target's phases run in this process (the TLS
 // cost scenario).
@@ -308,8 +217,8 @@ type phaseAcc struct {
 	hist                         load.Histogram
 }
 
-func (a *phaseAcc) side(size int) Side {
-	s := Side{Sent: a.sent, Acked: a.acked, Failed: a.failed, Seconds: a.elapsed.Seconds(), AcksDropped: a.dropped}
+func (a *phaseAcc) side(size int) report.Side {
+	s := report.Side{Sent: a.sent, Acked: a.acked, Failed: a.failed, Seconds: a.elapsed.Seconds(), AcksDropped: a.dropped}
 	if s.Seconds > 0 {
 		s.RecPerSec = float64(a.acked) / s.Seconds
 		s.MBPerSec = float64(a.acked) * float64(size) / 1e6 / s.Seconds

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/bench/proc"
+	"github.com/dedupproxy/dedupproxy/bench/report"
 )
 
 // replicasMain is `go run ./bench replicas`: the replicas design note's
@@ -126,7 +127,7 @@ func readMeasured(dir string) (measured, error) {
 		Memory  struct {
 			RSSPerEntry float64 `json:"rss_bytes_per_entry"`
 		} `json:"memory"`
-		Idle *IdleResult `json:"idle"`
+		Idle *report.IdleResult `json:"idle"`
 		Rows []struct {
 			Scenario   string `json:"scenario"`
 			RecordSize int    `json:"record_size"`

@@ -18,59 +18,21 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/bench/load"
 	"github.com/dedupproxy/dedupproxy/bench/proc"
+	"github.com/dedupproxy/dedupproxy/bench/report"
 	"github.com/dedupproxy/dedupproxy/internal/testcluster"
 )
 
-// Config is one benchmark run. The zero value is not useful; see
-// defaultConfig and the flags in main.go, which document each field.
+// Config is one benchmark run: what the results record (report.Config)
+// and how to run it. The zero value is not useful; see defaultConfig and
+// the flags in main.go, which document each field.
 type Config struct {
-	Upstreams   []string      `json:"upstreams"` // kfake (produce blackholed), sink
-	Sizes       []int         `json:"record_sizes"`
-	Producers   int           `json:"producers"`
-	Topics      int           `json:"topics"`
-	Partitions  int           `json:"partitions"`
-	Linger      time.Duration `json:"linger"`
-	BatchBytes  int           `json:"batch_bytes"`
-	BufferBytes int64         `json:"buffer_bytes"`
-	Acks        string        `json:"acks"`
-	Idempotent  bool          `json:"idempotent"`
-	Dedup       string        `json:"dedup"`
-	// ProduceSplice is the proxy's produce_splice (records of large
-	// idempotent batches moved socket to socket), on by default as in the
-	// proxy; false measures the copy path.
-	ProduceSplice bool          `json:"produce_splice"`
-	RetryRate     float64       `json:"retry_rate"`   // lost acks in the throughput matrix
-	LostAckRate   float64       `json:"lostack_rate"` // the separate lost-ack scenario; 0 skips it
-	Duration      time.Duration `json:"duration"`     // per phase
-	Records       int64         `json:"records"`      // per phase, 0 = duration only
-	Reps          int           `json:"reps"`         // direct/proxy pairs per row
-	// Recovery sets kgo's retry backoff and metadata min age (0 keeps kgo's
-	// defaults). After a cut connection kgo refreshes metadata before
-	// retrying, by default at most every 5s, so each lost acknowledgement
-	// would stall a producer for up to 5s — longer than a phase.
-	Recovery      time.Duration `json:"recovery"`
-	RoundTrip     int           `json:"roundtrip_size"`
-	MemProducers  int           `json:"mem_producers"` // memory scenario; 0 skips it
-	MemPartitions int           `json:"mem_partitions"`
-	// IdleConns is how many idle client connections the idle-connection
-	// scenario opens to the proxy and to the floor relay; 0 skips it.
-	IdleConns int `json:"idle_conns"`
-	// DedupCostSize is the record size of the dedup-cost scenario (an
-	// enforce and an off proxy, alternated); 0 skips it.
-	DedupCostSize     int    `json:"dedupcost_size"`
-	DedupCostUpstream string `json:"dedupcost_upstream"`
-	// ConsumeMB is how many MB of ConsumeSize records the consume row
-	// pre-fills (kfake keeping records) and then reads per phase; 0
-	// skips it.
-	ConsumeMB   int `json:"consume_mb"`
-	ConsumeSize int `json:"consume_record_size"`
+	report.Config
 
 	ProxyBin string `json:"-"` // prebuilt proxy; empty builds ./cmd/dedupproxy (deploy/build.sh)
 	// PeerBin is another proxy's binary (grepplabs/kafka-proxy) measured
 	// as the "peer" target of the rows and of the idle connections; empty
 	// runs none. Peer names it in the report.
 	PeerBin string       `json:"-"`
-	Peer    string       `json:"peer,omitempty"`
 	Log     *slog.Logger `json:"-"`
 	// cluster is the real cluster of the "cluster" upstream
 	// (DEDUPPROXY_TEST_UPSTREAM; internal/testcluster), nil without one.
@@ -78,57 +40,18 @@ type Config struct {
 }
 
 func defaultConfig() Config {
-	return Config{
+	return Config{Config: report.Config{
 		Upstreams: []string{"kfake"}, Sizes: []int{100, 1024, 10240},
 		Producers: 4, Topics: 1, Partitions: 6, Linger: 5 * time.Millisecond,
 		BatchBytes: 1_000_012, BufferBytes: 8 << 20, Acks: "all", Idempotent: true,
 		Dedup: "enforce", ProduceSplice: true, LostAckRate: 0.05, Duration: 2 * time.Second, Reps: 5,
 		RoundTrip: 1024, MemProducers: 2000, MemPartitions: 100, IdleConns: 4000, Recovery: 100 * time.Millisecond,
 		DedupCostSize: 1024, DedupCostUpstream: "kfake", ConsumeMB: 200, ConsumeSize: 1024,
-	}
+	}}
 }
 
-// MemoryResult is the proxy's memory per tracked (producer, partition).
-type MemoryResult struct {
-	Producers       int     `json:"producers"`
-	Partitions      int     `json:"partitions"`
-	Entries         float64 `json:"entries"`       // dedupproxy_seqstate_entries growth
-	EntriesTotal    float64 `json:"entries_total"` // and its value at the end
-	RSSBeforeMiB    float64 `json:"rss_before_mib"`
-	RSSAfterMiB     float64 `json:"rss_after_mib"`
-	RSSPerEntry     float64 `json:"rss_bytes_per_entry"`
-	HeapPerEntry    float64 `json:"heap_inuse_bytes_per_entry"` // go_memstats_heap_inuse_bytes growth ÷ entries
-	ExpectedEntries int     `json:"expected_entries"`           // producers × partitions, less the warm-up producer's
-}
-
-// Report is a whole run.
-type Report struct {
-	Machine Machine       `json:"machine"`
-	Command string        `json:"command"`
-	Config  Config        `json:"config"`
-	Rows    []Row         `json:"rows"`
-	Memory  *MemoryResult `json:"memory,omitempty"`
-	Idle    *IdleResult   `json:"idle,omitempty"`
-	Targets []Target      `json:"targets"`
-	Started time.Time     `json:"started"`
-	Took    string        `json:"took"`
-	// LoadStart and LoadEnd are the machine's load averages (1, 5 and 15
-	// minutes) when the run started and ended: how quiet it was.
-	LoadStart [3]float64 `json:"loadavg_start"`
-	LoadEnd   [3]float64 `json:"loadavg_end"`
-}
-
-// Machine describes where the numbers come from.
-type Machine struct {
-	NumCPU    int    `json:"nproc"`
-	CPUModel  string `json:"cpu_model"`
-	GoVersion string `json:"go_version"`
-	Kernel    string `json:"kernel"`
-	MemTotal  string `json:"mem_total"`
-}
-
-func describeMachine() Machine {
-	m := Machine{NumCPU: runtime.NumCPU(), GoVersion: runtime.Version()}
+func describeMachine() report.Machine {
+	m := report.Machine{NumCPU: runtime.NumCPU(), GoVersion: runtime.Version()}
 	if out, err := exec.Command("go", "version").Output(); err == nil {
 		m.GoVersion = strings.TrimSpace(string(out))
 	}
@@ -168,12 +91,12 @@ func loadAvg() (l [3]float64) {
 
 // Run runs every scenario of cfg and returns the report. dir holds the
 // proxy binary and its config files.
-func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
+func Run(ctx context.Context, cfg Config, dir string) (*report.Report, error) {
 	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rep := &Report{Machine: describeMachine(), Config: cfg, Started: time.Now(), LoadStart: loadAvg()}
+	rep := &report.Report{Machine: describeMachine(), Config: cfg.Config, Started: time.Now(), LoadStart: loadAvg()}
 	if cfg.ProxyBin == "" {
 		log.Info("building the proxy", "dir", dir)
 		bin, err := proc.BuildProxy(ctx, dir)
@@ -247,7 +170,7 @@ func Run(ctx context.Context, cfg Config, dir string) (*Report, error) {
 		}
 		rep.Idle = m
 	}
-	rep.Targets = evaluateTargets(rep)
+	rep.Targets = report.EvaluateTargets(rep)
 	rep.Took = time.Since(rep.Started).Round(time.Second).String()
 	rep.LoadEnd = loadAvg()
 	return rep, nil
@@ -344,8 +267,8 @@ func endpointNamed(eps []endpoint, name string) endpoint {
 	return endpoint{}
 }
 
-func baseRow(scenario, upstream string, l load.Spec, dedup string) Row {
-	r := Row{Scenario: scenario, Upstream: upstream, RecordSize: l.RecordSize, Producers: l.Producers,
+func baseRow(scenario, upstream string, l load.Spec, dedup string) report.Row {
+	r := report.Row{Scenario: scenario, Upstream: upstream, RecordSize: l.RecordSize, Producers: l.Producers,
 		Acks: l.Acks, Idempotent: l.Idempotent, Dedup: dedup, RetryRate: l.RetryRate}
 	if l.RoundTrip {
 		r.Producers = 1
@@ -355,15 +278,15 @@ func baseRow(scenario, upstream string, l load.Spec, dedup string) Row {
 
 // runProduceRows runs the batched rows (one per size), the round-trip row
 // and the lost-ack row against one upstream process.
-func runProduceRows(ctx context.Context, cfg Config, dir, kind string, base load.Spec, reps int, log *slog.Logger) ([]Row, error) {
+func runProduceRows(ctx context.Context, cfg Config, dir, kind string, base load.Spec, reps int, log *slog.Logger) ([]report.Row, error) {
 	eps, stop, err := stack(ctx, cfg, dir, kind, base.Topics, cfg.Partitions, cfg.Dedup)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-	var rows []Row
-	run := func(row Row, l load.Spec, eps []endpoint, reps int) error {
-		label := fmt.Sprintf("%s/%s/%s", row.Scenario, kind, sizeLabel(l.RecordSize))
+	var rows []report.Row
+	run := func(row report.Row, l load.Spec, eps []endpoint, reps int) error {
+		label := fmt.Sprintf("%s/%s/%s", row.Scenario, kind, report.SizeLabel(l.RecordSize))
 		log.Info("row", "row", label, "pairs", reps)
 		phases, err := runPairs(ctx, l, eps, reps, log, label)
 		if err != nil {
@@ -408,13 +331,13 @@ func runProduceRows(ctx context.Context, cfg Config, dir, kind string, base load
 // runConsumeRow pre-fills a topic on a kfake that keeps records (produce
 // is not blackholed) and then reads all of it from the start, per phase,
 // directly, directly again, through the floor and through the proxy.
-func runConsumeRow(ctx context.Context, cfg Config, dir string, reps int, log *slog.Logger) (Row, error) {
+func runConsumeRow(ctx context.Context, cfg Config, dir string, reps int, log *slog.Logger) (report.Row, error) {
 	const topic = "consume"
 	size := cfg.ConsumeSize
 	records := int64(cfg.ConsumeMB) * 1_000_000 / int64(size)
 	eps, stop, err := stack(ctx, cfg, dir, "kfake-store", []string{topic}, cfg.Partitions, cfg.Dedup)
 	if err != nil {
-		return Row{}, err
+		return report.Row{}, err
 	}
 	defer stop()
 	// Large batches whatever -batch-bytes says: the fill is set-up, and
@@ -426,18 +349,18 @@ func runConsumeRow(ctx context.Context, cfg Config, dir string, reps int, log *s
 	log.Info("consume: pre-filling", "records", records, "record_size", size)
 	ph, err := runPhase(ctx, fill, eps[0])
 	if err != nil {
-		return Row{}, fmt.Errorf("pre-fill: %w", err)
+		return report.Row{}, fmt.Errorf("pre-fill: %w", err)
 	}
 	// Each producer warms up with one record per topic before the timed
 	// window.
 	total := ph.res.Acked + int64(fill.Producers*len(fill.Topics))
 	if ph.res.Failed > 0 {
-		return Row{}, fmt.Errorf("pre-fill: %d records failed: %v", ph.res.Failed, ph.res.FirstErr)
+		return report.Row{}, fmt.Errorf("pre-fill: %d records failed: %v", ph.res.Failed, ph.res.FirstErr)
 	}
 	l := load.Spec{Topics: []string{topic}, RecordSize: size, Consume: true, ConsumeRecords: total,
 		Duration: 2 * time.Minute}
-	row := Row{Scenario: "consume", Upstream: "kfake-store", RecordSize: size, Acks: "n/a", Dedup: cfg.Dedup}
-	label := "consume/kfake-store/" + sizeLabel(size)
+	row := report.Row{Scenario: "consume", Upstream: "kfake-store", RecordSize: size, Acks: "n/a", Dedup: cfg.Dedup}
+	label := "consume/kfake-store/" + report.SizeLabel(size)
 	phases, err := runPairs(ctx, l, eps, reps, log, label)
 	if err != nil {
 		return row, err
@@ -451,7 +374,7 @@ func runConsumeRow(ctx context.Context, cfg Config, dir string, reps int, log *s
 // MemPartitions partitions of the sink through the proxy, so the table
 // gains producers × partitions entries. Producers run a few at a time and
 // close when done, so connection buffers do not pile up in the figure.
-func runMemory(ctx context.Context, cfg Config, dir string) (*MemoryResult, error) {
+func runMemory(ctx context.Context, cfg Config, dir string) (*report.MemoryResult, error) {
 	const topic = "mem"
 	up, err := proc.StartUpstream(ctx, "sink", []string{topic}, cfg.MemPartitions)
 	if err != nil {
@@ -463,7 +386,7 @@ func runMemory(ctx context.Context, cfg Config, dir string) (*MemoryResult, erro
 		return nil, err
 	}
 	defer px.Stop()
-	m := &MemoryResult{Producers: cfg.MemProducers, Partitions: cfg.MemPartitions,
+	m := &report.MemoryResult{Producers: cfg.MemProducers, Partitions: cfg.MemPartitions,
 		ExpectedEntries: (cfg.MemProducers - 1) * cfg.MemPartitions}
 
 	produceAll := func() error {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dedupproxy/dedupproxy/bench/load"
 	"github.com/dedupproxy/dedupproxy/bench/proc"
+	"github.com/dedupproxy/dedupproxy/bench/report"
 	"github.com/dedupproxy/dedupproxy/bench/wire"
 	"github.com/dedupproxy/dedupproxy/internal/testpki"
 )
@@ -31,8 +32,8 @@ type TLSCostResult struct {
 	Producers  int    `json:"producers"`
 	Reps       int    `json:"reps"`
 
-	Plain Side `json:"plain"`
-	TLS   Side `json:"tls"`
+	Plain report.Side `json:"plain"`
+	TLS   report.Side `json:"tls"`
 
 	PlainCPUmsPerMB float64 `json:"plain_cpu_ms_per_mb"`
 	TLSCPUmsPerMB   float64 `json:"tls_cpu_ms_per_mb"`
@@ -191,8 +192,8 @@ func runTLSCost(ctx context.Context, cfg Config, dir string, size int, log *slog
 	}
 	res.PlainCPUmsPerMB = perMB(cpu[0], accs[0].acked)
 	res.TLSCPUmsPerMB = perMB(cpu[1], accs[1].acked)
-	res.CPURatio = ratio(res.TLSCPUmsPerMB, res.PlainCPUmsPerMB)
-	res.MBRatio = ratio(res.TLS.MBPerSec, res.Plain.MBPerSec)
+	res.CPURatio = report.Ratio(res.TLSCPUmsPerMB, res.PlainCPUmsPerMB)
+	res.MBRatio = report.Ratio(res.TLS.MBPerSec, res.Plain.MBPerSec)
 	return res, nil
 }
 

@@ -264,7 +264,7 @@ func Run(ctx context.Context, seeds []string, dial func(context.Context, string,
 	// records actually handed to kgo, which after Flush must equal acked +
 	// failed (every promise has run).
 	// inWindow counts acknowledgements that arrived before the deadline: a
-	// phase with none stalled (see Side.Stalled).
+	// phase with none stalled (see report.Side.Stalled).
 	var claimed, issued, acked, failed, inWindow atomic.Int64
 	var errOnce sync.Once
 	if spec.OnStart != nil {

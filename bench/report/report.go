@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"encoding/json"
@@ -72,9 +72,9 @@ const (
 	targetIdleConnKiB       = 16.0 // RSS per idle client connection
 )
 
-// cpuX is a side's CPU per MB ÷ the floor's in the same row.
-func cpuX(row Row, side string) float64 {
-	return ratio(row.Sides[side].CPUmsPerMB, row.Sides["floor"].CPUmsPerMB)
+// CPUOverFloor is a side's CPU per MB ÷ the floor's in the same row.
+func CPUOverFloor(row Row, side string) float64 {
+	return Ratio(row.Sides[side].CPUmsPerMB, row.Sides["floor"].CPUmsPerMB)
 }
 
 // peerStr formats the peer's figure with f, or "" when the row has no peer.
@@ -86,7 +86,9 @@ func peerStr(row Row, f func(Side) string) string {
 	return f(s)
 }
 
-func fmtX(s Spread) string {
+// FormatRatio formats a ratio's spread: its median, then min–max when
+// there was more than one pair.
+func FormatRatio(s Spread) string {
 	if s.N == 0 {
 		return "n/a"
 	}
@@ -113,48 +115,52 @@ func fmtMs(s Spread) string {
 	return fmt.Sprintf("%.3f ms/MB (%.3f–%.3f)", s.Median, s.Min, s.Max)
 }
 
-// evaluateTargets compares the run with the performance targets. Throughput
+// EvaluateTargets compares the run with the performance targets. Throughput
 // ratios and added latencies are medians of per-pair figures; CPU per MB is
 // the proxy's CPU over all its phases of the row ÷ their MB; peak RSS is
 // the largest VmHWM of any batched proxy phase.
-func evaluateTargets(r *Report) []Target {
+func EvaluateTargets(r *Report) []Target {
 	var ts []Target
 	var peak, floorPeak, peerPeak float64
 	var peakWhere []string
 	for _, row := range r.Rows {
-		where := fmt.Sprintf("%s, %s, %s, %d pairs", row.Scenario, row.Upstream, sizeLabel(row.RecordSize), row.Pairs)
+		where := fmt.Sprintf("%s, %s, %s, %d pairs", row.Scenario, row.Upstream, SizeLabel(row.RecordSize), row.Pairs)
 		px, fl := row.Sides["proxy"], row.Sides["floor"]
 		cpuMs := func(s Side) string { return fmt.Sprintf("%.3f ms/MB", s.CPUmsPerMB) }
 		switch row.Scenario {
 		case "batched":
-			ts = append(ts, Target{Name: "produce throughput proxy ÷ direct", Where: where, Measured: fmtX(row.Throughput["proxy"]),
-				Floor: fmtX(row.Throughput["floor"]), Peer: fmtSpreadIf(row, "peer", row.Throughput), AA: fmtX(row.Throughput["A/A"]), Limit: "≥ 0.90×",
+			ts = append(ts, Target{Name: "produce throughput proxy ÷ direct", Where: where, Measured: FormatRatio(row.Throughput["proxy"]),
+				Floor: FormatRatio(row.Throughput["floor"]), Peer: fmtSpreadIf(row, "peer", row.Throughput), AA: FormatRatio(row.Throughput["A/A"]), Limit: "≥ 0.90×",
 				Result:       metStr(row.Throughput["proxy"].N > 0 && row.Throughput["proxy"].Median >= targetThroughput),
 				Inconclusive: inconclusive(row.Throughput["proxy"], row.Throughput["A/A"], targetThroughput, 1, "×")})
 			t := Target{Name: "proxy CPU per MB produced ÷ the floor's", Where: where,
-				Measured: fmt.Sprintf("%.2f× (%.3f ms/MB)", cpuX(row, "proxy"), px.CPUmsPerMB), Floor: cpuMs(fl),
-				Peer:  peerStr(row, func(s Side) string { return fmt.Sprintf("%.2f× (%.3f ms/MB)", cpuX(row, "peer"), s.CPUmsPerMB) }),
+				Measured: fmt.Sprintf("%.2f× (%.3f ms/MB)", CPUOverFloor(row, "proxy"), px.CPUmsPerMB), Floor: cpuMs(fl),
+				Peer: peerStr(row, func(s Side) string {
+					return fmt.Sprintf("%.2f× (%.3f ms/MB)", CPUOverFloor(row, "peer"), s.CPUmsPerMB)
+				}),
 				Limit: "≤ 1.20× (dedup enforce)", Result: "reported"}
 			if row.Dedup == "enforce" {
-				t.Result = metStr(cpuX(row, "proxy") <= targetProduceCPUx)
+				t.Result = metStr(CPUOverFloor(row, "proxy") <= targetProduceCPUx)
 			}
 			ts = append(ts, t)
 			peak, floorPeak = max(peak, px.PeakRSSMiB), max(floorPeak, fl.PeakRSSMiB)
 			if pe, ok := row.Sides["peer"]; ok {
 				peerPeak = max(peerPeak, pe.PeakRSSMiB)
 			}
-			peakWhere = append(peakWhere, sizeLabel(row.RecordSize))
+			peakWhere = append(peakWhere, SizeLabel(row.RecordSize))
 		case "consume":
 			ts = append(ts,
-				Target{Name: "consume throughput proxy ÷ direct", Where: where, Measured: fmtX(row.Throughput["proxy"]),
-					Floor: fmtX(row.Throughput["floor"]), Peer: fmtSpreadIf(row, "peer", row.Throughput), AA: fmtX(row.Throughput["A/A"]), Limit: "≥ 0.90×",
+				Target{Name: "consume throughput proxy ÷ direct", Where: where, Measured: FormatRatio(row.Throughput["proxy"]),
+					Floor: FormatRatio(row.Throughput["floor"]), Peer: fmtSpreadIf(row, "peer", row.Throughput), AA: FormatRatio(row.Throughput["A/A"]), Limit: "≥ 0.90×",
 					Result:       metStr(row.Throughput["proxy"].N > 0 && row.Throughput["proxy"].Median >= targetThroughput),
 					Inconclusive: inconclusive(row.Throughput["proxy"], row.Throughput["A/A"], targetThroughput, 1, "×")},
 				Target{Name: "proxy CPU per MB fetched ÷ the floor's", Where: where,
-					Measured: fmt.Sprintf("%.2f× (%.3f ms/MB)", cpuX(row, "proxy"), px.CPUmsPerMB), Floor: cpuMs(fl),
-					Peer:   peerStr(row, func(s Side) string { return fmt.Sprintf("%.2f× (%.3f ms/MB)", cpuX(row, "peer"), s.CPUmsPerMB) }),
+					Measured: fmt.Sprintf("%.2f× (%.3f ms/MB)", CPUOverFloor(row, "proxy"), px.CPUmsPerMB), Floor: cpuMs(fl),
+					Peer: peerStr(row, func(s Side) string {
+						return fmt.Sprintf("%.2f× (%.3f ms/MB)", CPUOverFloor(row, "peer"), s.CPUmsPerMB)
+					}),
 					Limit:  "≤ 1.05×",
-					Result: metStr(cpuX(row, "proxy") <= targetConsumeCPUx)})
+					Result: metStr(CPUOverFloor(row, "proxy") <= targetConsumeCPUx)})
 		case "roundtrip":
 			p50, p99 := row.AddedP50us["proxy"], row.AddedP99us["proxy"]
 			over := p50.Median - row.AddedP50us["floor"].Median
@@ -175,8 +181,8 @@ func evaluateTargets(r *Report) []Target {
 			}
 			c := row.CPURatio["enforce"]
 			ts = append(ts, Target{Name: "proxy CPU per MB, dedup enforce ÷ off, " + prod + " producers", Where: where,
-				Measured: fmtX(c) + fmt.Sprintf("; %.3f ÷ %.3f ms/MB overall", row.Sides["enforce"].CPUmsPerMB, row.Sides["off"].CPUmsPerMB),
-				AA:       fmtX(row.CPURatio["A/A"]), Limit: limit, Result: metStr(c.N > 0 && c.Median <= lim),
+				Measured: FormatRatio(c) + fmt.Sprintf("; %.3f ÷ %.3f ms/MB overall", row.Sides["enforce"].CPUmsPerMB, row.Sides["off"].CPUmsPerMB),
+				AA:       FormatRatio(row.CPURatio["A/A"]), Limit: limit, Result: metStr(c.N > 0 && c.Median <= lim),
 				Inconclusive: inconclusive(c, row.CPURatio["A/A"], lim, 1, "×")})
 		}
 	}
@@ -212,7 +218,7 @@ func fmtSpreadIf(row Row, side string, m map[string]Spread) string {
 	if _, ok := row.Sides[side]; !ok {
 		return ""
 	}
-	return fmtX(m[side])
+	return FormatRatio(m[side])
 }
 
 // fmtUsIf formats m[side] as an added latency when the row has that side.
@@ -223,7 +229,8 @@ func fmtUsIf(row Row, side string, m map[string]Spread) string {
 	return fmtUs(m[side])
 }
 
-func sizeLabel(n int) string {
+// SizeLabel is a record size as the report names it (100 B, 1 KiB).
+func SizeLabel(n int) string {
 	switch {
 	case n >= 1024 && n%1024 == 0:
 		return fmt.Sprintf("%d KiB", n/1024)
@@ -262,8 +269,8 @@ func ackedSent(row Row) string {
 	return strings.Join(parts, " · ")
 }
 
-// writeMarkdown writes the whole report as markdown tables.
-func writeMarkdown(w io.Writer, r *Report) {
+// WriteMarkdown writes the whole report as markdown tables.
+func WriteMarkdown(w io.Writer, r *Report) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	c := r.Config
 	p("# dedupproxy benchmark: direct, A/A, floor relay, proxy\n\n")
@@ -319,8 +326,8 @@ func writeMarkdown(w io.Writer, r *Report) {
 		}
 		d, f, x := row.Sides["direct"], row.Sides["floor"], row.Sides["proxy"]
 		p("| %s | %s | %s | %d | %s | %s | %s | %s | %.3f | %.3f | %s | %.1f / %.1f | %s | %s |\n",
-			row.Scenario, row.Upstream, sizeLabel(row.RecordSize), row.Pairs, fmtNum(d.MBPerSec),
-			fmtX(row.Throughput["A/A"]), fmtX(row.Throughput["floor"]), fmtX(row.Throughput["proxy"]),
+			row.Scenario, row.Upstream, SizeLabel(row.RecordSize), row.Pairs, fmtNum(d.MBPerSec),
+			FormatRatio(row.Throughput["A/A"]), FormatRatio(row.Throughput["floor"]), FormatRatio(row.Throughput["proxy"]),
 			f.CPUmsPerMB, x.CPUmsPerMB, fmtMs(row.CPUmsPerMB["proxy"]), f.PeakRSSMiB, x.PeakRSSMiB, ackedSent(row), stalled(row))
 	}
 
@@ -336,7 +343,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 			if row.Scenario == "roundtrip" {
 				lat = fmtUs(row.AddedP50us["peer"]) + " / " + fmtUs(row.AddedP99us["peer"])
 			}
-			p("| %s | %s | %s | %.3f | %.3f | %.3f | %.1f / %.1f / %.1f | %s |\n", row.Scenario, sizeLabel(row.RecordSize), fmtX(row.Throughput["peer"]),
+			p("| %s | %s | %s | %.3f | %.3f | %.3f | %.1f / %.1f / %.1f | %s |\n", row.Scenario, SizeLabel(row.RecordSize), FormatRatio(row.Throughput["peer"]),
 				row.Sides["floor"].CPUmsPerMB, row.Sides["proxy"].CPUmsPerMB, pe.CPUmsPerMB,
 				row.Sides["floor"].PeakRSSMiB, row.Sides["proxy"].PeakRSSMiB, pe.PeakRSSMiB, lat)
 		}
@@ -349,7 +356,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 			continue
 		}
 		d := row.Sides["direct"]
-		p("| %s | %s | %d | %.0f / %.0f | %s | %s | %s | %s | %s | %s |\n", row.Upstream, sizeLabel(row.RecordSize), row.Pairs, d.P50us, d.P99us,
+		p("| %s | %s | %d | %.0f / %.0f | %s | %s | %s | %s | %s | %s |\n", row.Upstream, SizeLabel(row.RecordSize), row.Pairs, d.P50us, d.P99us,
 			fmtUs(row.AddedP50us["A/A"]), fmtUs(row.AddedP99us["A/A"]), fmtUs(row.AddedP50us["floor"]), fmtUs(row.AddedP99us["floor"]),
 			fmtUs(row.AddedP50us["proxy"]), fmtUs(row.AddedP99us["proxy"]))
 	}
@@ -371,9 +378,9 @@ func writeMarkdown(w io.Writer, r *Report) {
 			prod = "legacy"
 		}
 		off, enf := row.Sides["off"], row.Sides["enforce"]
-		p("| %s | %s | %s | %d | %s | %s | %.3f | %.3f | %s | %s | %.0f |\n", prod, row.Upstream, sizeLabel(row.RecordSize), row.Pairs,
-			fmtNum(off.MBPerSec), fmtX(row.Throughput["enforce"]), off.CPUmsPerMB, enf.CPUmsPerMB, fmtX(row.CPURatio["enforce"]),
-			fmtX(row.CPURatio["A/A"]), row.Decided)
+		p("| %s | %s | %s | %d | %s | %s | %.3f | %.3f | %s | %s | %.0f |\n", prod, row.Upstream, SizeLabel(row.RecordSize), row.Pairs,
+			fmtNum(off.MBPerSec), FormatRatio(row.Throughput["enforce"]), off.CPUmsPerMB, enf.CPUmsPerMB, FormatRatio(row.CPURatio["enforce"]),
+			FormatRatio(row.CPURatio["A/A"]), row.Decided)
 	}
 
 	first = true
@@ -401,7 +408,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 	if m := r.Idle; m != nil {
 		p("\n## Memory per idle client connection\n\n")
 		p("%d client connections (in the bench process) each send one ApiVersions (v3), read its answer and stay open, to the floor relay, then to the proxy (dedup enforce), then to the peer if the run has one, each in front of the sink; "+
-			"each process's VmRSS growth ÷ connections, after %d connections came and went. The proxy holds an upstream connection per client connection; the kernel's socket memory is not in RSS.\n\n", m.Conns, idleWarmConns)
+			"each process's VmRSS growth ÷ connections, after %d connections came and went. The proxy holds an upstream connection per client connection; the kernel's socket memory is not in RSS.\n\n", m.Conns, IdleWarmConns)
 		p("| process | RSS before MiB | RSS with the connections MiB | KiB per connection |\n|---|---|---|---|\n")
 		for _, name := range []string{"floor", "proxy", "peer"} {
 			if sd, ok := m.Sides[name]; ok {
@@ -415,13 +422,13 @@ func writeMarkdown(w io.Writer, r *Report) {
 	}
 }
 
-// writeResults writes results.md, results.svg and results.json into dir.
-func writeResults(dir string, r *Report) error {
+// WriteResults writes results.md, results.svg and results.json into dir.
+func WriteResults(dir string, r *Report) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	var md strings.Builder
-	writeMarkdown(&md, r)
+	WriteMarkdown(&md, r)
 	md.WriteString("\n![direct, A/A, floor, proxy](results.svg)\n")
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644); err != nil {
 		return err
@@ -480,13 +487,13 @@ func writeSVG(w io.Writer, r *Report) {
 	for _, row := range r.Rows {
 		switch row.Scenario {
 		case "batched", "consume":
-			g := svgGroup{label: row.Scenario + "|" + sizeLabel(row.RecordSize)}
+			g := svgGroup{label: row.Scenario + "|" + SizeLabel(row.RecordSize)}
 			for _, t := range chartTargets {
 				s := row.Throughput[t.name]
 				g.bars = append(g.bars, svgBar{value: s.Median, lo: s.Min, hi: s.Max, color: t.color, note: fmt.Sprintf("%.2f", s.Median)})
 			}
 			tput = append(tput, g)
-			cg := svgGroup{label: row.Scenario + "|" + sizeLabel(row.RecordSize)}
+			cg := svgGroup{label: row.Scenario + "|" + SizeLabel(row.RecordSize)}
 			for _, t := range chartTargets[1:] { // A/A is direct: no process of its own
 				if s, ok := row.Sides[t.name]; ok {
 					cg.bars = append(cg.bars, svgBar{value: s.CPUmsPerMB, color: t.color, note: fmt.Sprintf("%.2f", s.CPUmsPerMB)})
@@ -498,7 +505,7 @@ func writeSVG(w io.Writer, r *Report) {
 				name string
 				m    map[string]Spread
 			}{{"p50", row.AddedP50us}, {"p99", row.AddedP99us}} {
-				g := svgGroup{label: "1 rec/RTT " + sizeLabel(row.RecordSize) + "|" + q.name}
+				g := svgGroup{label: "1 rec/RTT " + SizeLabel(row.RecordSize) + "|" + q.name}
 				for _, t := range chartTargets {
 					s := q.m[t.name]
 					g.bars = append(g.bars, svgBar{value: math.Max(s.Median, 0), lo: math.Max(s.Min, 0), hi: math.Max(s.Max, 0),
