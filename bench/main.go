@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/bench/figures"
 	"github.com/dedupproxy/dedupproxy/bench/proc"
 	"github.com/dedupproxy/dedupproxy/bench/report"
 )
@@ -44,7 +45,7 @@ func main() {
 	} else if len(os.Args) > 1 && os.Args[1] == "tls" {
 		err = tlsMain(ctx, os.Args[2:], os.Stdout, log)
 	} else if len(os.Args) > 1 && os.Args[1] == "replicas" {
-		err = replicasMain(ctx, os.Args[2:], os.Stdout, log)
+		err = figures.ReplicasMain(ctx, os.Args[2:], os.Stdout, log)
 	} else {
 		err = runMain(ctx, os.Args[1:], os.Stdout, log)
 	}

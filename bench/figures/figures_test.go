@@ -1,4 +1,4 @@
-package main
+package figures
 
 import (
 	"flag"
@@ -21,10 +21,10 @@ var updateDocs = flag.Bool("update-docs", false, "rewrite docs/operations.md's s
 
 // The sizing block of docs/operations.md lies between these lines.
 const (
-	figuresStart = "<!-- figures:start (written by go test ./bench -run TestDocFigures -args -update-docs, from bench/results) -->"
+	figuresStart = "<!-- figures:start (written by go test ./bench/figures -run TestDocFigures -args -update-docs, from bench/results) -->"
 	figuresEnd   = "<!-- figures:end -->"
 	// README.md's figures section lies between these.
-	readmeStart = "<!-- bench-figures:start (written by go test ./bench -run TestDocFigures -args -update-docs, from bench/results) -->"
+	readmeStart = "<!-- bench-figures:start (written by go test ./bench/figures -run TestDocFigures -args -update-docs, from bench/results) -->"
 	readmeEnd   = "<!-- bench-figures:end -->"
 )
 
@@ -49,7 +49,7 @@ func checkBlock(t *testing.T, path, start, end, want string) {
 			}
 			t.Logf("rewrote the generated block of %s", path)
 		} else {
-			t.Errorf("%s's generated block is not the one bench/results gives (go test ./bench -run TestDocFigures -args -update-docs):\n%s", path, want)
+			t.Errorf("%s's generated block is not the one bench/results gives (go test ./bench/figures -run TestDocFigures -args -update-docs):\n%s", path, want)
 		}
 	}
 }
@@ -130,7 +130,7 @@ func (f figures) claims(sim measured) []claim {
 // them. After a new bench run, -update-docs rewrites the block; the other
 // statements are then fixed by hand where the test names them.
 func TestDocFigures(t *testing.T) {
-	root := ".."
+	root := filepath.Join("..", "..")
 	f, err := loadFigures(root)
 	if err != nil {
 		t.Fatal(err)
@@ -247,10 +247,10 @@ func TestSig(t *testing.T) {
 // own: the table's rows and the smaller warm-up's read and duration.
 func TestReplicaFiguresCurrent(t *testing.T) {
 	var out strings.Builder
-	if err := replicasMain(t.Context(), []string{"-results", "results"}, &out, nil); err != nil {
+	if err := ReplicasMain(t.Context(), []string{"-results", filepath.Join("..", "results")}, &out, nil); err != nil {
 		t.Fatal(err)
 	}
-	committed, err := os.ReadFile(filepath.Join("results", "replicas.md"))
+	committed, err := os.ReadFile(filepath.Join("..", "results", "replicas.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,11 +258,11 @@ func TestReplicaFiguresCurrent(t *testing.T) {
 		t.Errorf("bench/results/replicas.md is not what the committed results give: go run ./bench replicas -out bench/results/replicas.md")
 	}
 
-	in, err := readMeasured("results")
+	in, err := readMeasured(filepath.Join("..", "results"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(filepath.Join("..", "docs", "replicas.md"))
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "replicas.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,10 @@
-package main
+// Package figures derives what the documents state from the committed
+// bench results (bench/results): the cost figures the docs quote, held to
+// the results by TestDocFigures, which also writes docs/operations.md's
+// sizing block and README.md's "What it costs"; and the replica simulation
+// (go run ./bench replicas, docs/replicas.md), which scales the measured
+// figures to a cluster of many brokers. It measures nothing.
+package figures
 
 import (
 	"encoding/json"

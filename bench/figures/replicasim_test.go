@@ -1,4 +1,4 @@
-package main
+package figures
 
 import (
 	"io"
@@ -13,7 +13,7 @@ import (
 // replica's tables and CPU shrink with the replica count, a restart moves
 // that replica's share of partitions, each read once per wave.
 func TestReplicaSimulation(t *testing.T) {
-	in, err := readMeasured(filepath.Join("results"))
+	in, err := readMeasured(filepath.Join("..", "results"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestReplicaSimulation(t *testing.T) {
 	if f5.WarmGB != 2*float64(f5.MovedPartitions)*f5.TailMB/1000 {
 		t.Errorf("a restart reads each moved partition twice: %+v", f5)
 	}
-	if err := replicasMain(t.Context(), []string{"-results", "results", "-replicas", "3,10"}, io.Discard, slog.New(slog.DiscardHandler)); err != nil {
+	if err := ReplicasMain(t.Context(), []string{"-results", filepath.Join("..", "results"), "-replicas", "3,10"}, io.Discard, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
