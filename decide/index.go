@@ -141,7 +141,6 @@ func (x *recIndex) find(key uint64, test func(*recRef) verdict, undos *[]undo) (
 	if s.key == 0 {
 		return nil, false
 	}
-	slot := int32(x.slot(key))
 	skipped := 0
 	atHead := true
 	for j := s.head; j != 0; {
@@ -152,7 +151,7 @@ func (x *recIndex) find(key uint64, test func(*recRef) verdict, undos *[]undo) (
 		case v == take:
 			return r, true
 		case v == skipForGood && atHead:
-			*undos = append(*undos, undo{ix: x, slot: slot, head: s.head, epoch: x.epoch})
+			*undos = append(*undos, undo{ix: x, key: key, head: s.head, epoch: x.epoch})
 			s.head = r.next
 			x.dead++
 		default:
@@ -170,12 +169,14 @@ func (x *recIndex) find(key uint64, test func(*recRef) verdict, undos *[]undo) (
 
 // restore puts back a chain head a lookup moved; if the index was rebuilt
 // since, the rebuild left out what the head passed, so it is marked to be
-// rebuilt again.
+// rebuilt again. The chain's slot is found by its key: records added
+// since the lookup (a batch disowned while the same decision went on) may
+// have grown the table, which moves every slot.
 func (x *recIndex) restore(u *undo) {
 	if u.epoch != x.epoch {
 		x.rebuild = true
 		return
 	}
-	x.slots[u.slot].head = u.head
+	x.slots[x.slot(u.key)].head = u.head
 	x.dead--
 }

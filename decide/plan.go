@@ -107,7 +107,7 @@ type undo struct {
 	// A chain head an index lookup moved instead (recIndex.find), or
 	// one of a log's chains (logIdx, at logKey).
 	ix     *recIndex
-	slot   int32
+	key    uint64 // the chain's key: its slot may move (recIndex.restore)
 	head   int32
 	epoch  uint32
 	logIdx map[uint64]int32
