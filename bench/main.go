@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/bench/figures"
+	"github.com/dedupproxy/dedupproxy/bench/micro"
 	"github.com/dedupproxy/dedupproxy/bench/proc"
 	"github.com/dedupproxy/dedupproxy/bench/report"
 )
@@ -41,7 +42,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	var err error
 	if len(os.Args) > 1 && os.Args[1] == "micro" {
-		err = microMain(ctx, os.Args[2:], os.Stdout, log)
+		err = micro.Main(ctx, os.Args[2:], os.Stdout, log)
 	} else if len(os.Args) > 1 && os.Args[1] == "tls" {
 		err = tlsMain(ctx, os.Args[2:], os.Stdout, log)
 	} else if len(os.Args) > 1 && os.Args[1] == "replicas" {

@@ -1,4 +1,7 @@
-package main
+// Package micro is `go run ./bench micro`: the hot-path Go benchmarks of
+// the proxy's packages, run with repetitions and summarized (bench/README.md,
+// "Micro-benchmarks").
+package micro
 
 import (
 	"bufio"
@@ -18,12 +21,12 @@ import (
 	"github.com/dedupproxy/dedupproxy/bench/proc"
 )
 
-// microMain runs the hot-path Go benchmarks with repetitions and prints a
+// Main runs the hot-path Go benchmarks with repetitions and prints a
 // benchstat-style summary. golang.org/x/perf's benchstat cannot be a
 // dependency here, so the summary follows its classic form: per benchmark
 // and unit, the mean after discarding outliers (Tukey's fences, 1.5×IQR)
 // ± the largest deviation of a kept sample from that mean.
-func microMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Logger) error {
+func Main(ctx context.Context, args []string, stdout io.Writer, log *slog.Logger) error {
 	fs := flag.NewFlagSet("bench micro", flag.ContinueOnError)
 	count := fs.Int("count", 5, "repetitions of each benchmark (go test -count)")
 	benchtime := fs.String("benchtime", "1s", "go test -benchtime")
