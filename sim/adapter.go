@@ -53,6 +53,15 @@ type clientInfo struct {
 	software  string // ApiVersions v3+ client software name, "" for none
 }
 
+// sameInstance: the core takes a and b for one client instance
+// (docs/legacy.md, "Scope: the client instance"): the same principal,
+// client id and host. The software a client names is not part of it: two
+// processes of different libraries behind one address, sharing a client
+// id, are one instance.
+func (a clientInfo) sameInstance(b clientInfo) bool {
+	return a.principal == b.principal && a.id == b.id && a.host == b.host
+}
+
 // step carries one event to the core (decide.Core.Step) and returns its
 // effects.
 func (k *core) step(ev decide.Event, now time.Time) decide.Effects {

@@ -382,7 +382,7 @@ func (w *world) otherInstanceCopy(l lid, ts int64, t time.Duration) bool {
 	ri := &w.recs[l]
 	for m := range w.recs {
 		o := &w.recs[m]
-		if o.name != ri.name || o.c.info == ri.c.info {
+		if o.name != ri.name || o.c.info.sameInstance(ri.c.info) {
 			continue
 		}
 		for _, id := range o.sends {
@@ -454,7 +454,7 @@ func recIn(r *wireReq, l lid) recAt {
 // instance on fresh connections, not two processes).
 func (w *world) shared(c *client) bool {
 	for _, o := range w.clients {
-		if o != c && o.info == c.info && overlap(o, c) {
+		if o != c && o.info.sameInstance(c.info) && overlap(o, c) {
 			return true
 		}
 	}
@@ -511,7 +511,7 @@ func (w *world) identicalBetween(l lid, from, to time.Duration) bool {
 	ri := &w.recs[l]
 	for m := range w.recs {
 		o := &w.recs[m]
-		if lid(m) == l || o.name != ri.name || o.c.info != ri.c.info {
+		if lid(m) == l || o.name != ri.name || !o.c.info.sameInstance(ri.c.info) {
 			continue
 		}
 		for _, id := range o.sends {
@@ -577,7 +577,7 @@ func (w *world) dropShape(l lid) (shape, string) {
 				break
 			}
 			ots := recIn(x, lid(m)).ts
-			if o.c.info == c.info {
+			if o.c.info.sameInstance(c.info) {
 				sameInst = true
 				sameExact = sameExact || ots == ts
 				otherProc = otherProc || o.c != c && overlap(o.c, c)
@@ -612,7 +612,7 @@ func (w *world) dropShape(l lid) (shape, string) {
 			break
 		}
 		got, ok := w.broker.at(at.partition, off)
-		if !ok || w.recs[got.lid].c.info == c.info {
+		if !ok || w.recs[got.lid].c.info.sameInstance(c.info) {
 			break
 		}
 		switch {
@@ -669,7 +669,7 @@ func (w *world) checkOffsets(res *result) {
 // core leaves timestamps out for the client.
 func (w *world) sameClass(a, b lid) bool {
 	ra, rb := &w.recs[a], &w.recs[b]
-	if ra.c.info != rb.c.info || ra.name != rb.name {
+	if !ra.c.info.sameInstance(rb.c.info) || ra.name != rb.name {
 		return false
 	}
 	return ra.c.contentOnly() || w.firstTS(a) == w.firstTS(b)
