@@ -58,6 +58,7 @@ var (
 	shAcks              = shape{name: "acks=0/1 resend"}
 	shAfterWindow       = shape{name: "resend after the window"}
 	shTailFailed        = shape{name: "resend decided without its partition's log (the tail read failed)"}
+	shTailBeforeAppend  = shape{name: "resend of an unknown outcome the broker appended after the tail read that settled it"}
 	shLeaderAcrossRep   = shape{name: "resend after a leader moved to another replica"}
 	shSharedResend      = shape{name: "resend by a process sharing its instance with another"}
 	shIdenticalInResend = shape{name: "resend holding identical records, by a client whose identity is content only, re-partitioned"}
@@ -87,7 +88,7 @@ var (
 )
 
 var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent, shIdemEpoch,
-	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend, shMiddlebox, shMovedAcrossRep, shContentOnlyTaken, shHandoverUnsettled,
+	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shTailBeforeAppend, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend, shMiddlebox, shMovedAcrossRep, shContentOnlyTaken, shHandoverUnsettled,
 	shDropContent, shDropShared, shDropRestart, shDropOwn, shDropUnknownOther, shDropOther, shWrongOffset,
 	shIdemForwarded, shIdemFwdLost, shIdemFwdNoOffset, shIdemFwdRestart, shIdemFwdBeyond}
 
@@ -281,6 +282,8 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 		return shSharedResend
 	case w.tailFailedBetween(s, rs.partition, e.handled):
 		return shTailFailed
+	case w.readBeforeAppend(e, re.partition):
+		return shTailBeforeAppend
 	case w.behindMiddlebox(l, s):
 		return shMiddlebox
 	case s.sentAt < e.sentAt:
@@ -369,6 +372,23 @@ func (w *world) overtook(l lid, s *wireReq) *wireReq {
 func (w *world) tailFailedBetween(s *wireReq, p int32, from time.Duration) bool {
 	for _, f := range w.tailFails {
 		if f.core == s.coreName && f.p == p && f.at >= from && f.at <= s.decided {
+			return true
+		}
+	}
+	return false
+}
+
+// readBeforeAppend: e's answer was lost with the broker connection, and
+// the core that decided it read partition p's tail after that and before
+// the broker handled e: the read, which settles such an outcome, could not
+// find it, and the core took it as not written (docs/warm.md, "Unknown
+// outcomes").
+func (w *world) readBeforeAppend(e *wireReq, p int32) bool {
+	if !e.lost {
+		return false
+	}
+	for _, f := range w.tailReads {
+		if f.core == e.coreName && f.p == p && f.at >= e.lostAt && f.at < e.handled {
 			return true
 		}
 	}

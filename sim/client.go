@@ -173,6 +173,7 @@ type wireReq struct {
 	node     int
 	timedOut bool          // the client gave up waiting for its answer
 	lost     bool          // the proxy told the core its answer will never come
+	lostAt   time.Duration // when it did
 	settled  time.Duration // when the proxy stepped its broker answer (0: never)
 	resp     []partResult  // the broker's answer, as the proxy stepped it
 }

@@ -532,7 +532,7 @@ func (s *session) pumpResp() {
 // fail: p gets no answer from the broker; its outcome is unknown.
 func (s *session) fail(p *pending) {
 	if p.pl != nil && !p.failed {
-		p.req.lost = true
+		p.req.lost, p.req.lostAt = true, s.w.now
 		s.w.script.lost(s, p.req)
 		s.w.wake(s.k.lost(p.pl, s.w.wall()), s.k)
 	}

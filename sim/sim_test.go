@@ -59,6 +59,7 @@ var bounds = map[string]int{
 	"resend by a process sharing its instance with another":                                            13,
 	"resend decided before the proxy heard the old connection end":                                     13,
 	"resend decided without its partition's log (the tail read failed)":                                3,
+	"resend of an unknown outcome the broker appended after the tail read that settled it":             0,
 	"resend holding identical records, by a client whose identity is content only, re-partitioned":     27,
 	"restamped resend across a proxy restart":                                                          69,
 	"restamped resend by a client the core takes to keep timestamps (sarama)":                          0,
