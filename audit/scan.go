@@ -10,6 +10,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupproxy/dedupproxy/clock"
 )
 
 // ScanSettings say what to read and what counts as a copy.
@@ -35,6 +37,9 @@ type ScanSettings struct {
 	// record (transaction markers, compaction) or the cluster does not
 	// answer. Default 5s.
 	IdleTimeout time.Duration
+	// Clock times the scan (progress, idle partitions, elapsed time);
+	// nil: the real clock.
+	Clock clock.Clock
 }
 
 // Progress is how far a scan has come.
@@ -61,7 +66,11 @@ var ErrNoTopic = errors.New("audit: no such topic")
 // brokers, TLS and SASL: see internal/upstream) and returns what it found.
 // It reads committed records only (read_committed), as consumers see them.
 func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
-	start := time.Now()
+	clk := s.Clock
+	if clk == nil {
+		clk = clock.Real
+	}
+	start := clk.Now()
 	if s.ProgressEvery <= 0 {
 		s.ProgressEvery = 5 * time.Second
 	}
@@ -91,7 +100,7 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 	}
 	rep := func() Report {
 		r := f.Report()
-		r.Topic, r.From, r.To, r.Elapsed = s.Topic, s.From, s.To, time.Since(start)
+		r.Topic, r.From, r.To, r.Elapsed = s.Topic, s.From, s.To, clk.Now().Sub(start)
 		return r
 	}
 	if len(consume) == 0 {
@@ -120,8 +129,8 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 	}
 	var (
 		read     int64
-		lastRec  = time.Now()
-		lastTell = time.Now()
+		lastRec  = clk.Now()
+		lastTell = clk.Now()
 		rec      Record
 		stopped  []string
 	)
@@ -131,7 +140,7 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 		}
 		r := f.Report()
 		s.Progress(Progress{Records: read, Expected: expected, Copies: r.Copies, KeyRepeats: r.KeyRepeats,
-			Bytes: r.Bytes, Elapsed: time.Since(start), Done: len(consume) - len(next), Partitions: len(consume)})
+			Bytes: r.Bytes, Elapsed: clk.Now().Sub(start), Done: len(consume) - len(next), Partitions: len(consume)})
 	}
 	fromMs, toMs := s.From.UnixMilli(), s.To.UnixMilli()
 	for len(next) > 0 {
@@ -155,7 +164,7 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 			if !reading || r.Offset < to {
 				return // a partition already read to its end, or a record read twice
 			}
-			lastRec = time.Now()
+			lastRec = clk.Now()
 			end := ends[r.Partition]
 			if r.Offset >= end {
 				f.Done(r.Partition)
@@ -179,7 +188,7 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 				delete(next, r.Partition)
 			}
 		})
-		if time.Since(lastRec) >= s.IdleTimeout {
+		if clk.Now().Sub(lastRec) >= s.IdleTimeout {
 			for _, p := range slices.Sorted(maps.Keys(next)) {
 				stopped = append(stopped, fmt.Sprintf("partition %d: read up to offset %d of %d; no record came for %s (the last offsets were compacted away, or the cluster did not answer)",
 					p, next[p], ends[p], s.IdleTimeout))
@@ -187,8 +196,8 @@ func Scan(ctx context.Context, opts []kgo.Opt, s ScanSettings) (Report, error) {
 			}
 			clear(next)
 		}
-		if time.Since(lastTell) >= s.ProgressEvery {
-			lastTell = time.Now()
+		if clk.Now().Sub(lastTell) >= s.ProgressEvery {
+			lastTell = clk.Now()
 			tell()
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/audit"
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/internal/upstream"
 	"github.com/dedupproxy/dedupproxy/proxy"
@@ -105,7 +106,7 @@ func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			"Pass the cluster's brokers (--upstream HOST:PORT, or upstream in --config); for a local trial, run dedupproxy cluster and pass its bootstrap address.")
 		return 2
 	}
-	s, err := a.settings(cfg, time.Now())
+	s, err := a.settings(cfg, clock.Real.Now())
 	if err != nil {
 		fmt.Fprintln(stderr, "dedupproxy audit:", err)
 		return 2

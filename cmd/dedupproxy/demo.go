@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
 
@@ -128,7 +129,7 @@ func codeName(code int16) string {
 // batch encodes a one-record v2 batch; producer id -1 is a legacy producer.
 func batch(pid int64, epoch int16, seq int32, value string) []byte {
 	b := kmsg.RecordBatch{Magic: 2, ProducerID: pid, ProducerEpoch: epoch, FirstSequence: seq, NumRecords: 1,
-		FirstTimestamp: time.Now().UnixMilli(), MaxTimestamp: time.Now().UnixMilli()}
+		FirstTimestamp: clock.Real.Now().UnixMilli(), MaxTimestamp: clock.Real.Now().UnixMilli()}
 	var rec []byte
 	rec = append(rec, 0)               // attributes
 	rec = binary.AppendVarint(rec, 0)  // timestamp delta
@@ -191,7 +192,7 @@ func sendLosingAck(ctx context.Context, addr, topic string, records []byte, land
 	if err != nil {
 		return err
 	}
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	conn.SetDeadline(clock.Real.Now().Add(10 * time.Second))
 	if err := askMetadata(conn, topic); err != nil {
 		conn.Close()
 		return err
@@ -201,7 +202,8 @@ func sendLosingAck(ctx context.Context, addr, topic string, records []byte, land
 		return err
 	}
 	for i := 0; i < 1000 && !landed(); i++ {
-		time.Sleep(5 * time.Millisecond)
+		t := clock.Real.NewTimer(5 * time.Millisecond)
+		<-t.C
 	}
 	conn.Close() // the acknowledgement is lost
 	if !landed() {
@@ -220,7 +222,7 @@ func send(ctx context.Context, addr, topic string, records []byte) (int16, error
 		return 0, err
 	}
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	conn.SetDeadline(clock.Real.Now().Add(10 * time.Second))
 	if err := askMetadata(conn, topic); err != nil {
 		return 0, err
 	}

@@ -39,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/config"
 	"github.com/dedupproxy/dedupproxy/proxy"
 )
@@ -218,7 +219,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	<-ctx.Done()
 	log.Info("shutting down: /readyz answers 503; no new connections or requests; waiting for in-flight Produce requests (consumers' Fetches are cut)", "drain_timeout", cfg.DrainTimeout)
-	start := time.Now()
+	start := clock.Real.Now()
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	defer cancel()
 	code := 0
@@ -229,7 +230,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if admin != nil {
 		admin.Shutdown(sctx)
 	}
-	log.Info("stopped", "drain", time.Since(start).Round(time.Millisecond))
+	log.Info("stopped", "drain", clock.Real.Now().Sub(start).Round(time.Millisecond))
 	return code
 }
 
