@@ -79,7 +79,7 @@ func runMain(ctx context.Context, args []string, stdout io.Writer, log *slog.Log
 	fs.Float64Var(&cfg.LostAckRate, "lostack-rate", cfg.LostAckRate, "drop rate of the separate lost-ack scenario (1 KiB, idempotent, enforce); 0 skips it")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "length of each phase (one target, one repetition)")
 	fs.Int64Var(&cfg.Records, "records", cfg.Records, "records per phase (all producers); 0 = only -duration bounds a phase; whichever comes first ends it")
-	fs.IntVar(&cfg.Reps, "reps", cfg.Reps, "repetitions per row (at least 5 for the issue's rule); each runs direct, A/A, floor, proxy, reversed on odd repetitions")
+	fs.IntVar(&cfg.Reps, "reps", cfg.Reps, "repetitions per row, the pairs each ratio is the median of (the committed results use 5); each runs direct, A/A, floor, proxy, reversed on odd repetitions")
 	fs.IntVar(&cfg.RoundTrip, "roundtrip-size", cfg.RoundTrip, "record size of the round-trip latency scenario (1 record per ProduceSync, acks=all); 0 skips it")
 	fs.IntVar(&cfg.MemProducers, "mem-producers", cfg.MemProducers, "idempotent producers in the memory scenario (sink upstream); 0 skips it")
 	fs.IntVar(&cfg.MemPartitions, "mem-partitions", cfg.MemPartitions, "partitions each memory-scenario producer writes")

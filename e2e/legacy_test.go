@@ -402,8 +402,8 @@ func record(r tally) {
 	results.runs[r.client][r.mode] = r
 }
 
-// TestLegacyLostAck is the issue "Legacy producers: a retried batch is never
-// written twice". Each real client writes recordsPerRun unique values with
+// TestLegacyLostAck holds the promise that a legacy producer's retried batch
+// is never written twice. Each real client writes recordsPerRun unique values with
 // acks=all and idempotence off; the shim drops the acknowledgement of one
 // Produce request after the broker appended it and closes the connection
 // (docs/clients.md §3, "close"). Kafka cannot deduplicate a producer id -1

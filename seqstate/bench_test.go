@@ -100,7 +100,8 @@ func BenchmarkRequest(b *testing.B) {
 // can remove: Check and Commit each lock and unlock their shard's mutex once,
 // two uncontended lock/unlock pairs per op (each an atomic read-modify-write,
 // a full barrier on amd64). On the 2-core VM this was measured on, that alone
-// is ~33 ns of the 50 ns budget for a Check+Commit pair.
+// is ~33 ns of the 50 ns a Check+Commit pair may cost (a hot path run
+// for every idempotent batch).
 func BenchmarkShardLockFloor(b *testing.B) {
 	tab, _ := New(Config{})
 	s := tab.shard(42)

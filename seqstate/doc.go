@@ -49,9 +49,9 @@
 // the memory follows the entries from shard to shard instead of keeping
 // every shard's high-water mark.
 //
-// The issue suggested golang-lru's simplelru under the shard lock, and the
-// first version used it. It was replaced because it missed the issue's
-// targets and cost most of both budgets: its list element (80 B) and map slot
+// golang-lru's simplelru under the shard lock was the first version. It was
+// replaced because it missed the table's speed and memory targets and cost
+// most of both budgets: its list element (80 B) and map slot
 // (~40 B) were 120 of the 312 B per entry (5 retained batches,
 // BenchmarkTableMemory), and its Get (~23 ns, a map lookup plus list
 // splicing through pointers) was paid by both Check and Commit. The intrusive
@@ -124,7 +124,7 @@
 // held. BenchmarkRequest, a known producer's request of 1 or 8 batches
 // (one per partition) decided then settled, takes a median of 48 and 50 ns
 // per batch (15 alternated runs on the shared 2-core VM; minimums 46 ns),
-// against the issue's 50 ns. BenchmarkCheckCommit, the per-batch methods
+// against a target of 50 ns. BenchmarkCheckCommit, the per-batch methods
 // (two lock pairs), took 52 ns on the code before the per-request API and
 // 47 ns after in the same runs (61–65 ns in earlier, noisier ones).
 //
