@@ -23,6 +23,7 @@ type steady struct {
 	reqs  []Request
 	resps [][]byte
 	pl    Plan
+	fx    Effects
 	sc    protocol.ProduceResponseScanner
 	now   time.Time
 }
@@ -75,7 +76,7 @@ func steadyOn(tb testing.TB, c *Core, id ConnID, n, records int) *steady {
 // after the previous one (so that answered batches pass their hold).
 func (s *steady) one(tb testing.TB, i int) {
 	s.now = s.now.Add(100 * time.Millisecond)
-	s.c.decide(&s.reqs[i], &s.pl, s.now)
+	s.c.decide(&s.reqs[i], &s.pl, s.now, &s.fx)
 	if s.pl.Status != Ready || s.pl.AnyLocal {
 		tb.Fatalf("request %d: status %d, local %v", i, s.pl.Status, s.pl.AnyLocal)
 	}
@@ -147,7 +148,7 @@ func BenchmarkLegacyMemory(b *testing.B) {
 		// A request of the same instance looks its records up, which
 		// builds the index of the disowned ones: counted too.
 		probe := steadyOn(b, first.c, ConnID(conns+2), 1, 100)
-		probe.c.decide(&probe.reqs[0], &probe.pl, probe.now)
+		probe.c.decide(&probe.reqs[0], &probe.pl, probe.now, &probe.fx)
 		b.StopTimer()
 		probe.reqs, probe.resps = nil, nil
 		for _, s := range all {

@@ -44,7 +44,7 @@ func TestUnknownOutcomesBounded(t *testing.T) {
 	var pl Plan
 	for i := range maxUnknown + 1 {
 		req := &Request{Conn: conn, Version: 9, Acks: -1, Timeout: time.Second, Parts: []Part{part(i)}}
-		c.decide(req, &pl, now)
+		c.decide(req, &pl, now, new(Effects))
 		if pl.Status != Ready || pl.Parts[0].Act != Forward {
 			t.Fatalf("batch %d: status %d act %d", i, pl.Status, pl.Parts[0].Act)
 		}
@@ -55,7 +55,7 @@ func TestUnknownOutcomesBounded(t *testing.T) {
 	retry := c.connect(2, cl, now)
 	decide := func(i int) *Plan {
 		var rp Plan
-		c.decide(&Request{Conn: retry, Version: 9, Acks: -1, Timeout: time.Second, Parts: []Part{part(i)}}, &rp, now)
+		c.decide(&Request{Conn: retry, Version: 9, Acks: -1, Timeout: time.Second, Parts: []Part{part(i)}}, &rp, now, new(Effects))
 		return &rp
 	}
 	if rp := decide(maxUnknown); rp.Status != Ready || rp.Parts[0].Act != Forward {

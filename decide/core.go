@@ -181,24 +181,10 @@ func (c *Core) topicSettings(s *Settings, topic seqstate.TopicID) (Mode, Match, 
 	return mode, match, ts.KeyHeader
 }
 
-// Decide decides req into pl. Time is now. See Plan.Status for what
-// follows.
-func (c *Core) decide(req *Request, pl *Plan, now time.Time) {
-	// What the request was about to wait for may happen between looking
-	// and registering as a waiter: then it is decided again, here.
-	for range 4 {
-		c.decideOnce(req, pl, now)
-		if pl.Status != again {
-			return
-		}
-	}
-	// Raced four times: a wait that ends at once, and its caller decides
-	// it again.
-	pl.Status, pl.Until = Wait, now
-}
-
-// decideOnce is one decision of req.
-func (c *Core) decideOnce(req *Request, pl *Plan, now time.Time) {
+// decide decides req into pl at now; see Plan.Status for what follows.
+// fx.Wake gets the request's own connection when what it waits for came
+// between its look and its registration as a waiter (decideIdempotent).
+func (c *Core) decide(req *Request, pl *Plan, now time.Time, fx *Effects) {
 	if req.Arrived.IsZero() {
 		req.Arrived = now
 	}
@@ -267,7 +253,7 @@ func (c *Core) decideOnce(req *Request, pl *Plan, now time.Time) {
 		}
 		return
 	}
-	if c.decideIdempotent(req, pl, now) {
+	if c.decideIdempotent(req, pl, now, fx) {
 		c.rollback(pl)
 		if in != nil {
 			in.mu.Unlock()
@@ -373,7 +359,7 @@ func until(req *Request, now time.Time) time.Time {
 // all under one table shard lock per producer. It reports whether the
 // request must wait for a batch in flight, or have its records read back
 // (pl.Status says which); the batches it registered are then released.
-func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
+func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effects) bool {
 	for i := range req.Parts {
 		p, st := &req.Parts[i], &pl.st[i]
 		if st.legacy || st.pass >= 0 {
@@ -503,9 +489,10 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
 		pl.Status = ReadRecords
 		return true
 	}
-	// Wait only while the batch is still in flight: registered as a waiter
-	// first, then the table looked at again, so that an outcome settled in
-	// between is either seen now or wakes the request.
+	// Registered as a waiter first, then the table looked at again: an
+	// outcome settled in between, whose wake may have gone out before the
+	// registration, is seen here, and the request wakes itself, as if the
+	// outcome had come just after it began to wait.
 	pl.Status, pl.Until = Wait, until(req, now)
 	for _, k := range pl.waitOn {
 		p, sh := c.parts.get(k)
@@ -519,9 +506,8 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time) bool {
 		}
 		if c.table.Decide(op.Key, op.Batch, now).Decision != seqstate.InFlight {
 			c.unwait(req.Conn.id, pl.waitOn)
-			pl.waitOn = pl.waitOn[:0]
-			pl.Status, pl.Until = again, time.Time{}
-			return true
+			fx.Wake = append(fx.Wake, req.Conn.id)
+			break
 		}
 	}
 	return true

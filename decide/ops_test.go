@@ -69,7 +69,7 @@ func randomOps(t *testing.T, seed uint64) {
 			part := int32(r.IntN(2))
 			pl := &Plan{}
 			req := &Request{Conn: o.conn, Version: 9, Acks: -1, Timeout: time.Second, Parts: []Part{{Topic: topic, Partition: part, Header: h, Records: raw}}}
-			c.decide(req, pl, now)
+			c.decide(req, pl, now, new(Effects))
 			if pl.Status == Ready {
 				o.pend = append(o.pend, pl)
 			}

@@ -356,13 +356,15 @@ func run(t *testing.T, rp **runner, path string, b *ddBlock) string {
 			}
 			sr.req.Parts = append(sr.req.Parts, Part{TI: 0, PI: pi, Topic: r.topic, Partition: int32(part), Header: h, Records: raw})
 		}
-		sr.core.decide(&sr.req, &sr.plan, r.now)
-		return r.printPlan(sr)
+		var fx Effects
+		sr.core.decide(&sr.req, &sr.plan, r.now, &fx)
+		return r.printPlan(sr) + printWake(fx.Wake)
 	case "decide":
 		sr := reqOf()
 		sr.req.GiveUp = args["giveup"] == "true"
-		sr.core.decide(&sr.req, &sr.plan, r.now)
-		return r.printPlan(sr)
+		var fx Effects
+		sr.core.decide(&sr.req, &sr.plan, r.now, &fx)
+		return r.printPlan(sr) + printWake(fx.Wake)
 	case "answer":
 		sr := reqOf()
 		resp := kmsg.NewPtrProduceResponse()

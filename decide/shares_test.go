@@ -52,7 +52,7 @@ func (h *harness) send(conn *Conn, p int32, values []string) *Plan {
 	req := &Request{Conn: conn, Version: 9, Acks: -1, Timeout: 5 * time.Second,
 		Parts: []Part{{Topic: h.topic, Partition: p, Header: bh, Records: raw}}}
 	pl := &Plan{}
-	h.c.decide(req, pl, h.now)
+	h.c.decide(req, pl, h.now, new(Effects))
 	if pl.Status != Ready {
 		h.t.Fatalf("status %d, want ready", pl.Status)
 	}

@@ -26,7 +26,7 @@ func (c *Core) Step(ev *Event, now time.Time, fx *Effects) {
 	case EvSiblingClosed:
 		c.disconnectSibling(ev.Conn, ev.ID, ev.How, now)
 	case EvRequest:
-		c.decide(ev.Req, ev.Plan, now)
+		c.decide(ev.Req, ev.Plan, now, fx)
 	case EvAnswered:
 		fx.Wake, fx.Err = c.outcome(ev.Plan, ev.Scanner, ev.Body, now, fx.Wake)
 	case EvLost:

@@ -182,9 +182,6 @@ const (
 	// ReadRecords: an answer needs the records of a part marked Unread:
 	// read them into place, clear Unread, then call Decide again.
 	ReadRecords
-	// again: what the request was about to wait for happened meanwhile;
-	// the core decides it again itself (never returned).
-	again
 )
 
 // Passthrough reasons: batches relayed without a decision.

@@ -3,6 +3,7 @@ package decide
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +17,8 @@ import (
 // TestWaitersNeverMissAnOutcome races a retry's decision against its
 // original's outcome, as two sessions do: the original's answer settles
 // while the retry registers as a waiter. Whatever the interleaving, the
-// retry is woken (or told to decide again at once) and answered with the
+// retry is woken (by the outcome, or by itself when the outcome came as
+// it registered) and answered with the
 // original's offset: it never sits out its wait for an outcome that came.
 // Idempotent and legacy retries (the legacy original's connection closed,
 // so that its retry is one in every order), many rounds; run it with -race.
@@ -56,7 +58,7 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 		return &Request{Conn: conn, Version: 9, Acks: -1, Timeout: 100 * time.Millisecond, Parts: []Part{part}}
 	}
 	var pl Plan
-	c.decide(req(orig), &pl, now)
+	c.decide(req(orig), &pl, now, new(Effects))
 	if pl.Status != Ready || pl.Parts[0].Act != Forward {
 		t.Fatalf("round %d: the original: status %d, act %d", round, pl.Status, pl.Parts[0].Act)
 	}
@@ -97,14 +99,21 @@ func raceOnce(t *testing.T, c *Core, topic seqstate.TopicID, host netip.Addr, le
 	}()
 	defer wg.Wait()
 	var rpl Plan
+	var fx Effects
 	r := req(retry)
 	for step := 0; ; step++ {
 		if step == 16 {
 			t.Fatalf("round %d: the retry was decided %d times", round, step)
 		}
-		c.decide(r, &rpl, now)
+		fx.reset()
+		c.decide(r, &rpl, now, &fx)
 		switch rpl.Status {
 		case Wait:
+			if slices.Contains(fx.Wake, retry.ID()) {
+				// What it waits for came as it registered: it woke
+				// itself.
+				continue
+			}
 			select {
 			case <-wake:
 				continue

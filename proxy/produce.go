@@ -153,7 +153,11 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		if round == maxDecideRounds {
 			req.GiveUp = true
 		}
-		c.s.step(&decide.Event{Kind: decide.EvRequest, Req: req, Plan: &pl.Plan}, now, nil)
+		// Its effects may wake its own connection: what it is to wait for
+		// came as it registered.
+		var fx decide.Effects
+		c.s.step(&decide.Event{Kind: decide.EvRequest, Req: req, Plan: &pl.Plan}, now, &fx)
+		c.s.wakeConns(fx.Wake)
 		switch pl.Status {
 		case decide.ReadTails:
 			held = true
