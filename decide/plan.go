@@ -48,6 +48,7 @@ type Plan struct {
 	drops   []bool
 	matches []match
 	undo    []undo
+	logUndo []logUndo
 	waitOn  []seqstate.Key
 	done    []bool
 	settled bool // Outcome or Lost ran
@@ -94,24 +95,33 @@ const (
 	matchTail
 )
 
-// undo restores a record used up by a decision that ended in a wait.
+// undo restores a record used up by a decision that ended in a wait: one
+// of a client instance's records, or a chain head an index lookup moved
+// (recIndex.find).
 type undo struct {
 	b    *batch
 	gen  uint32
 	i    int32
 	hash uint64
-	// A log record instead, index i: the history it was in (even if
-	// replaced since), and the lock that guards it.
-	log      []logRec
-	logShard *partShard
-	// A chain head an index lookup moved instead (recIndex.find), or
-	// one of a log's chains (logIdx, at logKey).
-	ix     *recIndex
-	key    uint64 // the chain's key: its slot may move (recIndex.restore)
-	head   int32
-	epoch  uint32
+	// A chain head instead: the chain's key (its slot may move,
+	// recIndex.restore), where the head was and the index's epoch then.
+	ix    *recIndex
+	key   uint64
+	head  int32
+	epoch uint32
+}
+
+// logUndo restores a log record used up by a decision that ended in a
+// wait (index i of the history it was in, even if replaced since), or one
+// of the log's chain heads (at logKey in logIdx), under the lock that
+// guards them.
+type logUndo struct {
+	shard  *partShard
+	log    []logRec
+	i      int32
 	logIdx map[uint64]int32
 	logKey uint64
+	head   int32
 }
 
 // timedOut answers a part whose outcome the proxy cannot know in time:
@@ -134,7 +144,7 @@ func (pl *Plan) reset(req *Request) {
 	clear(pl.st)
 	pl.seqOps, pl.seqIdx, pl.seqOuts = pl.seqOps[:0], pl.seqIdx[:0], pl.seqOuts[:0]
 	pl.ids, pl.keys, pl.drops, pl.matches = pl.ids[:0], pl.keys[:0], pl.drops[:0], pl.matches[:0]
-	pl.undo, pl.waitOn = pl.undo[:0], pl.waitOn[:0]
+	pl.undo, pl.logUndo, pl.waitOn = pl.undo[:0], pl.logUndo[:0], pl.waitOn[:0]
 	pl.settled = false
 	for i := range pl.Parts {
 		pl.Parts[i].Verdict.Pass = -1

@@ -225,25 +225,22 @@ func (c *Core) rollback(pl *Plan) {
 		u := &pl.undo[k]
 		if u.ix != nil {
 			u.ix.restore(u)
-			continue
-		}
-		if u.logIdx != nil {
-			u.logShard.mu.Lock()
-			u.logIdx[u.logKey] = u.head
-			u.logShard.mu.Unlock()
-			continue
-		}
-		if u.log != nil {
-			u.logShard.mu.Lock()
-			u.log[u.i].taken = false
-			u.logShard.mu.Unlock()
-			continue
-		}
-		if u.b.gen == u.gen {
+		} else if u.b.gen == u.gen {
 			u.b.recs[u.i].hash = u.hash
 		}
 	}
 	pl.undo = pl.undo[:0]
+	for k := len(pl.logUndo) - 1; k >= 0; k-- {
+		u := &pl.logUndo[k]
+		u.shard.mu.Lock()
+		if u.logIdx != nil {
+			u.logIdx[u.logKey] = u.head
+		} else {
+			u.log[u.i].taken = false
+		}
+		u.shard.mu.Unlock()
+	}
+	pl.logUndo = pl.logUndo[:0]
 }
 
 // unmatch makes part i new data again (its records are not dropped).
@@ -323,14 +320,14 @@ func (c *Core) matchLog(pl *Plan, p *Part, id protocol.RecordID, enforce bool, n
 				// Never matches again (or is restored with the head
 				// by a rollback): the chain starts past it, so that
 				// identical records cost O(1) each.
-				pl.undo = append(pl.undo, undo{logIdx: part.logIdx, logShard: sh, logKey: h, head: idx + 1})
+				pl.logUndo = append(pl.logUndo, logUndo{shard: sh, logIdx: part.logIdx, logKey: h, head: idx + 1})
 				part.logIdx[h] = j
 			}
 			continue
 		}
 		if enforce {
 			r.taken = true
-			pl.undo = append(pl.undo, undo{log: part.log, logShard: sh, i: idx})
+			pl.logUndo = append(pl.logUndo, logUndo{shard: sh, log: part.log, i: idx})
 		}
 		return match{kind: matchDrop, off: r.off, rule: RuleLog, at: -1, age: ns - (r.until - c.legacy.window)}
 	}
