@@ -92,7 +92,7 @@ func (s *steady) one(tb testing.TB, i int) {
 func TestLegacyNoAllocs(t *testing.T) {
 	s := newSteady(t, 1300, 10)
 	i := 0
-	for ; i < keepRequests+10; i++ {
+	for ; i < KeepRequests+10; i++ {
 		s.one(t, i)
 	}
 	if n := testing.AllocsPerRun(1000, func() { s.one(t, i); i++ }); n != 0 {
@@ -129,7 +129,7 @@ func BenchmarkDecideLegacy(b *testing.B) {
 func BenchmarkLegacyMemory(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
-		const conns, perConn = 16, keepRequests
+		const conns, perConn = 16, KeepRequests
 		first := newSteady(b, 1, 1)
 		runtime.GC()
 		var before, after runtime.MemStats
@@ -199,7 +199,7 @@ func BenchmarkInstanceMemory(b *testing.B) {
 // each new record is looked up among them (and found in none).
 func BenchmarkDecideLegacyAfterReconnect(b *testing.B) {
 	const n = 4096
-	old := newSteady(b, keepRequests, 100)
+	old := newSteady(b, KeepRequests, 100)
 	for i := range old.reqs {
 		old.one(b, i)
 	}
@@ -221,7 +221,7 @@ func BenchmarkDecideLegacyAfterReconnect(b *testing.B) {
 		i++
 	}
 	b.ReportMetric(4, "batches/op")
-	if held, _ := old.c.LegacyRecords(); held < keepRequests*4*100 {
-		b.Fatalf("%d records remembered, want the closed connection's %d at least", held, keepRequests*4*100)
+	if held, _ := old.c.LegacyRecords(); held < KeepRequests*4*100 {
+		b.Fatalf("%d records remembered, want the closed connection's %d at least", held, KeepRequests*4*100)
 	}
 }

@@ -17,7 +17,7 @@ type Core struct {
 	table    *seqstate.Table
 	keys     *seqstate.KeyTable
 	settings atomic.Pointer[Settings]
-	legacy   legacyStore
+	legacy   Store
 	parts    partitions
 	flying   atomic.Int64 // flying batches kept over all partitions (flying.go)
 	warmOn   bool
@@ -92,7 +92,7 @@ func (c *Core) LegacyRecords() (held int64, evicted uint64) {
 // Connect returns the state of a client connection, whose client the
 // broker has authenticated. Call Disconnect when it closes.
 func (c *Core) connect(id ConnID, cl Client, now time.Time) *Conn {
-	return c.legacy.connect(id, cl, now.UnixNano())
+	return c.legacy.Connect(id, cl, now.UnixNano())
 }
 
 // Disconnect records that conn closed or broke (how says which, as far as
@@ -101,21 +101,21 @@ func (c *Core) connect(id ConnID, cl Client, now time.Time) *Conn {
 // in flight become so when their outcome arrives) — except, after a Clean
 // close, those whose answer was written: their client read it.
 func (c *Core) disconnect(conn *Conn, how Close, now time.Time) {
-	in := conn.inst
+	in := conn.Inst
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if !conn.open {
+	if !conn.Open {
 		return
 	}
-	conn.open = false
+	conn.Open = false
 	conn.gone.Store(true)
 	in.closed(conn, now.UnixNano())
 	if how == Clean {
-		conn.letGoRead()
+		conn.LetGoRead()
 	} else {
-		conn.letGo()
+		conn.LetGo()
 	}
-	in.sweep(now.UnixNano(), c.legacy.window)
+	in.Sweep(now.UnixNano(), c.legacy.Window)
 }
 
 // Gone reports whether Disconnect was called for conn. A request of a
@@ -130,7 +130,7 @@ func (c *Core) Gone(conn *Conn) bool { return conn != nil && conn.gone.Load() }
 // may check them (Disconnect those whose client is gone) before a new
 // connection's first decision.
 func (c *Core) Siblings(conn *Conn, dst []ConnID) []ConnID {
-	in := conn.inst
+	in := conn.Inst
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	for _, o := range in.open {
@@ -144,7 +144,7 @@ func (c *Core) Siblings(conn *Conn, dst []ConnID) []ConnID {
 // DisconnectSibling is Disconnect for the open connection id of conn's
 // client instance, if it is one.
 func (c *Core) disconnectSibling(conn *Conn, id ConnID, how Close, now time.Time) {
-	in := conn.inst
+	in := conn.Inst
 	in.mu.Lock()
 	var sib *Conn
 	for _, o := range in.open {
@@ -231,18 +231,18 @@ func (c *Core) decide(req *Request, pl *Plan, now time.Time, fx *Effects) {
 	if decided > 0 && c.warmOn && c.warmFirst(req, pl, now) {
 		return
 	}
-	var in *instance
+	var in *Instance
 	if c.anyLegacy(pl) {
 		c.identify(req, pl)
-		in = req.Conn.inst
+		in = req.Conn.Inst
 		if req.Acks == -1 {
 			// Room for what this request may remember, made before its
 			// instance is locked: it may come from another instance.
-			c.legacy.makeRoom(int64(len(pl.ids)), in)
+			c.legacy.MakeRoom(int64(len(pl.ids)), in)
 		}
 		in.mu.Lock()
 		in.lastSeen = now.UnixNano()
-		in.sweep(now.UnixNano(), c.legacy.window)
+		in.Sweep(now.UnixNano(), c.legacy.Window)
 		c.matchLegacy(req, pl, now)
 	}
 	if len(pl.waitOn) > 0 || len(pl.Tails) > 0 {
@@ -365,7 +365,7 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 		if st.legacy || st.pass >= 0 {
 			continue
 		}
-		st.key = seqstate.Key{ProducerID: p.Header.ProducerID, Topic: p.Topic, Partition: p.Partition, Principal: req.Conn.principal}
+		st.key = seqstate.Key{ProducerID: p.Header.ProducerID, Topic: p.Topic, Partition: p.Partition, Principal: req.Conn.Principal}
 		st.batch = seqstate.Batch{Epoch: p.Header.ProducerEpoch, FirstSeq: p.Header.BaseSequence, Count: p.Header.LastOffsetDelta + 1,
 			Fingerprint: protocol.RecordsFingerprint(p.Records, &p.Header)}
 		pl.seqOps = append(pl.seqOps, seqstate.Op{Key: st.key, Batch: st.batch})

@@ -39,21 +39,21 @@ func (c *Core) handOff(want func(topic seqstate.TopicID, partition int32) bool, 
 		for _, in := range c.legacy.shards[i].all() {
 			in.mu.Lock()
 			for _, b := range in.disowned {
-				if b.phase != appended || b.resolvable || b.until <= ns || !want(b.topic, b.part) {
+				if b.Phase != Appended || b.resolvable || b.Until <= ns || !want(b.Topic, b.Partition) {
 					continue
 				}
 				h := Handed{
 					Principal: in.key.principal, ClientID: in.key.id, Host: in.key.host,
-					Topic: b.topic, Partition: b.part, Whole: b.whole,
-					Left: time.Duration(b.until - ns), AppendTime: b.appendTime,
+					Topic: b.Topic, Partition: b.Partition, Whole: b.Whole,
+					Left: time.Duration(b.Until - ns), AppendTime: b.AppendTime,
 				}
 				live := false
-				for j := range b.recs {
-					r := &b.recs[j]
-					h.Hashes = append(h.Hashes, r.hash)
-					h.Offsets = append(h.Offsets, max(r.off, offUnknown))
-					live = live || r.hash != 0
-					r.hash = 0
+				for j := range b.Recs {
+					r := &b.Recs[j]
+					h.Hashes = append(h.Hashes, r.Hash)
+					h.Offsets = append(h.Offsets, max(r.Off, OffUnknown))
+					live = live || r.Hash != 0
+					r.Hash = 0
 				}
 				if live {
 					dst = append(dst, h)
@@ -79,10 +79,10 @@ func (c *Core) takeOver(hs []Handed, now time.Time) int {
 			continue
 		}
 		k := instKey{principal: h.Principal, id: h.ClientID}
-		if c.legacy.scope == ScopeInstance {
+		if c.legacy.Scope == ScopeInstance {
 			k.host = h.Host
 		}
-		if c.legacy.held.Load()+int64(len(h.Hashes)) > c.legacy.maxRecords {
+		if c.legacy.held.Load()+int64(len(h.Hashes)) > c.legacy.MaxRecords {
 			c.legacy.evicted.Add(1)
 			continue
 		}
@@ -91,17 +91,17 @@ func (c *Core) takeOver(hs []Handed, now time.Time) int {
 		in := sh.instance(k, ns)
 		in.mu.Lock()
 		sh.mu.Unlock()
-		b := in.newBatch()
-		b.recs = b.recs[:0]
+		b := in.NewBatch()
+		b.Recs = b.Recs[:0]
 		for j, hash := range h.Hashes {
-			b.recs = append(b.recs, rec{hash: hash, off: max(h.Offsets[j], offUnknown)})
+			b.Recs = append(b.Recs, Rec{Hash: hash, Off: max(h.Offsets[j], OffUnknown)})
 		}
-		b.inst, b.conn = in, nil
-		b.topic, b.part, b.whole = h.Topic, h.Partition, h.Whole
-		b.phase, b.appendTime, b.until = appended, h.AppendTime, ns+int64(h.Left)
+		b.Inst, b.Conn = in, nil
+		b.Topic, b.Partition, b.Whole = h.Topic, h.Partition, h.Whole
+		b.Phase, b.AppendTime, b.Until = Appended, h.AppendTime, ns+int64(h.Left)
 		b.delivered = true
-		in.account(int64(len(b.recs)))
-		in.disown(b)
+		in.account(int64(len(b.Recs)))
+		in.Disown(b)
 		in.mu.Unlock()
 		taken++
 	}

@@ -33,7 +33,7 @@ type idxSlot struct {
 }
 
 type recRef struct {
-	b    *batch
+	b    *Batch
 	gen  uint32
 	i    int32
 	next int32 // refs index + 1 of the next record with the key, 0 for none

@@ -23,7 +23,7 @@ import (
 // those of its answered requests it keeps, see keepRequests), and the batches whose
 // acknowledgement the client may not hold (disowned), indexed by record.
 
-// keepRequests is how many answered requests of a connection keep their
+// KeepRequests is how many answered requests of a connection keep their
 // batches at least: when the connection breaks, answers written before it
 // may not have been read (one traced run lost 22 written answers with its
 // connection). An answered batch is also kept until its request's timeout
@@ -33,76 +33,76 @@ import (
 // every failed batch again at once; the proxy answers them at once, and
 // more than 64 answers written in one burst were lost with the next break:
 // decide/testdata/librdkafka.txt.)
-const keepRequests = 64
+const KeepRequests = 64
 
 // maxHeldRequests bounds the answered requests a connection keeps for their
 // hold: a connection sending thousands of requests a second keeps its last
 // 1,024, not a timeout's worth.
 const maxHeldRequests = 1024
 
-type phase uint8
+type Phase uint8
 
 const (
-	inFlight phase = iota // forwarded, no answer yet
-	appended              // the broker appended it
-	unknown               // the broker connection broke before its answer: the log will tell
+	InFlight Phase = iota // forwarded, no answer yet
+	Appended              // the broker appended it
+	Unknown               // the broker connection broke before its answer: the log will tell
 )
 
 // Record offsets with a meaning of their own.
 const (
-	offUnknown = -1 // appended, offset not known
-	offPending = -2 // sent upstream, not answered yet
+	OffUnknown = -1 // appended, offset not known
+	OffPending = -2 // sent upstream, not answered yet
 )
 
-// rec is one record of a batch: its hash (0 once it answered for a retry,
+// Rec is one record of a batch: its hash (0 once it answered for a retry,
 // or was not written) and its offset.
-type rec struct {
-	hash uint64
-	off  int64
+type Rec struct {
+	Hash uint64
+	Off  int64
 }
 
-// batch is one legacy batch a connection sent, or the part of it the proxy
+// Batch is one legacy Batch a connection sent, or the part of it the proxy
 // answered itself.
-type batch struct {
+type Batch struct {
 	gen        uint32
-	inst       *instance
-	conn       *Conn // holds its acknowledgement; nil once disowned
+	Inst       *Instance
+	Conn       *Conn // holds its acknowledgement; nil once disowned
 	req        uint64
-	topic      seqstate.TopicID
-	part       int32
-	phase      phase
+	Topic      seqstate.TopicID
+	Partition       int32
+	Phase      Phase
 	delivered  bool  // its answer was written to its connection
 	late       bool  // written later than half its request's timeout after it arrived (lateAnswer)
-	whole      bool  // compressed: its one rec stands for the whole batch
-	exact      bool  // its records' hashes include their timestamps (recHash)
+	Whole      bool  // compressed: its one rec stands for the whole batch
+	Exact      bool  // its records' hashes include their timestamps (recHash)
 	inFifo     bool  // referenced by conn.fifo
 	inDisowned bool  // referenced by inst.disowned
 	resolvable bool  // appended with offUnknown records the log may settle
-	until      int64 // ns: append time plus the window (0 while in flight)
+	Until      int64 // ns: append time plus the window (0 while in flight)
 	hold       int64 // ns: kept with its connection until then once answered (see keepRequests)
-	appendTime int64 // the broker's log append time, -1 for CreateTime
-	after      int64 // the highest offset answered for its partition before it was sent: it lies past it
-	recs       []rec
+	AppendTime int64 // the broker's log append time, -1 for CreateTime
+	After      int64 // the highest offset answered for its partition before it was sent: it lies past it
+	Recs       []Rec
 }
 
-type batchRef struct {
-	b   *batch
+type Ref struct {
+	B   *Batch
 	gen uint32
 }
 
-func (r batchRef) live() bool { return r.b != nil && r.b.gen == r.gen }
+func (r Ref) Live() bool { return r.B != nil && r.B.gen == r.gen }
 
 // Conn is a client connection's legacy state. Get one with an `EvConnect` step.
 type Conn struct {
 	id        ConnID
-	principal uint32
-	inst      *instance
-	named     bool // its client named its software (Client.Software)
-	restamps  bool // and that software stamps a resend anew (restampingSoftware)
-	open      bool
+	Principal uint32
+	Inst      *Instance
+	Named     bool // its client named its software (Client.Software)
+	Restamps  bool // and that software stamps a resend anew (restampingSoftware)
+	Open      bool
 	gone      atomic.Bool // Disconnect was called: read without the instance lock (Gone)
-	reqs      uint64      // requests that registered batches
-	fifo      []*batch    // registered batches, oldest first
+	Reqs      uint64      // requests that registered batches
+	fifo      []*Batch    // registered batches, oldest first
 }
 
 // ID returns the connection's number.
@@ -119,23 +119,23 @@ type partKey struct {
 	part  int32
 }
 
-// instance is one client instance's legacy state. Its lock is its own:
-// no other client instance waits on the work its requests cause.
-type instance struct {
+// Instance is one client Instance's legacy state. Its lock is its own:
+// no other client Instance waits on the work its requests cause.
+type Instance struct {
 	mu    sync.Mutex
 	key   instKey
-	ls    *legacyStore
+	ls    *Store
 	pu    *principalUse
 	held  atomic.Int64 // records held in its batches (read without mu by makeRoom)
 	conns int          // open connections
 	// undelivered lists, per partition, the batches not yet answered to
 	// their connection: a batch to the same partition from another
 	// connection may be their retry.
-	undelivered map[partKey][]*batch
+	undelivered map[partKey][]*Batch
 	// disowned are the batches whose acknowledgement the client may not
 	// hold, each until its window ends (in flight ones until their
 	// outcome); index finds their records.
-	disowned     []*batch
+	disowned     []*Batch
 	disownedRecs int // records in disowned batches
 	// index finds disowned records: added to as batches are disowned,
 	// rebuilt (dirty) when full of entries of batches since let go; those
@@ -145,7 +145,7 @@ type instance struct {
 	sweepAt  int64 // ns: no disowned batch's window ends before
 	lastSeen int64
 	open     []*Conn  // its open connections
-	free     []*batch // forgotten batches kept for reuse
+	free     []*Batch // forgotten batches kept for reuse
 	// live indexes the records of undelivered batches, built when a young
 	// connection looks one up (see youngRequests) and the batches changed
 	// since; entries of batches answered since are skipped.
@@ -166,34 +166,34 @@ const youngRequests = 256
 // map (taken before an instance's, never after).
 type legacyShard struct {
 	mu    sync.Mutex
-	ls    *legacyStore
-	insts map[instKey]*instance
+	ls    *Store
+	insts map[instKey]*Instance
 	_     [40]byte
 }
 
 const legacyShards = 16
 
-type legacyStore struct {
+type Store struct {
 	shards     [legacyShards]legacyShard
 	seed       maphash.Seed
-	scope      Scope
-	window     int64 // ns
-	maxRecords int64
+	Scope      Scope
+	Window     int64 // ns
+	MaxRecords int64
 	held       atomic.Int64  // records held in batches
 	evicted    atomic.Uint64 // batches not kept for want of room
 	principals               // what each principal holds (shares.go)
 }
 
-func (ls *legacyStore) init(scope Scope, window int64, maxRecords int) {
+func (ls *Store) init(scope Scope, window int64, maxRecords int) {
 	ls.seed = maphash.MakeSeed()
-	ls.scope, ls.window, ls.maxRecords = scope, window, int64(maxRecords)
+	ls.Scope, ls.Window, ls.MaxRecords = scope, window, int64(maxRecords)
 	for i := range ls.shards {
-		ls.shards[i].insts = map[instKey]*instance{}
+		ls.shards[i].insts = map[instKey]*Instance{}
 		ls.shards[i].ls = ls
 	}
 }
 
-func (ls *legacyStore) shardOf(k instKey) *legacyShard {
+func (ls *Store) shardOf(k instKey) *legacyShard {
 	var h maphash.Hash
 	h.SetSeed(ls.seed)
 	h.WriteString(k.id)
@@ -202,10 +202,10 @@ func (ls *legacyStore) shardOf(k instKey) *legacyShard {
 	return &ls.shards[x%legacyShards]
 }
 
-// connect returns the state of connection id of client cl.
-func (ls *legacyStore) connect(id ConnID, cl Client, now int64) *Conn {
+// Connect returns the state of connection id of client cl.
+func (ls *Store) Connect(id ConnID, cl Client, now int64) *Conn {
 	k := instKey{principal: cl.Principal, id: cl.ID}
-	if ls.scope == ScopeInstance {
+	if ls.Scope == ScopeInstance {
 		k.host = cl.Host.As16()
 	}
 	sh := ls.shardOf(k)
@@ -216,27 +216,27 @@ func (ls *legacyStore) connect(id ConnID, cl Client, now int64) *Conn {
 	defer in.mu.Unlock()
 	in.conns++
 	in.lastSeen = now
-	conn := &Conn{id: id, principal: cl.Principal, inst: in, named: cl.Software != "", restamps: restampingSoftware[cl.Software], open: true}
+	conn := &Conn{id: id, Principal: cl.Principal, Inst: in, Named: cl.Software != "", Restamps: restampingSoftware[cl.Software], Open: true}
 	in.open = append(in.open, conn)
 	return conn
 }
 
 // instance returns k's instance, made if need be; call with the shard
 // locked.
-func (sh *legacyShard) instance(k instKey, now int64) *instance {
+func (sh *legacyShard) instance(k instKey, now int64) *Instance {
 	in := sh.insts[k]
 	if in == nil {
 		if len(sh.insts) >= maxInstancesPerShard {
 			sh.evictIdle(now)
 		}
-		in = &instance{key: k, ls: sh.ls, pu: sh.ls.use(k.principal), undelivered: map[partKey][]*batch{}, lastSeen: now}
+		in = &Instance{key: k, ls: sh.ls, pu: sh.ls.use(k.principal), undelivered: map[partKey][]*Batch{}, lastSeen: now}
 		sh.insts[k] = in
 	}
 	return in
 }
 
 // closed records that conn, one of the instance's connections, closed.
-func (in *instance) closed(conn *Conn, now int64) {
+func (in *Instance) closed(conn *Conn, now int64) {
 	for i, o := range in.open {
 		if o == conn {
 			in.open = append(in.open[:i], in.open[i+1:]...)
@@ -251,13 +251,13 @@ func (in *instance) closed(conn *Conn, now int64) {
 }
 
 // rebuildLive indexes the records of the undelivered batches anew.
-func (in *instance) rebuildLive() {
+func (in *Instance) rebuildLive() {
 	in.live.reset(in.liveRecs)
 	for _, l := range in.undelivered {
 		for _, b := range l {
-			for i, r := range b.recs {
-				if r.hash != 0 {
-					in.live.add(idxKey(r.hash, uint32(b.topic), b.part), recRef{b: b, gen: b.gen, i: int32(i)})
+			for i, r := range b.Recs {
+				if r.Hash != 0 {
+					in.live.add(idxKey(r.Hash, uint32(b.Topic), b.Partition), recRef{b: b, gen: b.gen, i: int32(i)})
 				}
 			}
 		}
@@ -270,10 +270,10 @@ func (in *instance) rebuildLive() {
 const maxInstancesPerShard = 4096
 
 // all returns the shard's instances.
-func (sh *legacyShard) all() []*instance {
+func (sh *legacyShard) all() []*Instance {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	out := make([]*instance, 0, len(sh.insts))
+	out := make([]*Instance, 0, len(sh.insts))
 	for _, in := range sh.insts {
 		out = append(out, in)
 	}
@@ -283,7 +283,7 @@ func (sh *legacyShard) all() []*instance {
 // evictIdle forgets the instance without connections seen longest ago;
 // call with the shard locked (each instance's lock is taken after it).
 func (sh *legacyShard) evictIdle(now int64) {
-	var victim *instance
+	var victim *Instance
 	for _, in := range sh.insts {
 		in.mu.Lock()
 		if in.conns == 0 && (victim == nil || in.lastSeen < victim.lastSeen) {
@@ -306,29 +306,29 @@ func (sh *legacyShard) evictIdle(now int64) {
 	sh.ls.drop(victim.pu)
 }
 
-// newBatch takes a batch from the instance's free list.
-func (in *instance) newBatch() *batch {
+// NewBatch takes a batch from the instance's free list.
+func (in *Instance) NewBatch() *Batch {
 	if n := len(in.free); n > 0 {
 		b := in.free[n-1]
 		in.free = in.free[:n-1]
 		return b
 	}
-	return &batch{}
+	return &Batch{}
 }
 
 // forget frees b once nothing refers to it; call with the instance
 // locked.
-func (in *instance) forget(b *batch) {
+func (in *Instance) forget(b *Batch) {
 	if b.inFifo || b.inDisowned {
 		return
 	}
-	in.account(-int64(len(b.recs)))
-	if b.inst != nil {
-		b.inst.dropUndelivered(b)
+	in.account(-int64(len(b.Recs)))
+	if b.Inst != nil {
+		b.Inst.DropUndelivered(b)
 	}
-	recs := b.recs[:0]
+	recs := b.Recs[:0]
 	gen := b.gen + 1
-	*b = batch{gen: gen, recs: recs}
+	*b = Batch{gen: gen, Recs: recs}
 	if len(in.free) < maxFreeBatches && cap(recs) <= maxFreeRecs {
 		in.free = append(in.free, b)
 	}
@@ -341,50 +341,50 @@ const (
 	maxFreeRecs    = 4096
 )
 
-// disown records that b's client may not hold its acknowledgement: its
+// Disown records that b's client may not hold its acknowledgement: its
 // records are matchable by a retry from any connection of the instance
 // until b's window ends.
-func (in *instance) disown(b *batch) {
-	b.conn = nil
-	if b.phase == appended && b.until == 0 {
-		b.until = 1 // settled before it was registered: nothing to keep
+func (in *Instance) Disown(b *Batch) {
+	b.Conn = nil
+	if b.Phase == Appended && b.Until == 0 {
+		b.Until = 1 // settled before it was registered: nothing to keep
 	}
 	if !b.inDisowned {
 		b.inDisowned = true
 		in.disowned = append(in.disowned, b)
-		in.disownedRecs += len(b.recs)
+		in.disownedRecs += len(b.Recs)
 		in.indexDisowned(b)
-		if b.phase == appended {
-			in.sweepAt = min(in.sweepAt, b.until)
+		if b.Phase == Appended {
+			in.sweepAt = min(in.sweepAt, b.Until)
 		}
 	}
 }
 
 // indexDisowned adds b's records to the index, or marks it to be rebuilt
 // when it is full, or mostly entries of batches let go since.
-func (in *instance) indexDisowned(b *batch) {
+func (in *Instance) indexDisowned(b *Batch) {
 	if in.dirty {
 		return
 	}
-	if n := len(in.index.refs) + len(b.recs); n > 2*in.disownedRecs+1024 {
+	if n := len(in.index.refs) + len(b.Recs); n > 2*in.disownedRecs+1024 {
 		in.dirty = true
 		return
 	}
-	for i, r := range b.recs {
-		if r.hash != 0 {
-			in.index.add(idxKey(r.hash, uint32(b.topic), -1), recRef{b: b, gen: b.gen, i: int32(i)})
+	for i, r := range b.Recs {
+		if r.Hash != 0 {
+			in.index.add(idxKey(r.Hash, uint32(b.Topic), -1), recRef{b: b, gen: b.gen, i: int32(i)})
 		}
 	}
 }
 
-// undisown takes b back from the disowned batches: its client holds its
+// Undisown takes b back from the disowned batches: its client holds its
 // acknowledgement after all.
-func (in *instance) undisown(b *batch) {
+func (in *Instance) Undisown(b *Batch) {
 	if !b.inDisowned {
 		return
 	}
 	b.inDisowned = false
-	in.disownedRecs -= len(b.recs)
+	in.disownedRecs -= len(b.Recs)
 	for i, x := range in.disowned {
 		if x == b {
 			copy(in.disowned[i:], in.disowned[i+1:])
@@ -395,25 +395,25 @@ func (in *instance) undisown(b *batch) {
 	}
 }
 
-// abandon disowns every batch of conn whose answer is not yet written: its
+// Abandon disowns every batch of conn whose answer is not yet written: its
 // client resent one of them on another connection. Batches conn sends
 // later are its own again.
-func (conn *Conn) abandon(in *instance) {
+func (conn *Conn) Abandon(in *Instance) {
 	for _, b := range conn.fifo {
-		if !b.delivered && b.conn == conn {
-			in.disown(b)
+		if !b.delivered && b.Conn == conn {
+			in.Disown(b)
 		}
 	}
 }
 
-// dropUndelivered removes b from the undelivered lists.
-func (in *instance) dropUndelivered(b *batch) {
-	k := partKey{b.topic, b.part}
+// DropUndelivered removes b from the undelivered lists.
+func (in *Instance) DropUndelivered(b *Batch) {
+	k := partKey{b.Topic, b.Partition}
 	l := in.undelivered[k]
 	for i, x := range l {
 		if x == b {
 			l = append(l[:i], l[i+1:]...)
-			in.liveRecs -= len(b.recs)
+			in.liveRecs -= len(b.Recs)
 			in.liveDirty = true
 			break
 		}
@@ -421,24 +421,24 @@ func (in *instance) dropUndelivered(b *batch) {
 	in.undelivered[k] = l // kept when empty: the partition's next batch reuses it
 }
 
-// sweep forgets the disowned batches whose window has ended, once one
+// Sweep forgets the disowned batches whose window has ended, once one
 // may have (lookups skip them meanwhile: sweeping only frees memory). A
 // batch settled after it was disowned is swept at most a window late.
-func (in *instance) sweep(now int64, window int64) {
+func (in *Instance) Sweep(now int64, window int64) {
 	if now < in.sweepAt {
 		return
 	}
 	next := now + window
 	kept := in.disowned[:0]
 	for _, b := range in.disowned {
-		if b.phase == appended && b.until <= now {
+		if b.Phase == Appended && b.Until <= now {
 			b.inDisowned = false
-			in.disownedRecs -= len(b.recs)
+			in.disownedRecs -= len(b.Recs)
 			in.forget(b)
 			continue
 		}
-		if b.phase == appended {
-			next = min(next, b.until)
+		if b.Phase == Appended {
+			next = min(next, b.Until)
 		}
 		kept = append(kept, b)
 	}
@@ -448,55 +448,55 @@ func (in *instance) sweep(now int64, window int64) {
 }
 
 // reindex rebuilds the index of disowned records.
-func (in *instance) reindex() {
+func (in *Instance) reindex() {
 	in.index.reset(in.disownedRecs)
 	for _, b := range in.disowned {
-		for i, r := range b.recs {
-			if r.hash != 0 {
-				in.index.add(idxKey(r.hash, uint32(b.topic), -1), recRef{b: b, gen: b.gen, i: int32(i)})
+		for i, r := range b.Recs {
+			if r.Hash != 0 {
+				in.index.add(idxKey(r.Hash, uint32(b.Topic), -1), recRef{b: b, gen: b.gen, i: int32(i)})
 			}
 		}
 	}
 	in.dirty, in.index.rebuild = false, false
 }
 
-// candidate is a record a record of a new batch may repeat.
-type candidate struct {
-	b *batch
-	i int32
+// Candidate is a record a record of a new batch may repeat.
+type Candidate struct {
+	B *Batch
+	I int32
 }
 
-// lookup returns the first disowned record of topic with hash h that is
+// Lookup returns the first disowned record of topic with hash h that is
 // not used up, or false.
-func (in *instance) lookup(topic seqstate.TopicID, h uint64, now int64, undo *[]undo) (candidate, bool) {
+func (in *Instance) Lookup(topic seqstate.TopicID, h uint64, now int64, undo *[]undo) (Candidate, bool) {
 	if len(in.disowned) == 0 {
-		return candidate{}, false
+		return Candidate{}, false
 	}
 	if in.dirty || in.index.rebuild || len(in.index.slots) == 0 {
 		in.reindex()
 	}
 	r, ok := in.index.find(idxKey(h, uint32(topic), -1), func(r *recRef) verdict {
 		b := r.b
-		if b.gen != r.gen || !b.inDisowned || b.recs[r.i].hash != h || b.phase == appended && b.until <= now {
+		if b.gen != r.gen || !b.inDisowned || b.Recs[r.i].Hash != h || b.Phase == Appended && b.Until <= now {
 			return skipForGood
 		}
 		return take
 	}, undo)
 	if !ok {
-		return candidate{}, false
+		return Candidate{}, false
 	}
-	return candidate{r.b, r.i}, true
+	return Candidate{r.b, r.i}, true
 }
 
-// sameParts returns a record with hash h in a batch to (topic, part) not
+// SameParts returns a record with hash h in a batch to (topic, part) not
 // yet answered to another connection than conn: the client gave up on it
 // and this is its retry.
-func (in *instance) sameParts(conn *Conn, topic seqstate.TopicID, part int32, h uint64, now int64, undo *[]undo) (candidate, bool) {
-	if in.conns < 2 || conn.reqs >= youngRequests {
-		return candidate{}, false
+func (in *Instance) SameParts(conn *Conn, topic seqstate.TopicID, part int32, h uint64, now int64, undo *[]undo) (Candidate, bool) {
+	if in.conns < 2 || conn.Reqs >= youngRequests {
+		return Candidate{}, false
 	}
 	if in.liveRecs == 0 {
-		return candidate{}, false
+		return Candidate{}, false
 	}
 	if in.liveDirty || in.live.rebuild || len(in.live.slots) == 0 {
 		in.rebuildLive()
@@ -504,27 +504,27 @@ func (in *instance) sameParts(conn *Conn, topic seqstate.TopicID, part int32, h 
 	r, ok := in.live.find(idxKey(h, uint32(topic), part), func(r *recRef) verdict {
 		b := r.b
 		switch {
-		case b.gen != r.gen || b.delivered || b.conn == nil || (b.phase == appended && b.until <= now) || b.recs[r.i].hash != h:
+		case b.gen != r.gen || b.delivered || b.Conn == nil || (b.Phase == Appended && b.Until <= now) || b.Recs[r.i].Hash != h:
 			return skipForGood
-		case b.conn == conn:
+		case b.Conn == conn:
 			return skipNow
 		}
 		return take
 	}, undo)
 	if !ok {
-		return candidate{}, false
+		return Candidate{}, false
 	}
-	return candidate{r.b, r.i}, true
+	return Candidate{r.b, r.i}, true
 }
 
-// anyOtherUndelivered reports whether a batch to (topic, part) from another
+// AnyOtherUndelivered reports whether a batch to (topic, part) from another
 // connection than conn is not yet answered.
-func (in *instance) anyOtherUndelivered(conn *Conn, topic seqstate.TopicID, part int32) bool {
-	if in.conns < 2 || conn.reqs >= youngRequests {
+func (in *Instance) AnyOtherUndelivered(conn *Conn, topic seqstate.TopicID, part int32) bool {
+	if in.conns < 2 || conn.Reqs >= youngRequests {
 		return false // no other connection, or not a young one (see youngRequests)
 	}
 	for _, b := range in.undelivered[partKey{topic, part}] {
-		if b.conn != conn && b.conn != nil {
+		if b.Conn != conn && b.Conn != nil {
 			return true
 		}
 	}

@@ -102,11 +102,11 @@ func randomOps(t *testing.T, seed uint64) {
 			c.delivered(pl, r.IntN(6) != 0, now)
 		}
 		for _, o := range conns {
-			in := o.conn.inst
+			in := o.conn.Inst
 			n := 0
 			for _, l := range in.undelivered {
 				for _, b := range l {
-					n += len(b.recs)
+					n += len(b.Recs)
 				}
 			}
 			if n != in.liveRecs {
@@ -114,7 +114,7 @@ func randomOps(t *testing.T, seed uint64) {
 			}
 			d := 0
 			for _, b := range in.disowned {
-				d += len(b.recs)
+				d += len(b.Recs)
 			}
 			if d != in.disownedRecs {
 				t.Fatalf("step %d: %d disowned records listed, disownedRecs %d", step, d, in.disownedRecs)

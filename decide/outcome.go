@@ -166,14 +166,14 @@ func (c *Core) rebuiltAnswer(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 // outcomeLegacy settles the records part i sent upstream.
 func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartition, written bool, now time.Time) {
 	st := &pl.st[i]
-	b := st.b.b
+	b := st.b.B
 	if b == nil {
 		return
 	}
-	in := pl.conn.inst
+	in := pl.conn.Inst
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if !st.b.live() || b.phase != inFlight {
+	if !st.b.Live() || b.Phase != InFlight {
 		return
 	}
 	ns := now.UnixNano()
@@ -181,14 +181,14 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 		// Not written: nothing of it is in the log. (The records the
 		// proxy matched, in st.m, were appended long ago; the client, told
 		// of the error, will send them again, and they are matchable.)
-		for j := range b.recs {
-			b.recs[j].hash = 0
+		for j := range b.Recs {
+			b.Recs[j].Hash = 0
 		}
-		b.phase, b.until, b.delivered = appended, ns, true
-		b.inst.dropUndelivered(b)
-		if m := st.m.b; st.m.live() {
-			m.inst.disown(m)
-			m.conn = nil
+		b.Phase, b.Until, b.delivered = Appended, ns, true
+		b.Inst.DropUndelivered(b)
+		if m := st.m.B; st.m.Live() {
+			m.Inst.Disown(m)
+			m.Conn = nil
 		}
 		return
 	}
@@ -196,24 +196,24 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 	if pr.ErrorCode != 0 {
 		base = -1
 	}
-	for j := range b.recs {
+	for j := range b.Recs {
 		if base >= 0 {
-			b.recs[j].off = base + int64(j)
+			b.Recs[j].Off = base + int64(j)
 		} else {
-			b.recs[j].off = offUnknown
+			b.Recs[j].Off = OffUnknown
 		}
 	}
-	b.phase = appended
-	b.appendTime = pr.LogAppendTime
-	b.until = ns + c.legacy.window
+	b.Phase = Appended
+	b.AppendTime = pr.LogAppendTime
+	b.Until = ns + c.legacy.Window
 	if pr.ErrorCode != 0 {
 		// Appended, but answered with an error: the client holds no
 		// acknowledgement, and the log has the offsets.
 		b.resolvable = true
-		b.inst.disown(b)
+		b.Inst.Disown(b)
 		c.listUnknown(b, ns)
-	} else if b.conn == nil || !b.conn.open {
-		b.inst.disown(b)
+	} else if b.Conn == nil || !b.Conn.Open {
+		b.Inst.Disown(b)
 	}
 }
 
@@ -221,11 +221,11 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 // Past maxUnknown, b is settled at once as if the read had not found it:
 // a retry of it is forwarded, at worst a duplicate, as without the proxy.
 // Call with b's instance locked (the partition's is taken inside).
-func (c *Core) listUnknown(b *batch, ns int64) {
-	p, sh := c.parts.get(partKeyOf(b.topic, b.part))
+func (c *Core) listUnknown(b *Batch, ns int64) {
+	p, sh := c.parts.get(partKeyOf(b.Topic, b.Partition))
 	full := len(p.unknown) >= maxUnknown
 	if !full {
-		p.unknown = append(p.unknown, batchRef{b, b.gen})
+		p.unknown = append(p.unknown, Ref{b, b.gen})
 	}
 	sh.mu.Unlock()
 	if full {
@@ -241,15 +241,15 @@ func (c *Core) disownAppended(pl *Plan) {
 	if pl.conn == nil {
 		return
 	}
-	in := pl.conn.inst
+	in := pl.conn.Inst
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	for i := range pl.st {
 		st := &pl.st[i]
-		for _, r := range [2]batchRef{st.m, st.b} {
-			if st.legacy && r.live() && r.b.phase == appended {
-				r.b.inst.disown(r.b)
-				r.b.conn = nil
+		for _, r := range [2]Ref{st.m, st.b} {
+			if st.legacy && r.Live() && r.B.Phase == Appended {
+				r.B.Inst.Disown(r.B)
+				r.B.Conn = nil
 			}
 		}
 	}
@@ -323,12 +323,12 @@ func (c *Core) lostPart(pl *Plan, i int, now time.Time) {
 		if st.pending {
 			pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: st.key, Batch: st.batch})
 		}
-	} else if b := st.b.b; b != nil {
-		in := pl.conn.inst
+	} else if b := st.b.B; b != nil {
+		in := pl.conn.Inst
 		in.mu.Lock()
-		if st.b.live() && b.phase == inFlight {
-			b.phase = unknown
-			b.inst.disown(b)
+		if st.b.Live() && b.Phase == InFlight {
+			b.Phase = Unknown
+			b.Inst.Disown(b)
 			c.listUnknown(b, now.UnixNano())
 		}
 		in.mu.Unlock()
@@ -349,7 +349,7 @@ func (c *Core) delivered(pl *Plan, ok bool, now time.Time) {
 	}
 	any := false
 	for i := range pl.st {
-		if st := &pl.st[i]; st.legacy && (st.b.b != nil || st.m.b != nil) {
+		if st := &pl.st[i]; st.legacy && (st.b.B != nil || st.m.B != nil) {
 			any = true
 			break
 		}
@@ -357,7 +357,7 @@ func (c *Core) delivered(pl *Plan, ok bool, now time.Time) {
 	if !any {
 		return
 	}
-	in := conn.inst
+	in := conn.Inst
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	ns := now.UnixNano()
@@ -368,29 +368,29 @@ func (c *Core) delivered(pl *Plan, ok bool, now time.Time) {
 		if !st.legacy {
 			continue
 		}
-		for _, r := range [2]batchRef{st.m, st.b} {
-			b := r.b
-			if !r.live() {
+		for _, r := range [2]Ref{st.m, st.b} {
+			b := r.B
+			if !r.Live() {
 				continue
 			}
 			if !b.delivered {
 				b.delivered, b.late = true, late
 				b.hold = hold
-				in.dropUndelivered(b)
+				in.DropUndelivered(b)
 			}
 			switch {
-			case !ok || !conn.open:
-				in.disown(b)
-				b.conn = nil
-			case b == st.m.b && b.conn == conn:
-				in.undisown(b)
+			case !ok || !conn.Open:
+				in.Disown(b)
+				b.Conn = nil
+			case b == st.m.B && b.Conn == conn:
+				in.Undisown(b)
 			}
 		}
 	}
-	if conn.open {
-		conn.trim(keepRequests, &c.legacy, ns, false)
+	if conn.Open {
+		conn.Trim(KeepRequests, &c.legacy, ns, false)
 	}
-	in.sweep(ns, c.legacy.window)
+	in.Sweep(ns, c.legacy.Window)
 }
 
 // lateAnswer reports whether pl's answer, delivered at now, comes later

@@ -71,7 +71,7 @@ type partState struct {
 	flew    bool // idempotent: forwarded without a registration in the table, kept flying until its answer
 	commit  bool // idempotent: commit if appended
 	// legacy: m holds the records it repeats, b those sent upstream
-	m, b            batchRef
+	m, b            Ref
 	idsAt, idsEnd   int // this part's record IDs in Plan.ids
 	keysAt, keysEnd int // its idempotency keys in Plan.keys
 	dropped         int32
@@ -99,7 +99,7 @@ const (
 // of a client instance's records, or a chain head an index lookup moved
 // (recIndex.find).
 type undo struct {
-	b    *batch
+	b    *Batch
 	gen  uint32
 	i    int32
 	hash uint64

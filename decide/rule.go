@@ -43,21 +43,21 @@ func (c *Core) identify(req *Request, pl *Plan) {
 // (each earlier record answers for one retry); rollback restores them
 // when the request ends up waiting.
 func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
-	conn, in := req.Conn, req.Conn.inst
+	conn, in := req.Conn, req.Conn.Inst
 	ns := now.UnixNano()
 	for i := range req.Parts {
 		p, st := &req.Parts[i], &pl.st[i]
 		if !st.legacy || st.pass >= 0 {
 			continue
 		}
-		st.key = seqstate.Key{ProducerID: -1, Topic: p.Topic, Partition: p.Partition, Principal: conn.principal}
+		st.key = seqstate.Key{ProducerID: -1, Topic: p.Topic, Partition: p.Partition, Principal: conn.Principal}
 		ids := pl.ids[st.idsAt:st.idsEnd]
 		ms := pl.matches[st.idsAt:st.idsEnd]
-		logged := conn.principal == 0 && c.hasLog(p.Topic, p.Partition, ns)
-		if len(in.disowned) == 0 && !logged && !in.anyOtherUndelivered(conn, p.Topic, p.Partition) {
+		logged := conn.Principal == 0 && c.hasLog(p.Topic, p.Partition, ns)
+		if len(in.disowned) == 0 && !logged && !in.AnyOtherUndelivered(conn, p.Topic, p.Partition) {
 			continue // nothing this batch could repeat: the common case
 		}
-		var prev candidate
+		var prev Candidate
 		for j, id := range ids {
 			cand, ok := c.findCandidate(pl, conn, in, p, prev, recHash(id, st.exact), ns)
 			if ok {
@@ -65,11 +65,11 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 				if ms[j].kind == matchDrop {
 					prev = cand
 				} else {
-					prev = candidate{}
+					prev = Candidate{}
 				}
 				continue
 			}
-			prev = candidate{}
+			prev = Candidate{}
 			if logged {
 				ms[j] = c.matchLog(pl, p, ids[j], st.mode == Enforce, ns)
 			}
@@ -117,10 +117,10 @@ func restamps(conn *Conn, h *protocol.BatchHeader) bool {
 		return true
 	case conn == nil:
 		return false
-	case conn.restamps:
+	case conn.Restamps:
 		return true
 	}
-	return !conn.named && h.PartitionLeaderEpoch == -1
+	return !conn.Named && h.PartitionLeaderEpoch == -1
 }
 
 // restampingSoftware are the client software names (ApiVersions v3+) of
@@ -138,52 +138,52 @@ func mixTS(h uint64, ts int64) uint64 {
 // the next record of the batch the previous record matched (a retry keeps
 // its records' order), a disowned record of the topic, or a record of a
 // batch to the same partition not yet answered to another connection.
-func (c *Core) findCandidate(pl *Plan, conn *Conn, in *instance, p *Part, prev candidate, h uint64, now int64) (candidate, bool) {
-	if b := prev.b; b != nil && b.conn == nil && int(prev.i)+1 < len(b.recs) && b.recs[prev.i+1].hash == h {
-		return candidate{b, prev.i + 1}, true
+func (c *Core) findCandidate(pl *Plan, conn *Conn, in *Instance, p *Part, prev Candidate, h uint64, now int64) (Candidate, bool) {
+	if b := prev.B; b != nil && b.Conn == nil && int(prev.I)+1 < len(b.Recs) && b.Recs[prev.I+1].Hash == h {
+		return Candidate{b, prev.I + 1}, true
 	}
-	if cand, ok := in.lookup(p.Topic, h, now, &pl.undo); ok {
+	if cand, ok := in.Lookup(p.Topic, h, now, &pl.undo); ok {
 		return cand, true
 	}
-	return in.sameParts(conn, p.Topic, p.Partition, h, now, &pl.undo)
+	return in.SameParts(conn, p.Topic, p.Partition, h, now, &pl.undo)
 }
 
 // classify decides one record against the earlier record cand it repeats.
-func (c *Core) classify(pl *Plan, conn *Conn, in *instance, p *Part, st *partState, cand candidate, ns int64) match {
-	b := cand.b
-	if old := b.conn; old != nil && old != conn && st.mode == Enforce {
+func (c *Core) classify(pl *Plan, conn *Conn, in *Instance, p *Part, st *partState, cand Candidate, ns int64) match {
+	b := cand.B
+	if old := b.Conn; old != nil && old != conn && st.mode == Enforce {
 		// Not yet answered to another connection, to this very
 		// partition: its client gave up on that connection (a client
 		// gives up on a connection as a whole: librdkafka "22 request(s)
 		// timed out: disconnect") and resends here, perhaps before the
 		// proxy sees the old one close. Every answer not yet written
 		// there may never be read.
-		old.abandon(in)
+		old.Abandon(in)
 	}
-	r := &b.recs[cand.i]
+	r := &b.Recs[cand.I]
 	enforce := st.mode == Enforce
 	switch {
-	case b.phase == inFlight:
+	case b.Phase == InFlight:
 		if enforce {
-			pl.waitOn = appendKey(pl.waitOn, partKeyOf(b.topic, b.part))
+			pl.waitOn = appendKey(pl.waitOn, partKeyOf(b.Topic, b.Partition))
 		}
 		return match{kind: matchWait, rule: RuleInFlight}
-	case b.phase == unknown || (r.off == offUnknown && b.resolvable):
+	case b.Phase == Unknown || (r.Off == OffUnknown && b.resolvable):
 		if enforce {
 			c.needTail(pl, b)
 		}
 		return match{kind: matchTail, rule: RuleRetry}
 	}
-	m := match{kind: matchDrop, off: r.off, rule: RuleRetry, at: b.appendTime, age: ns - (b.until - c.legacy.window)}
-	if b.part != p.Partition {
+	m := match{kind: matchDrop, off: r.Off, rule: RuleRetry, at: b.AppendTime, age: ns - (b.Until - c.legacy.Window)}
+	if b.Partition != p.Partition {
 		// Moved to another partition (kafkajs partitions keyless
 		// records afresh on each attempt): the records are in the
 		// original's partition, and no offset of this one is true.
-		m.off, m.at = offUnknown, -1
+		m.off, m.at = OffUnknown, -1
 	}
 	if enforce {
-		pl.undo = append(pl.undo, undo{b: b, gen: b.gen, i: cand.i, hash: r.hash})
-		r.hash = 0
+		pl.undo = append(pl.undo, undo{b: b, gen: b.gen, i: cand.I, hash: r.Hash})
+		r.Hash = 0
 	}
 	return m
 }
@@ -198,8 +198,8 @@ func appendKey(keys []seqstate.Key, k seqstate.Key) []seqstate.Key {
 }
 
 // needTail asks for a read of b's partition, whose log settles b.
-func (c *Core) needTail(pl *Plan, b *batch) {
-	k := partKeyOf(b.topic, b.part)
+func (c *Core) needTail(pl *Plan, b *Batch) {
+	k := partKeyOf(b.Topic, b.Partition)
 	p, sh := c.parts.get(k)
 	defer sh.mu.Unlock()
 	if p.warm == reading {
@@ -226,7 +226,7 @@ func (c *Core) rollback(pl *Plan) {
 		if u.ix != nil {
 			u.ix.restore(u)
 		} else if u.b.gen == u.gen {
-			u.b.recs[u.i].hash = u.hash
+			u.b.Recs[u.i].Hash = u.hash
 		}
 	}
 	pl.undo = pl.undo[:0]
@@ -329,7 +329,7 @@ func (c *Core) matchLog(pl *Plan, p *Part, id protocol.RecordID, enforce bool, n
 			r.taken = true
 			pl.logUndo = append(pl.logUndo, logUndo{shard: sh, log: part.log, i: idx})
 		}
-		return match{kind: matchDrop, off: r.off, rule: RuleLog, at: -1, age: ns - (r.until - c.legacy.window)}
+		return match{kind: matchDrop, off: r.off, rule: RuleLog, at: -1, age: ns - (r.until - c.legacy.Window)}
 	}
 	return match{}
 }
@@ -406,7 +406,7 @@ func (c *Core) keysLegacy(req *Request, pl *Plan, now time.Time) {
 // other boundaries (librdkafka pipelines both on its new connection) is
 // still resending.
 func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
-	conn, in := req.Conn, req.Conn.inst
+	conn, in := req.Conn, req.Conn.Inst
 	ns := now.UnixNano()
 	registered := false
 	for i := range req.Parts {
@@ -424,7 +424,7 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 			// written.
 			continue
 		}
-		if !c.legacy.room(int64(len(ids)), conn) {
+		if !c.legacy.Room(int64(len(ids)), conn) {
 			c.legacy.evicted.Add(1)
 			in.pu.evicted.Add(uint64(len(ids)))
 			continue
@@ -432,70 +432,70 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 		whole := p.Header.Attributes&0x07 != 0
 		if pp.Act != Forward {
 			m := c.newBatch(in, conn, p, st, whole, int(st.dropped))
-			m.phase, m.appendTime = appended, -1
+			m.Phase, m.AppendTime = Appended, -1
 			for j := range ids {
 				if ms[j].kind != matchDrop {
 					continue
 				}
-				m.recs = append(m.recs, rec{hash: recHash(ids[j], st.exact), off: ms[j].off})
-				if o := ns + c.legacy.window - ms[j].age; m.until == 0 || o < m.until {
-					m.until = o // the window runs from the original's append
+				m.Recs = append(m.Recs, Rec{Hash: recHash(ids[j], st.exact), Off: ms[j].off})
+				if o := ns + c.legacy.Window - ms[j].age; m.Until == 0 || o < m.Until {
+					m.Until = o // the window runs from the original's append
 				}
-				m.appendTime = ms[j].at
+				m.AppendTime = ms[j].at
 			}
 			c.keep(m)
-			in.disown(m)
-			m.conn = conn // matchable, and this connection's once its answer is written
-			st.m = batchRef{m, m.gen}
+			in.Disown(m)
+			m.Conn = conn // matchable, and this connection's once its answer is written
+			st.m = Ref{m, m.gen}
 		}
 		if pp.Act != Answer {
 			f := c.newBatch(in, conn, p, st, whole, len(ids)-int(st.dropped))
-			f.phase, f.appendTime = inFlight, -1
+			f.Phase, f.AppendTime = InFlight, -1
 			// Another client's batch of the same records may be in the log
 			// before it: looking for it there starts past what was
 			// answered before it was sent (settleLocked).
-			f.after = c.seenOf(p.Topic, p.Partition)
+			f.After = c.seenOf(p.Topic, p.Partition)
 			for j := range ids {
 				if pp.Act == Rebuild && ms[j].kind == matchDrop {
 					continue
 				}
-				f.recs = append(f.recs, rec{hash: recHash(ids[j], st.exact), off: offPending})
+				f.Recs = append(f.Recs, Rec{Hash: recHash(ids[j], st.exact), Off: OffPending})
 			}
 			c.keep(f)
-			st.b = batchRef{f, f.gen}
+			st.b = Ref{f, f.gen}
 		}
 		registered = true
 	}
 	if registered {
-		conn.reqs++
-		if !conn.open {
+		conn.Reqs++
+		if !conn.Open {
 			// Read before its connection broke, decided after: no answer
 			// of it will reach the client.
-			conn.letGo()
+			conn.LetGo()
 		}
 	}
 }
 
-func (c *Core) newBatch(in *instance, conn *Conn, p *Part, st *partState, whole bool, n int) *batch {
-	b := in.newBatch()
-	if cap(b.recs) < n {
-		b.recs = make([]rec, 0, n) // sized exactly: 16 bytes a record
+func (c *Core) newBatch(in *Instance, conn *Conn, p *Part, st *partState, whole bool, n int) *Batch {
+	b := in.NewBatch()
+	if cap(b.Recs) < n {
+		b.Recs = make([]Rec, 0, n) // sized exactly: 16 bytes a record
 	}
-	b.inst, b.conn, b.req = in, conn, conn.reqs
-	b.topic, b.part, b.whole, b.exact = p.Topic, p.Partition, whole, st.exact
-	b.after = -1
+	b.Inst, b.Conn, b.req = in, conn, conn.Reqs
+	b.Topic, b.Partition, b.Whole, b.Exact = p.Topic, p.Partition, whole, st.exact
+	b.After = -1
 	return b
 }
 
 // keep files b with its connection, not yet answered.
-func (c *Core) keep(b *batch) {
-	b.inst.account(int64(len(b.recs)))
+func (c *Core) keep(b *Batch) {
+	b.Inst.account(int64(len(b.Recs)))
 	b.inFifo = true
-	b.conn.fifo = append(b.conn.fifo, b)
-	k := partKey{b.topic, b.part}
-	in := b.inst
+	b.Conn.fifo = append(b.Conn.fifo, b)
+	k := partKey{b.Topic, b.Partition}
+	in := b.Inst
 	in.undelivered[k] = append(in.undelivered[k], b)
-	in.liveRecs += len(b.recs)
+	in.liveRecs += len(b.Recs)
 	in.liveDirty = true
 }
 
@@ -512,28 +512,28 @@ func (c *Core) answerOf(p *Part, ms []match) protocol.LocalPartitionResult {
 	return protocol.LocalPartitionResult{BaseOffset: base, LogAppendTime: at, LogStartOffset: c.LogStart(p.Topic, p.Partition)}
 }
 
-// room reports whether n more records may be kept, first letting conn's
+// Room reports whether n more records may be kept, first letting conn's
 // oldest answered batches go when the store is full (their hold ignored:
 // a miss, never a wrong answer).
-func (ls *legacyStore) room(n int64, conn *Conn) bool {
-	if ls.held.Load()+n <= ls.maxRecords {
+func (ls *Store) Room(n int64, conn *Conn) bool {
+	if ls.held.Load()+n <= ls.MaxRecords {
 		return true
 	}
-	conn.trim(1, ls, 0, true)
-	return ls.held.Load()+n <= ls.maxRecords
+	conn.Trim(1, ls, 0, true)
+	return ls.held.Load()+n <= ls.MaxRecords
 }
 
-// trim lets go the batches of conn's answered requests beyond the last
+// Trim lets go the batches of conn's answered requests beyond the last
 // keep whose hold has passed at now or that are beyond the last
 // maxHeldRequests (all of them with force); call with the instance locked.
-func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
+func (conn *Conn) Trim(keep uint64, ls *Store, now int64, force bool) {
 	n := 0
 	for _, b := range conn.fifo {
-		if !b.delivered || b.req+keep >= conn.reqs || !force && b.hold > now && b.req+maxHeldRequests >= conn.reqs {
+		if !b.delivered || b.req+keep >= conn.Reqs || !force && b.hold > now && b.req+maxHeldRequests >= conn.Reqs {
 			break
 		}
 		b.inFifo = false
-		conn.inst.forget(b)
+		conn.Inst.forget(b)
 		n++
 	}
 	if n > 0 {
@@ -543,16 +543,16 @@ func (conn *Conn) trim(keep uint64, ls *legacyStore, now int64, force bool) {
 	}
 }
 
-// letGoRead empties conn's fifo after a clean close: its client read every
+// LetGoRead empties conn's fifo after a clean close: its client read every
 // answer written, so only the batches whose answer was not written (in
 // flight, or never sent), or was written late (lateAnswer), are ones it may
 // not hold the acknowledgement of. Call with the instance locked.
-func (conn *Conn) letGoRead() {
-	in := conn.inst
+func (conn *Conn) LetGoRead() {
+	in := conn.Inst
 	for _, b := range conn.fifo {
 		b.inFifo = false
-		if b.conn == conn && (!b.delivered || b.late) {
-			in.disown(b)
+		if b.Conn == conn && (!b.delivered || b.late) {
+			in.Disown(b)
 		}
 		in.forget(b)
 	}
@@ -560,14 +560,14 @@ func (conn *Conn) letGoRead() {
 	conn.fifo = conn.fifo[:0]
 }
 
-// letGo disowns the batches conn holds and empties its fifo: its client
+// LetGo disowns the batches conn holds and empties its fifo: its client
 // holds none of their acknowledgements. Call with the instance locked.
-func (conn *Conn) letGo() {
-	in := conn.inst
+func (conn *Conn) LetGo() {
+	in := conn.Inst
 	for _, b := range conn.fifo {
 		b.inFifo = false
-		if b.conn == conn {
-			in.disown(b)
+		if b.Conn == conn {
+			in.Disown(b)
 		}
 		in.forget(b)
 	}

@@ -65,7 +65,7 @@ func (ps *principals) drop(pu *principalUse) {
 
 // account adds n records (n < 0: takes them) to what in, its principal
 // and the store hold.
-func (in *instance) account(n int64) {
+func (in *Instance) account(n int64) {
 	if n == 0 {
 		return
 	}
@@ -85,16 +85,16 @@ func (in *instance) account(n int64) {
 	}
 }
 
-// makeRoom lets records of the holder the shares name go until n more
+// MakeRoom lets records of the holder the shares name go until n more
 // records fit, or no holder may give any (then the request's batches may
 // go unremembered: a miss). Call it with no instance locked: it locks the
 // holders it takes from, one at a time.
-func (ls *legacyStore) makeRoom(n int64, in *instance) {
+func (ls *Store) MakeRoom(n int64, in *Instance) {
 	// Each round frees at least a 64th of the store, so the scan it
 	// starts with is paid once per that many records.
-	chunk := max(n, ls.maxRecords/64)
+	chunk := max(n, ls.MaxRecords/64)
 	for range 8 {
-		if ls.held.Load()+n <= ls.maxRecords {
+		if ls.held.Load()+n <= ls.MaxRecords {
 			return
 		}
 		v := ls.victim(n, in)
@@ -106,13 +106,13 @@ func (ls *legacyStore) makeRoom(n int64, in *instance) {
 
 // victim returns the instance whose records make room for n records of
 // in, by the shares (see the top of this file), or nil.
-func (ls *legacyStore) victim(n int64, in *instance) *instance {
+func (ls *Store) victim(n int64, in *Instance) *Instance {
 	nP := int64(max(ls.holding.Load(), 1))
 	if in.pu.held.Load() == 0 {
 		nP++
 	}
 	var from *principalUse // the principal to take from; nil: the largest
-	if in.pu.held.Load()+n > ls.maxRecords/nP {
+	if in.pu.held.Load()+n > ls.MaxRecords/nP {
 		from = in.pu
 	}
 	all := ls.instances()
@@ -131,12 +131,12 @@ func (ls *legacyStore) victim(n int64, in *instance) *instance {
 		if in.held.Load() == 0 {
 			nI++
 		}
-		share := max(from.held.Load(), ls.maxRecords/nP) / nI
+		share := max(from.held.Load(), ls.MaxRecords/nP) / nI
 		if in.held.Load()+n > share {
 			return in // over its own share: its own records go
 		}
 	}
-	var v *instance
+	var v *Instance
 	for _, o := range all {
 		if o.pu == from && o.held.Load() > 0 && (v == nil || o.held.Load() > v.held.Load()) {
 			v = o
@@ -146,8 +146,8 @@ func (ls *legacyStore) victim(n int64, in *instance) *instance {
 }
 
 // instances returns every instance.
-func (ls *legacyStore) instances() []*instance {
-	var all []*instance
+func (ls *Store) instances() []*Instance {
+	var all []*Instance
 	for i := range ls.shards {
 		all = append(all, ls.shards[i].all()...)
 	}
@@ -157,7 +157,7 @@ func (ls *legacyStore) instances() []*instance {
 // evict lets at least want of in's records go, answered batches first,
 // then the oldest whose acknowledgement its client may not hold; it
 // returns how many went.
-func (in *instance) evict(want int64) int64 {
+func (in *Instance) evict(want int64) int64 {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	before := in.held.Load()
@@ -165,17 +165,17 @@ func (in *instance) evict(want int64) int64 {
 		if before-in.held.Load() >= want {
 			break
 		}
-		conn.trim(0, in.ls, 0, true)
+		conn.Trim(0, in.ls, 0, true)
 	}
 	if before-in.held.Load() < want {
 		kept := in.disowned[:0]
 		for _, b := range in.disowned {
-			if before-in.held.Load() >= want || b.phase != appended || b.resolvable {
+			if before-in.held.Load() >= want || b.Phase != Appended || b.resolvable {
 				kept = append(kept, b)
 				continue
 			}
 			b.inDisowned = false
-			in.disownedRecs -= len(b.recs)
+			in.disownedRecs -= len(b.Recs)
 			in.forget(b)
 		}
 		clear(in.disowned[len(kept):])

@@ -194,7 +194,7 @@ func TestIdenticalRecordsBoundedWork(t *testing.T) {
 		h.answer(h.send(conn, 0, same), true)
 	}
 	h.c.disconnect(conn, Broken, h.now)
-	in := conn.inst
+	in := conn.Inst
 	base := in.index.steps
 	retry := h.connect(2, "a", 0)
 	pl := h.send(retry, 0, []string{""})

@@ -80,7 +80,7 @@ func (c *Core) tailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 				if !first {
 					continue
 				}
-				until := min(id.Timestamp*int64(time.Millisecond), ns) + c.legacy.window
+				until := min(id.Timestamp*int64(time.Millisecond), ns) + c.legacy.Window
 				if until > ns && (whole || len(ids) == int(bh.NumRecords)) {
 					logRecs = append(logRecs, logRec{hash: mixTS(id.Hash, id.Timestamp), off: bh.BaseOffset + int64(j), until: until})
 				}
@@ -104,7 +104,7 @@ func (c *Core) tailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 	// broke resends everything it had in flight, which against a slow
 	// broker is thousands of records, and one cut from the history is
 	// written again. max_records bounds one partition's history.
-	if n := int(c.legacy.maxRecords); len(logRecs) > n {
+	if n := int(c.legacy.MaxRecords); len(logRecs) > n {
 		logRecs = logRecs[len(logRecs)-n:]
 	}
 	p, sh := c.parts.get(pk)
@@ -167,38 +167,38 @@ func (c *Core) tailFailed(k TailKey, now time.Time, wake []ConnID) []ConnID {
 // batches: found, they were appended there; not found (or read is false),
 // an unknown batch is taken as not written, and an appended one keeps its
 // unknown offsets.
-func (c *Core) settleFromLog(ref batchRef, batches []logBatch, read bool, ns int64) {
-	b := ref.b
-	in := b.inst
+func (c *Core) settleFromLog(ref Ref, batches []logBatch, read bool, ns int64) {
+	b := ref.B
+	in := b.Inst
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if ref.live() {
+	if ref.Live() {
 		c.settleLocked(b, batches, read, ns)
 	}
 }
 
 // settleLocked is settleFromLog with b's instance locked.
-func (c *Core) settleLocked(b *batch, batches []logBatch, read bool, ns int64) {
-	want := func(r rec) bool {
-		if b.phase == unknown {
-			return r.off == offPending
+func (c *Core) settleLocked(b *Batch, batches []logBatch, read bool, ns int64) {
+	want := func(r Rec) bool {
+		if b.Phase == Unknown {
+			return r.Off == OffPending
 		}
-		return r.off == offUnknown
+		return r.Off == OffUnknown
 	}
 	var found *logBatch
 	if read {
 	search:
 		for bi := range batches {
 			lb := &batches[bi]
-			if lb.base <= b.after {
+			if lb.base <= b.After {
 				continue // appended before b was sent: another's
 			}
 			k := 0
-			for _, r := range b.recs {
+			for _, r := range b.Recs {
 				if !want(r) {
 					continue
 				}
-				if k >= len(lb.ids) || recHash(lb.ids[k], b.exact) != r.hash {
+				if k >= len(lb.ids) || recHash(lb.ids[k], b.Exact) != r.Hash {
 					continue search
 				}
 				k++
@@ -210,22 +210,22 @@ func (c *Core) settleLocked(b *batch, batches []logBatch, read bool, ns int64) {
 		}
 	}
 	k := int64(0)
-	for j := range b.recs {
-		r := &b.recs[j]
+	for j := range b.Recs {
+		r := &b.Recs[j]
 		if !want(*r) {
 			continue
 		}
 		switch {
 		case found != nil:
-			r.off = found.base + k
-		case b.phase == unknown:
-			r.hash = 0 // not written
+			r.Off = found.base + k
+		case b.Phase == Unknown:
+			r.Hash = 0 // not written
 		}
 		k++
 	}
 	b.resolvable = false
-	if b.phase == unknown {
-		b.phase = appended
-		b.until = ns + c.legacy.window
+	if b.Phase == Unknown {
+		b.Phase = Appended
+		b.Until = ns + c.legacy.Window
 	}
 }
