@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -92,7 +93,7 @@ func (s *steady) one(tb testing.TB, i int) {
 func TestLegacyNoAllocs(t *testing.T) {
 	s := newSteady(t, 1300, 10)
 	i := 0
-	for ; i < KeepRequests+10; i++ {
+	for ; i < sent.KeepRequests+10; i++ {
 		s.one(t, i)
 	}
 	if n := testing.AllocsPerRun(1000, func() { s.one(t, i); i++ }); n != 0 {
@@ -129,7 +130,7 @@ func BenchmarkDecideLegacy(b *testing.B) {
 func BenchmarkLegacyMemory(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
-		const conns, perConn = 16, KeepRequests
+		const conns, perConn = 16, sent.KeepRequests
 		first := newSteady(b, 1, 1)
 		runtime.GC()
 		var before, after runtime.MemStats
@@ -199,7 +200,7 @@ func BenchmarkInstanceMemory(b *testing.B) {
 // each new record is looked up among them (and found in none).
 func BenchmarkDecideLegacyAfterReconnect(b *testing.B) {
 	const n = 4096
-	old := newSteady(b, KeepRequests, 100)
+	old := newSteady(b, sent.KeepRequests, 100)
 	for i := range old.reqs {
 		old.one(b, i)
 	}
@@ -221,7 +222,7 @@ func BenchmarkDecideLegacyAfterReconnect(b *testing.B) {
 		i++
 	}
 	b.ReportMetric(4, "batches/op")
-	if held, _ := old.c.LegacyRecords(); held < KeepRequests*4*100 {
-		b.Fatalf("%d records remembered, want the closed connection's %d at least", held, KeepRequests*4*100)
+	if held, _ := old.c.LegacyRecords(); held < sent.KeepRequests*4*100 {
+		b.Fatalf("%d records remembered, want the closed connection's %d at least", held, sent.KeepRequests*4*100)
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -17,7 +18,7 @@ type Core struct {
 	table    *seqstate.Table
 	keys     *seqstate.KeyTable
 	settings atomic.Pointer[Settings]
-	legacy   Store
+	legacy   sent.Store
 	parts    partitions
 	flying   atomic.Int64 // flying batches kept over all partitions (flying.go)
 	warmOn   bool
@@ -68,7 +69,7 @@ func New(cfg Config, s *Settings) *Core {
 		cfg.MaxRecords = DefaultMaxRecords
 	}
 	c := &Core{table: cfg.Table, keys: cfg.Keys, warmOn: cfg.Warm, window: cfg.Window}
-	c.legacy.init(cfg.Scope, int64(cfg.Window), cfg.MaxRecords)
+	c.legacy.Init(cfg.Scope == ScopeInstance, int64(cfg.Window), cfg.MaxRecords)
 	c.parts.init()
 	c.settings.Store(s)
 	return c
@@ -86,74 +87,43 @@ func (c *Core) Table() *seqstate.Table { return c.table }
 // LegacyRecords returns the legacy records remembered, and the batches not
 // kept for want of room since start.
 func (c *Core) LegacyRecords() (held int64, evicted uint64) {
-	return c.legacy.held.Load(), c.legacy.evicted.Load()
+	return c.legacy.Held()
 }
 
 // Connect returns the state of a client connection, whose client the
 // broker has authenticated. Call Disconnect when it closes.
 func (c *Core) connect(id ConnID, cl Client, now time.Time) *Conn {
-	return c.legacy.Connect(id, cl, now.UnixNano())
+	return c.legacy.Connect(id, cl.Principal, cl.ID, cl.Host, cl.Software != "", restampingSoftware[cl.Software], now.UnixNano())
 }
 
-// Disconnect records that conn closed or broke (how says which, as far as
+// disconnect records that conn closed or broke (how says which, as far as
 // the caller can tell): every batch it sent that a retry may still need is
 // from now on one whose acknowledgement its client may not hold (batches
 // in flight become so when their outcome arrives) — except, after a Clean
 // close, those whose answer was written: their client read it.
 func (c *Core) disconnect(conn *Conn, how Close, now time.Time) {
-	in := conn.Inst
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if !conn.Open {
-		return
-	}
-	conn.Open = false
-	conn.gone.Store(true)
-	in.closed(conn, now.UnixNano())
-	if how == Clean {
-		conn.LetGoRead()
-	} else {
-		conn.LetGo()
-	}
-	in.Sweep(now.UnixNano(), c.legacy.Window)
+	c.legacy.Close(conn, how == Clean, now.UnixNano())
 }
 
-// Gone reports whether Disconnect was called for conn. A request of a
-// connection that is gone by the time it was decided reaches no one with
-// its answer: its client resends what it needs on another connection,
-// perhaps already did, so the caller does not forward it (Unsent).
-func (c *Core) Gone(conn *Conn) bool { return conn != nil && conn.gone.Load() }
+// Gone reports whether conn was disconnected. A request of a connection
+// that is gone by the time it was decided reaches no one with its answer:
+// its client resends what it needs on another connection, perhaps already
+// did, so the caller does not forward it (EvUnsent).
+func (c *Core) Gone(conn *Conn) bool { return conn != nil && conn.Gone() }
 
 // Siblings appends to dst the other open connections of conn's client
 // instance. A client that gives up on a connection resends on a new one at
 // once, perhaps before the proxy has read the old one's end: the caller
-// may check them (Disconnect those whose client is gone) before a new
-// connection's first decision.
+// may check them (EvSiblingClosed for those whose client is gone) before a
+// new connection's first decision.
 func (c *Core) Siblings(conn *Conn, dst []ConnID) []ConnID {
-	in := conn.Inst
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	for _, o := range in.open {
-		if o != conn {
-			dst = append(dst, o.id)
-		}
-	}
-	return dst
+	return conn.Inst.Siblings(conn, dst)
 }
 
-// DisconnectSibling is Disconnect for the open connection id of conn's
+// disconnectSibling is disconnect for the open connection id of conn's
 // client instance, if it is one.
 func (c *Core) disconnectSibling(conn *Conn, id ConnID, how Close, now time.Time) {
-	in := conn.Inst
-	in.mu.Lock()
-	var sib *Conn
-	for _, o := range in.open {
-		if o.id == id && o != conn {
-			sib = o
-		}
-	}
-	in.mu.Unlock()
-	if sib != nil {
+	if sib := conn.Inst.Sibling(conn, id); sib != nil {
 		c.disconnect(sib, how, now)
 	}
 }
@@ -231,7 +201,7 @@ func (c *Core) decide(req *Request, pl *Plan, now time.Time, fx *Effects) {
 	if decided > 0 && c.warmOn && c.warmFirst(req, pl, now) {
 		return
 	}
-	var in *Instance
+	var in *sent.Instance
 	if c.anyLegacy(pl) {
 		c.identify(req, pl)
 		in = req.Conn.Inst
@@ -240,8 +210,8 @@ func (c *Core) decide(req *Request, pl *Plan, now time.Time, fx *Effects) {
 			// instance is locked: it may come from another instance.
 			c.legacy.MakeRoom(int64(len(pl.ids)), in)
 		}
-		in.mu.Lock()
-		in.lastSeen = now.UnixNano()
+		in.Lock()
+		in.Seen(now.UnixNano())
 		in.Sweep(now.UnixNano(), c.legacy.Window)
 		c.matchLegacy(req, pl, now)
 	}
@@ -249,21 +219,21 @@ func (c *Core) decide(req *Request, pl *Plan, now time.Time, fx *Effects) {
 		c.rollback(pl)
 		c.await(req, pl, now)
 		if in != nil {
-			in.mu.Unlock()
+			in.Unlock()
 		}
 		return
 	}
 	if c.decideIdempotent(req, pl, now, fx) {
 		c.rollback(pl)
 		if in != nil {
-			in.mu.Unlock()
+			in.Unlock()
 		}
 		return
 	}
 	if in != nil {
 		c.keysLegacy(req, pl, now)
 		c.registerLegacy(req, pl, now)
-		in.mu.Unlock()
+		in.Unlock()
 	}
 	c.rebuild(req, pl)
 	pl.account()
@@ -321,7 +291,7 @@ func (c *Core) warmFirst(req *Request, pl *Plan, now time.Time) bool {
 		case reading:
 			// Registered under the partition's lock: its read cannot end
 			// unseen between here and the wait.
-			p.await(req.Conn.id)
+			p.await(req.Conn.ID())
 			pl.waitOn = append(pl.waitOn, k)
 		}
 		sh.mu.Unlock()
@@ -344,7 +314,7 @@ func (c *Core) await(req *Request, pl *Plan, now time.Time) {
 	}
 	for _, k := range pl.waitOn {
 		p, sh := c.parts.get(k)
-		p.await(req.Conn.id)
+		p.await(req.Conn.ID())
 		sh.mu.Unlock()
 	}
 }
@@ -382,7 +352,7 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 		for j := range pl.seqOps {
 			i := pl.seqIdx[j]
 			if st := &pl.st[i]; st.mode == Enforce {
-				st.flying = c.awaitFlying(st.key, st.batch, req.Conn.id, now)
+				st.flying = c.awaitFlying(st.key, st.batch, req.Conn.ID(), now)
 			}
 		}
 	}
@@ -410,7 +380,7 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 		if r := op.Result.Decision; st.flying && r != seqstate.Accept && r != seqstate.OutOfOrder {
 			// The original's answer was settled between the look and the
 			// table's decision: decided as usual.
-			c.unwait(req.Conn.id, []seqstate.Key{partKeyOf(p.Topic, p.Partition)})
+			c.unwait(req.Conn.ID(), []seqstate.Key{partKeyOf(p.Topic, p.Partition)})
 			st.flying = false
 		}
 		if st.flying {
@@ -496,7 +466,7 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 	pl.Status, pl.Until = Wait, until(req, now)
 	for _, k := range pl.waitOn {
 		p, sh := c.parts.get(k)
-		p.await(req.Conn.id)
+		p.await(req.Conn.ID())
 		sh.mu.Unlock()
 	}
 	for j := range pl.seqOps {
@@ -505,8 +475,8 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 			continue
 		}
 		if c.table.Decide(op.Key, op.Batch, now).Decision != seqstate.InFlight {
-			c.unwait(req.Conn.id, pl.waitOn)
-			fx.Wake = append(fx.Wake, req.Conn.id)
+			c.unwait(req.Conn.ID(), pl.waitOn)
+			fx.Wake = append(fx.Wake, req.Conn.ID())
 			break
 		}
 	}
@@ -569,3 +539,12 @@ func (c *Core) rebuild(req *Request, pl *Plan) {
 		pp.At, pp.End = at, len(out)
 	}
 }
+
+// PrincipalUse is what one principal's client instances hold of the legacy
+// records remembered, and how many of theirs were let go or never kept for
+// want of room.
+type PrincipalUse = sent.PrincipalUse
+
+// LegacyUse appends to dst what each principal with client instances
+// holds.
+func (c *Core) LegacyUse(dst []PrincipalUse) []PrincipalUse { return c.legacy.Use(dst) }

@@ -19,7 +19,8 @@
 //
 //   - Pure: no I/O, no logging, no metrics, no goroutines, no channels, no
 //     clock — time is an argument (now), never time.Now; no sleeping or
-//     timers. Imports only the standard library, protocol, seqstate and
+//     timers. Imports only the standard library, protocol, seqstate, its
+//     store of legacy records (package sent, under the same contract) and
 //     franz-go's error codes (TestContract enforces all of this).
 //   - Its locks are its own: each call takes and releases the locks it needs
 //     (a client instance's, a partition shard's, in that order) and holds
@@ -30,11 +31,12 @@
 //   - Settled before woken: an event updates every state a waiter looks at
 //     before it names the waiter to wake (TestWaitersNeverMissAnOutcome).
 //   - Bounded: the legacy records remembered (Config.MaxRecords, shared
-//     fairly between principals and client instances: shares.go), client
+//     fairly between principals and client instances: package sent), client
 //     instances (64 Ki), partitions (256 Ki), log records per partition and
 //     unknown outcomes per partition are capped; past a cap the core forgets,
 //     which costs a missed retry, never a wrong answer. Identical records
-//     cost O(1) each in every index (index.go).
+//     cost O(1) each in every index (sent's record index, a partition's log
+//     chains).
 //   - No allocation on the steady legacy path (TestLegacyNoAllocs).
 //
 // Its tests are datadriven scripts in testdata/, one per rule and per

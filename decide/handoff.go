@@ -3,6 +3,7 @@ package decide
 import (
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -35,32 +36,31 @@ type Handed struct {
 // or whose outcome the log must settle, stay (a miss at worst).
 func (c *Core) handOff(want func(topic seqstate.TopicID, partition int32) bool, now time.Time, dst []Handed) []Handed {
 	ns := now.UnixNano()
-	for i := range c.legacy.shards {
-		for _, in := range c.legacy.shards[i].all() {
-			in.mu.Lock()
-			for _, b := range in.disowned {
-				if b.Phase != Appended || b.resolvable || b.Until <= ns || !want(b.Topic, b.Partition) {
-					continue
-				}
-				h := Handed{
-					Principal: in.key.principal, ClientID: in.key.id, Host: in.key.host,
-					Topic: b.Topic, Partition: b.Partition, Whole: b.Whole,
-					Left: time.Duration(b.Until - ns), AppendTime: b.AppendTime,
-				}
-				live := false
-				for j := range b.Recs {
-					r := &b.Recs[j]
-					h.Hashes = append(h.Hashes, r.Hash)
-					h.Offsets = append(h.Offsets, max(r.Off, OffUnknown))
-					live = live || r.Hash != 0
-					r.Hash = 0
-				}
-				if live {
-					dst = append(dst, h)
-				}
+	for _, in := range c.legacy.Instances() {
+		in.Lock()
+		principal, clientID, host := in.Key()
+		for _, b := range in.Disowned() {
+			if b.Phase != sent.Appended || b.Until <= ns || !want(b.Topic, b.Partition) {
+				continue
 			}
-			in.mu.Unlock()
+			h := Handed{
+				Principal: principal, ClientID: clientID, Host: host,
+				Topic: b.Topic, Partition: b.Partition, Whole: b.Whole,
+				Left: time.Duration(b.Until - ns), AppendTime: b.AppendTime,
+			}
+			live := false
+			for j := range b.Recs {
+				r := &b.Recs[j]
+				h.Hashes = append(h.Hashes, r.Hash)
+				h.Offsets = append(h.Offsets, max(r.Off, sent.OffUnknown))
+				live = live || r.Hash != 0
+				r.Hash = 0
+			}
+			if live {
+				dst = append(dst, h)
+			}
 		}
+		in.Unlock()
 	}
 	return dst
 }
@@ -78,32 +78,9 @@ func (c *Core) takeOver(hs []Handed, now time.Time) int {
 		if h.Left <= 0 || len(h.Hashes) == 0 || len(h.Hashes) != len(h.Offsets) {
 			continue
 		}
-		k := instKey{principal: h.Principal, id: h.ClientID}
-		if c.legacy.Scope == ScopeInstance {
-			k.host = h.Host
+		if c.legacy.Adopt(h.Principal, h.ClientID, h.Host, h.Topic, h.Partition, h.Whole, h.Hashes, h.Offsets, h.AppendTime, ns+int64(h.Left), ns) {
+			taken++
 		}
-		if c.legacy.held.Load()+int64(len(h.Hashes)) > c.legacy.MaxRecords {
-			c.legacy.evicted.Add(1)
-			continue
-		}
-		sh := c.legacy.shardOf(k)
-		sh.mu.Lock()
-		in := sh.instance(k, ns)
-		in.mu.Lock()
-		sh.mu.Unlock()
-		b := in.NewBatch()
-		b.Recs = b.Recs[:0]
-		for j, hash := range h.Hashes {
-			b.Recs = append(b.Recs, Rec{Hash: hash, Off: max(h.Offsets[j], OffUnknown)})
-		}
-		b.Inst, b.Conn = in, nil
-		b.Topic, b.Partition, b.Whole = h.Topic, h.Partition, h.Whole
-		b.Phase, b.AppendTime, b.Until = Appended, h.AppendTime, ns+int64(h.Left)
-		b.delivered = true
-		in.account(int64(len(b.Recs)))
-		in.Disown(b)
-		in.mu.Unlock()
-		taken++
 	}
 	return taken
 }

@@ -103,21 +103,11 @@ func randomOps(t *testing.T, seed uint64) {
 		}
 		for _, o := range conns {
 			in := o.conn.Inst
-			n := 0
-			for _, l := range in.undelivered {
-				for _, b := range l {
-					n += len(b.Recs)
-				}
-			}
-			if n != in.liveRecs {
-				t.Fatalf("step %d: %d undelivered records listed, liveRecs %d", step, n, in.liveRecs)
-			}
-			d := 0
-			for _, b := range in.disowned {
-				d += len(b.Recs)
-			}
-			if d != in.disownedRecs {
-				t.Fatalf("step %d: %d disowned records listed, disownedRecs %d", step, d, in.disownedRecs)
+			in.Lock()
+			err := in.Check()
+			in.Unlock()
+			if err != nil {
+				t.Fatalf("step %d: %v", step, err)
 			}
 			break
 		}

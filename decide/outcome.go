@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -171,9 +172,9 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 		return
 	}
 	in := pl.conn.Inst
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if !st.b.Live() || b.Phase != InFlight {
+	in.Lock()
+	defer in.Unlock()
+	if !st.b.Live() || b.Phase != sent.InFlight {
 		return
 	}
 	ns := now.UnixNano()
@@ -184,7 +185,7 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 		for j := range b.Recs {
 			b.Recs[j].Hash = 0
 		}
-		b.Phase, b.Until, b.delivered = Appended, ns, true
+		b.Phase, b.Until, b.Answer = sent.Appended, ns, sent.Answered
 		b.Inst.DropUndelivered(b)
 		if m := st.m.B; st.m.Live() {
 			m.Inst.Disown(m)
@@ -200,16 +201,16 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 		if base >= 0 {
 			b.Recs[j].Off = base + int64(j)
 		} else {
-			b.Recs[j].Off = OffUnknown
+			b.Recs[j].Off = sent.OffUnknown
 		}
 	}
-	b.Phase = Appended
+	b.Phase = sent.Appended
 	b.AppendTime = pr.LogAppendTime
 	b.Until = ns + c.legacy.Window
 	if pr.ErrorCode != 0 {
 		// Appended, but answered with an error: the client holds no
 		// acknowledgement, and the log has the offsets.
-		b.resolvable = true
+		b.Phase = sent.Resolving
 		b.Inst.Disown(b)
 		c.listUnknown(b, ns)
 	} else if b.Conn == nil || !b.Conn.Open {
@@ -221,11 +222,11 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 // Past maxUnknown, b is settled at once as if the read had not found it:
 // a retry of it is forwarded, at worst a duplicate, as without the proxy.
 // Call with b's instance locked (the partition's is taken inside).
-func (c *Core) listUnknown(b *Batch, ns int64) {
+func (c *Core) listUnknown(b *sent.Batch, ns int64) {
 	p, sh := c.parts.get(partKeyOf(b.Topic, b.Partition))
 	full := len(p.unknown) >= maxUnknown
 	if !full {
-		p.unknown = append(p.unknown, Ref{b, b.gen})
+		p.unknown = append(p.unknown, b.Ref())
 	}
 	sh.mu.Unlock()
 	if full {
@@ -242,12 +243,12 @@ func (c *Core) disownAppended(pl *Plan) {
 		return
 	}
 	in := pl.conn.Inst
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.Lock()
+	defer in.Unlock()
 	for i := range pl.st {
 		st := &pl.st[i]
-		for _, r := range [2]Ref{st.m, st.b} {
-			if st.legacy && r.Live() && r.B.Phase == Appended {
+		for _, r := range [2]sent.Ref{st.m, st.b} {
+			if st.legacy && r.Live() && r.B.InLog() {
 				r.B.Inst.Disown(r.B)
 				r.B.Conn = nil
 			}
@@ -325,13 +326,13 @@ func (c *Core) lostPart(pl *Plan, i int, now time.Time) {
 		}
 	} else if b := st.b.B; b != nil {
 		in := pl.conn.Inst
-		in.mu.Lock()
-		if st.b.Live() && b.Phase == InFlight {
-			b.Phase = Unknown
+		in.Lock()
+		if st.b.Live() && b.Phase == sent.InFlight {
+			b.Phase = sent.Unknown
 			b.Inst.Disown(b)
 			c.listUnknown(b, now.UnixNano())
 		}
-		in.mu.Unlock()
+		in.Unlock()
 	}
 }
 
@@ -358,8 +359,8 @@ func (c *Core) delivered(pl *Plan, ok bool, now time.Time) {
 		return
 	}
 	in := conn.Inst
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.Lock()
+	defer in.Unlock()
 	ns := now.UnixNano()
 	hold := ns + int64(min(max(pl.timeout, 0), maxWaitTimeout)+waitMargin)
 	late := lateAnswer(pl, now)
@@ -368,16 +369,12 @@ func (c *Core) delivered(pl *Plan, ok bool, now time.Time) {
 		if !st.legacy {
 			continue
 		}
-		for _, r := range [2]Ref{st.m, st.b} {
+		for _, r := range [2]sent.Ref{st.m, st.b} {
 			b := r.B
 			if !r.Live() {
 				continue
 			}
-			if !b.delivered {
-				b.delivered, b.late = true, late
-				b.hold = hold
-				in.DropUndelivered(b)
-			}
+			in.Deliver(b, late, hold)
 			switch {
 			case !ok || !conn.Open:
 				in.Disown(b)
@@ -388,7 +385,7 @@ func (c *Core) delivered(pl *Plan, ok bool, now time.Time) {
 		}
 	}
 	if conn.Open {
-		conn.Trim(KeepRequests, &c.legacy, ns, false)
+		conn.Trim(sent.KeepRequests, &c.legacy, ns, false)
 	}
 	in.Sweep(ns, c.legacy.Window)
 }

@@ -3,6 +3,7 @@ package decide
 import (
 	"sync"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -25,7 +26,7 @@ type partition struct {
 	// unknown lists batches whose outcome is unknown (the broker connection
 	// broke) or appended without an offset: the next read of the tail
 	// settles them.
-	unknown []Ref
+	unknown []sent.Ref
 	// flying lists idempotent batches on their way to the broker that the
 	// table no longer holds as pending (flying.go).
 	flying []flyingBatch

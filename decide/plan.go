@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -47,7 +48,7 @@ type Plan struct {
 	keys    []protocol.RecordKey
 	drops   []bool
 	matches []match
-	undo    []undo
+	undo    []sent.Undo
 	logUndo []logUndo
 	waitOn  []seqstate.Key
 	done    []bool
@@ -71,7 +72,7 @@ type partState struct {
 	flew    bool // idempotent: forwarded without a registration in the table, kept flying until its answer
 	commit  bool // idempotent: commit if appended
 	// legacy: m holds the records it repeats, b those sent upstream
-	m, b            Ref
+	m, b            sent.Ref
 	idsAt, idsEnd   int // this part's record IDs in Plan.ids
 	keysAt, keysEnd int // its idempotency keys in Plan.keys
 	dropped         int32
@@ -94,22 +95,6 @@ const (
 	matchWait
 	matchTail
 )
-
-// undo restores a record used up by a decision that ended in a wait: one
-// of a client instance's records, or a chain head an index lookup moved
-// (recIndex.find).
-type undo struct {
-	b    *Batch
-	gen  uint32
-	i    int32
-	hash uint64
-	// A chain head instead: the chain's key (its slot may move,
-	// recIndex.restore), where the head was and the index's epoch then.
-	ix    *recIndex
-	key   uint64
-	head  int32
-	epoch uint32
-}
 
 // logUndo restores a log record used up by a decision that ended in a
 // wait (index i of the history it was in, even if replaced since), or one

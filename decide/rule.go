@@ -3,6 +3,7 @@ package decide
 import (
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -54,10 +55,10 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 		ids := pl.ids[st.idsAt:st.idsEnd]
 		ms := pl.matches[st.idsAt:st.idsEnd]
 		logged := conn.Principal == 0 && c.hasLog(p.Topic, p.Partition, ns)
-		if len(in.disowned) == 0 && !logged && !in.AnyOtherUndelivered(conn, p.Topic, p.Partition) {
+		if !in.AnyDisowned() && !logged && !in.AnyOtherUndelivered(conn, p.Topic, p.Partition) {
 			continue // nothing this batch could repeat: the common case
 		}
-		var prev Candidate
+		var prev sent.Candidate
 		for j, id := range ids {
 			cand, ok := c.findCandidate(pl, conn, in, p, prev, recHash(id, st.exact), ns)
 			if ok {
@@ -65,11 +66,11 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 				if ms[j].kind == matchDrop {
 					prev = cand
 				} else {
-					prev = Candidate{}
+					prev = sent.Candidate{}
 				}
 				continue
 			}
-			prev = Candidate{}
+			prev = sent.Candidate{}
 			if logged {
 				ms[j] = c.matchLog(pl, p, ids[j], st.mode == Enforce, ns)
 			}
@@ -138,9 +139,9 @@ func mixTS(h uint64, ts int64) uint64 {
 // the next record of the batch the previous record matched (a retry keeps
 // its records' order), a disowned record of the topic, or a record of a
 // batch to the same partition not yet answered to another connection.
-func (c *Core) findCandidate(pl *Plan, conn *Conn, in *Instance, p *Part, prev Candidate, h uint64, now int64) (Candidate, bool) {
+func (c *Core) findCandidate(pl *Plan, conn *Conn, in *sent.Instance, p *Part, prev sent.Candidate, h uint64, now int64) (sent.Candidate, bool) {
 	if b := prev.B; b != nil && b.Conn == nil && int(prev.I)+1 < len(b.Recs) && b.Recs[prev.I+1].Hash == h {
-		return Candidate{b, prev.I + 1}, true
+		return sent.Candidate{B: b, I: prev.I + 1}, true
 	}
 	if cand, ok := in.Lookup(p.Topic, h, now, &pl.undo); ok {
 		return cand, true
@@ -149,7 +150,7 @@ func (c *Core) findCandidate(pl *Plan, conn *Conn, in *Instance, p *Part, prev C
 }
 
 // classify decides one record against the earlier record cand it repeats.
-func (c *Core) classify(pl *Plan, conn *Conn, in *Instance, p *Part, st *partState, cand Candidate, ns int64) match {
+func (c *Core) classify(pl *Plan, conn *Conn, in *sent.Instance, p *Part, st *partState, cand sent.Candidate, ns int64) match {
 	b := cand.B
 	if old := b.Conn; old != nil && old != conn && st.mode == Enforce {
 		// Not yet answered to another connection, to this very
@@ -163,12 +164,12 @@ func (c *Core) classify(pl *Plan, conn *Conn, in *Instance, p *Part, st *partSta
 	r := &b.Recs[cand.I]
 	enforce := st.mode == Enforce
 	switch {
-	case b.Phase == InFlight:
+	case b.Phase == sent.InFlight:
 		if enforce {
 			pl.waitOn = appendKey(pl.waitOn, partKeyOf(b.Topic, b.Partition))
 		}
 		return match{kind: matchWait, rule: RuleInFlight}
-	case b.Phase == Unknown || (r.Off == OffUnknown && b.resolvable):
+	case b.Phase == sent.Unknown || (r.Off == sent.OffUnknown && b.Phase == sent.Resolving):
 		if enforce {
 			c.needTail(pl, b)
 		}
@@ -179,11 +180,10 @@ func (c *Core) classify(pl *Plan, conn *Conn, in *Instance, p *Part, st *partSta
 		// Moved to another partition (kafkajs partitions keyless
 		// records afresh on each attempt): the records are in the
 		// original's partition, and no offset of this one is true.
-		m.off, m.at = OffUnknown, -1
+		m.off, m.at = sent.OffUnknown, -1
 	}
 	if enforce {
-		pl.undo = append(pl.undo, undo{b: b, gen: b.gen, i: cand.I, hash: r.Hash})
-		r.Hash = 0
+		cand.UseUp(&pl.undo)
 	}
 	return m
 }
@@ -198,14 +198,14 @@ func appendKey(keys []seqstate.Key, k seqstate.Key) []seqstate.Key {
 }
 
 // needTail asks for a read of b's partition, whose log settles b.
-func (c *Core) needTail(pl *Plan, b *Batch) {
+func (c *Core) needTail(pl *Plan, b *sent.Batch) {
 	k := partKeyOf(b.Topic, b.Partition)
 	p, sh := c.parts.get(k)
 	defer sh.mu.Unlock()
 	if p.warm == reading {
 		// Registered under the partition's lock: the read cannot end
 		// unseen between here and the wait.
-		p.await(pl.conn.id)
+		p.await(pl.conn.ID())
 		pl.waitOn = appendKey(pl.waitOn, k)
 		return
 	}
@@ -220,14 +220,9 @@ func (c *Core) needTail(pl *Plan, b *Batch) {
 
 // rollback restores the records a decision that ends in a wait used up.
 func (c *Core) rollback(pl *Plan) {
-	// In reverse: a chain head moved twice goes back to where it was first.
+	// In reverse (sent.Undo).
 	for k := len(pl.undo) - 1; k >= 0; k-- {
-		u := &pl.undo[k]
-		if u.ix != nil {
-			u.ix.restore(u)
-		} else if u.b.gen == u.gen {
-			u.b.Recs[u.i].Hash = u.hash
-		}
+		pl.undo[k].Restore()
 	}
 	pl.undo = pl.undo[:0]
 	for k := len(pl.logUndo) - 1; k >= 0; k-- {
@@ -425,32 +420,31 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 			continue
 		}
 		if !c.legacy.Room(int64(len(ids)), conn) {
-			c.legacy.evicted.Add(1)
-			in.pu.evicted.Add(uint64(len(ids)))
+			c.legacy.NotKept(in, len(ids))
 			continue
 		}
 		whole := p.Header.Attributes&0x07 != 0
 		if pp.Act != Forward {
-			m := c.newBatch(in, conn, p, st, whole, int(st.dropped))
-			m.Phase, m.AppendTime = Appended, -1
+			m := in.NewBatch(conn, p.Topic, p.Partition, whole, st.exact, int(st.dropped))
+			m.Phase, m.AppendTime = sent.Appended, -1
 			for j := range ids {
 				if ms[j].kind != matchDrop {
 					continue
 				}
-				m.Recs = append(m.Recs, Rec{Hash: recHash(ids[j], st.exact), Off: ms[j].off})
+				m.Recs = append(m.Recs, sent.Rec{Hash: recHash(ids[j], st.exact), Off: ms[j].off})
 				if o := ns + c.legacy.Window - ms[j].age; m.Until == 0 || o < m.Until {
 					m.Until = o // the window runs from the original's append
 				}
 				m.AppendTime = ms[j].at
 			}
-			c.keep(m)
+			in.Keep(m)
 			in.Disown(m)
 			m.Conn = conn // matchable, and this connection's once its answer is written
-			st.m = Ref{m, m.gen}
+			st.m = m.Ref()
 		}
 		if pp.Act != Answer {
-			f := c.newBatch(in, conn, p, st, whole, len(ids)-int(st.dropped))
-			f.Phase, f.AppendTime = InFlight, -1
+			f := in.NewBatch(conn, p.Topic, p.Partition, whole, st.exact, len(ids)-int(st.dropped))
+			f.Phase, f.AppendTime = sent.InFlight, -1
 			// Another client's batch of the same records may be in the log
 			// before it: looking for it there starts past what was
 			// answered before it was sent (settleLocked).
@@ -459,10 +453,10 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 				if pp.Act == Rebuild && ms[j].kind == matchDrop {
 					continue
 				}
-				f.Recs = append(f.Recs, Rec{Hash: recHash(ids[j], st.exact), Off: OffPending})
+				f.Recs = append(f.Recs, sent.Rec{Hash: recHash(ids[j], st.exact), Off: sent.OffPending})
 			}
-			c.keep(f)
-			st.b = Ref{f, f.gen}
+			in.Keep(f)
+			st.b = f.Ref()
 		}
 		registered = true
 	}
@@ -476,29 +470,6 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 	}
 }
 
-func (c *Core) newBatch(in *Instance, conn *Conn, p *Part, st *partState, whole bool, n int) *Batch {
-	b := in.NewBatch()
-	if cap(b.Recs) < n {
-		b.Recs = make([]Rec, 0, n) // sized exactly: 16 bytes a record
-	}
-	b.Inst, b.Conn, b.req = in, conn, conn.Reqs
-	b.Topic, b.Partition, b.Whole, b.Exact = p.Topic, p.Partition, whole, st.exact
-	b.After = -1
-	return b
-}
-
-// keep files b with its connection, not yet answered.
-func (c *Core) keep(b *Batch) {
-	b.Inst.account(int64(len(b.Recs)))
-	b.inFifo = true
-	b.Conn.fifo = append(b.Conn.fifo, b)
-	k := partKey{b.Topic, b.Partition}
-	in := b.Inst
-	in.undelivered[k] = append(in.undelivered[k], b)
-	in.liveRecs += len(b.Recs)
-	in.liveDirty = true
-}
-
 // answerOf is the proxy's answer to a legacy part it answers whole: error
 // 0, and the one base offset true for all its records, or -1.
 func (c *Core) answerOf(p *Part, ms []match) protocol.LocalPartitionResult {
@@ -510,67 +481,4 @@ func (c *Core) answerOf(p *Part, ms []match) protocol.LocalPartitionResult {
 		}
 	}
 	return protocol.LocalPartitionResult{BaseOffset: base, LogAppendTime: at, LogStartOffset: c.LogStart(p.Topic, p.Partition)}
-}
-
-// Room reports whether n more records may be kept, first letting conn's
-// oldest answered batches go when the store is full (their hold ignored:
-// a miss, never a wrong answer).
-func (ls *Store) Room(n int64, conn *Conn) bool {
-	if ls.held.Load()+n <= ls.MaxRecords {
-		return true
-	}
-	conn.Trim(1, ls, 0, true)
-	return ls.held.Load()+n <= ls.MaxRecords
-}
-
-// Trim lets go the batches of conn's answered requests beyond the last
-// keep whose hold has passed at now or that are beyond the last
-// maxHeldRequests (all of them with force); call with the instance locked.
-func (conn *Conn) Trim(keep uint64, ls *Store, now int64, force bool) {
-	n := 0
-	for _, b := range conn.fifo {
-		if !b.delivered || b.req+keep >= conn.Reqs || !force && b.hold > now && b.req+maxHeldRequests >= conn.Reqs {
-			break
-		}
-		b.inFifo = false
-		conn.Inst.forget(b)
-		n++
-	}
-	if n > 0 {
-		copy(conn.fifo, conn.fifo[n:])
-		clear(conn.fifo[len(conn.fifo)-n:])
-		conn.fifo = conn.fifo[:len(conn.fifo)-n]
-	}
-}
-
-// LetGoRead empties conn's fifo after a clean close: its client read every
-// answer written, so only the batches whose answer was not written (in
-// flight, or never sent), or was written late (lateAnswer), are ones it may
-// not hold the acknowledgement of. Call with the instance locked.
-func (conn *Conn) LetGoRead() {
-	in := conn.Inst
-	for _, b := range conn.fifo {
-		b.inFifo = false
-		if b.Conn == conn && (!b.delivered || b.late) {
-			in.Disown(b)
-		}
-		in.forget(b)
-	}
-	clear(conn.fifo)
-	conn.fifo = conn.fifo[:0]
-}
-
-// LetGo disowns the batches conn holds and empties its fifo: its client
-// holds none of their acknowledgements. Call with the instance locked.
-func (conn *Conn) LetGo() {
-	in := conn.Inst
-	for _, b := range conn.fifo {
-		b.inFifo = false
-		if b.Conn == conn {
-			in.Disown(b)
-		}
-		in.forget(b)
-	}
-	clear(conn.fifo)
-	conn.fifo = conn.fifo[:0]
 }

@@ -195,7 +195,7 @@ func TestIdenticalRecordsBoundedWork(t *testing.T) {
 	}
 	h.c.disconnect(conn, Broken, h.now)
 	in := conn.Inst
-	base := in.index.steps
+	base := in.IndexSteps()
 	retry := h.connect(2, "a", 0)
 	pl := h.send(retry, 0, []string{""})
 	if pl.Parts[0].Act != Answer {
@@ -207,10 +207,10 @@ func TestIdenticalRecordsBoundedWork(t *testing.T) {
 		t.Fatalf("a request of identical records resent: act %d answer %+v, want answered from offset 1", pl.Parts[0].Act, pl.Parts[0].Local)
 	}
 	added := uint64(reqs * per)
-	if steps := in.index.steps; steps > 4*added {
+	if steps := in.IndexSteps(); steps > 4*added {
 		t.Fatalf("%d index steps for %d records indexed and %d looked up: want O(1) each", steps, added, per+1)
 	}
-	if steps := in.index.steps - base; steps > 8*(per+1) {
+	if steps := in.IndexSteps() - base; steps > 8*(per+1) {
 		t.Fatalf("%d index steps to look up %d identical records: want O(1) each", steps, per+1)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -167,23 +168,23 @@ func (c *Core) tailFailed(k TailKey, now time.Time, wake []ConnID) []ConnID {
 // batches: found, they were appended there; not found (or read is false),
 // an unknown batch is taken as not written, and an appended one keeps its
 // unknown offsets.
-func (c *Core) settleFromLog(ref Ref, batches []logBatch, read bool, ns int64) {
+func (c *Core) settleFromLog(ref sent.Ref, batches []logBatch, read bool, ns int64) {
 	b := ref.B
 	in := b.Inst
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.Lock()
+	defer in.Unlock()
 	if ref.Live() {
 		c.settleLocked(b, batches, read, ns)
 	}
 }
 
 // settleLocked is settleFromLog with b's instance locked.
-func (c *Core) settleLocked(b *Batch, batches []logBatch, read bool, ns int64) {
-	want := func(r Rec) bool {
-		if b.Phase == Unknown {
-			return r.Off == OffPending
+func (c *Core) settleLocked(b *sent.Batch, batches []logBatch, read bool, ns int64) {
+	want := func(r sent.Rec) bool {
+		if b.Phase == sent.Unknown {
+			return r.Off == sent.OffPending
 		}
-		return r.Off == OffUnknown
+		return r.Off == sent.OffUnknown
 	}
 	var found *logBatch
 	if read {
@@ -218,14 +219,16 @@ func (c *Core) settleLocked(b *Batch, batches []logBatch, read bool, ns int64) {
 		switch {
 		case found != nil:
 			r.Off = found.base + k
-		case b.Phase == Unknown:
+		case b.Phase == sent.Unknown:
 			r.Hash = 0 // not written
 		}
 		k++
 	}
-	b.resolvable = false
-	if b.Phase == Unknown {
-		b.Phase = Appended
+	switch b.Phase {
+	case sent.Unknown:
+		b.Phase = sent.Appended
 		b.Until = ns + c.legacy.Window
+	case sent.Resolving:
+		b.Phase = sent.Appended // its offsets found, or never to be
 	}
 }

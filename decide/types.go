@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -84,7 +85,11 @@ const (
 )
 
 // ConnID is the proxy's number for a client connection.
-type ConnID uint64
+type ConnID = sent.ConnID
+
+// Conn is a client connection's legacy state. Get one with an EvConnect
+// step.
+type Conn = sent.Conn
 
 // Client is who a connection's client is: the principal the broker
 // authenticated (the caller's number for it), the client id it sent and the

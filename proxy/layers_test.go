@@ -17,7 +17,8 @@ import (
 // can form.
 var layers = [][]string{
 	{"protocol", "seqstate", "owner", "certprincipal", "clock"},
-	{"decide", "protocol/rewrite"},
+	{"decide/sent", "protocol/rewrite"},
+	{"decide"},
 	{"config"},
 	{"auth"},
 	{"tail", "replica", "relay"},

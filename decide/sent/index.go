@@ -1,4 +1,4 @@
-package decide
+package sent
 
 // recIndex finds the records of a client instance's batches by key (a
 // record's hash mixed with where it went, see idxKey). It is an
@@ -133,7 +133,7 @@ const (
 // chain's head past records that can never match again (each move
 // recorded in *undos, so that a decision that ends up waiting can restore
 // it), or false.
-func (x *recIndex) find(key uint64, test func(*recRef) verdict, undos *[]undo) (*recRef, bool) {
+func (x *recIndex) find(key uint64, test func(*recRef) verdict, undos *[]Undo) (*recRef, bool) {
 	if len(x.slots) == 0 {
 		return nil, false
 	}
@@ -151,7 +151,7 @@ func (x *recIndex) find(key uint64, test func(*recRef) verdict, undos *[]undo) (
 		case v == take:
 			return r, true
 		case v == skipForGood && atHead:
-			*undos = append(*undos, undo{ix: x, key: key, head: s.head, epoch: x.epoch})
+			*undos = append(*undos, Undo{ix: x, key: key, head: s.head, epoch: x.epoch})
 			s.head = r.next
 			x.dead++
 		default:
@@ -172,11 +172,45 @@ func (x *recIndex) find(key uint64, test func(*recRef) verdict, undos *[]undo) (
 // rebuilt again. The chain's slot is found by its key: records added
 // since the lookup (a batch disowned while the same decision went on) may
 // have grown the table, which moves every slot.
-func (x *recIndex) restore(u *undo) {
+func (x *recIndex) restore(u *Undo) {
 	if u.epoch != x.epoch {
 		x.rebuild = true
 		return
 	}
 	x.slots[x.slot(u.key)].head = u.head
 	x.dead--
+}
+
+// Undo restores a record used up by a decision that ended in a wait: one
+// of a client instance's records (Candidate.UseUp), or a chain head an
+// index lookup moved (recIndex.find). Restore them in reverse: a chain
+// head moved twice goes back to where it was first.
+type Undo struct {
+	b    *Batch
+	gen  uint32
+	i    int32
+	hash uint64
+	// A chain head instead: the chain's key (its slot may move,
+	// recIndex.restore), where the head was and the index's epoch then.
+	ix    *recIndex
+	key   uint64
+	head  int32
+	epoch uint32
+}
+
+// Restore puts back what u took; call with its instance locked.
+func (u *Undo) Restore() {
+	if u.ix != nil {
+		u.ix.restore(u)
+	} else if u.b.gen == u.gen {
+		u.b.Recs[u.i].Hash = u.hash
+	}
+}
+
+// UseUp takes the record c for one retry, recording in *undos how to give
+// it back; call with its instance locked.
+func (c Candidate) UseUp(undos *[]Undo) {
+	r := &c.B.Recs[c.I]
+	*undos = append(*undos, Undo{b: c.B, gen: c.B.gen, i: c.I, hash: r.Hash})
+	r.Hash = 0
 }

@@ -1,27 +1,13 @@
-package decide
+package sent
 
 import (
 	"hash/maphash"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
-
-// Legacy producers (producer id -1) carry no sequence numbers; the proxy
-// tells their retries from new data by one rule (docs/legacy.md, "The
-// rule"): a record of a batch is a retry when the same client instance
-// already sent the same record to the same topic within the window and may
-// not hold its acknowledgement — the connection it went on closed or broke,
-// its answer was an error or never reached the client, or it is still in
-// flight on another connection to the same partition (then the request
-// waits for its outcome). Records of different client instances are never
-// retries of each other.
-//
-// The state is one object per client instance: its connections, each with
-// the batches it sent that a retry may still need (those in flight and
-// those of its answered requests it keeps, see keepRequests), and the batches whose
-// acknowledgement the client may not hold (disowned), indexed by record.
 
 // KeepRequests is how many answered requests of a connection keep their
 // batches at least: when the connection breaks, answers written before it
@@ -40,12 +26,35 @@ const KeepRequests = 64
 // 1,024, not a timeout's worth.
 const maxHeldRequests = 1024
 
+// Phase is what the broker did with a batch, as far as the proxy knows.
 type Phase uint8
 
 const (
-	InFlight Phase = iota // forwarded, no answer yet
-	Appended              // the broker appended it
-	Unknown               // the broker connection broke before its answer: the log will tell
+	// InFlight: forwarded, no answer yet.
+	InFlight Phase = iota
+	// Appended: the broker appended it; its records' offsets are known,
+	// or never will be.
+	Appended
+	// Resolving: appended, but answered with an error, which carries no
+	// offsets: the partition's next tail read may tell them.
+	Resolving
+	// Unknown: the broker connection broke before its answer: the
+	// partition's next tail read tells whether it was appended.
+	Unknown
+)
+
+// Answer is where a batch's answer is.
+type Answer uint8
+
+const (
+	// Unanswered: not yet written to its connection.
+	Unanswered Answer = iota
+	// Answered: written to its connection (or none is due: it was not
+	// written upstream).
+	Answered
+	// AnsweredLate: written later than half its request's timeout after
+	// the request arrived: its client may have given up on it by then.
+	AnsweredLate
 )
 
 // Record offsets with a meaning of their own.
@@ -61,52 +70,63 @@ type Rec struct {
 	Off  int64
 }
 
-// Batch is one legacy Batch a connection sent, or the part of it the proxy
-// answered itself.
+// Batch is one legacy batch a connection sent, or the part of it the
+// proxy answered itself. Its state is its Phase (what the broker did with
+// it), its Answer (where its answer is) and its Conn (whose
+// acknowledgement it is; nil once disowned); inFifo and inDisowned only
+// say which of its instance's lists hold it.
 type Batch struct {
 	gen        uint32
 	Inst       *Instance
 	Conn       *Conn // holds its acknowledgement; nil once disowned
 	req        uint64
 	Topic      seqstate.TopicID
-	Partition       int32
+	Partition  int32
 	Phase      Phase
-	delivered  bool  // its answer was written to its connection
-	late       bool  // written later than half its request's timeout after it arrived (lateAnswer)
+	Answer     Answer
 	Whole      bool  // compressed: its one rec stands for the whole batch
-	Exact      bool  // its records' hashes include their timestamps (recHash)
+	Exact      bool  // its records' hashes include their timestamps
 	inFifo     bool  // referenced by conn.fifo
 	inDisowned bool  // referenced by inst.disowned
-	resolvable bool  // appended with offUnknown records the log may settle
 	Until      int64 // ns: append time plus the window (0 while in flight)
-	hold       int64 // ns: kept with its connection until then once answered (see keepRequests)
+	hold       int64 // ns: kept with its connection until then once answered (see KeepRequests)
 	AppendTime int64 // the broker's log append time, -1 for CreateTime
 	After      int64 // the highest offset answered for its partition before it was sent: it lies past it
 	Recs       []Rec
 }
 
+// Ref refers to a batch as it was when taken (Batch.Ref).
 type Ref struct {
 	B   *Batch
 	gen uint32
 }
 
+// Live reports whether r's batch is still the one r was taken of: a batch
+// let go is reused for another.
 func (r Ref) Live() bool { return r.B != nil && r.B.gen == r.gen }
 
-// Conn is a client connection's legacy state. Get one with an `EvConnect` step.
+// Ref returns a reference to b as it is now.
+func (b *Batch) Ref() Ref { return Ref{b, b.gen} }
+
+// InLog reports whether the broker appended b (Appended or Resolving).
+func (b *Batch) InLog() bool { return b.Phase == Appended || b.Phase == Resolving }
+
+// ConnID is the proxy's number for a client connection.
+type ConnID uint64
+
+// Conn is a client connection's state: the batches it sent that a retry
+// may still need. Get one with Store.Connect.
 type Conn struct {
 	id        ConnID
 	Principal uint32
 	Inst      *Instance
-	Named     bool // its client named its software (Client.Software)
-	Restamps  bool // and that software stamps a resend anew (restampingSoftware)
+	Named     bool // its client named its software (ApiVersions v3+)
+	Restamps  bool // and that software stamps a resend anew (docs/legacy.md, "What a record is")
 	Open      bool
 	gone      atomic.Bool // Disconnect was called: read without the instance lock (Gone)
 	Reqs      uint64      // requests that registered batches
 	fifo      []*Batch    // registered batches, oldest first
 }
-
-// ID returns the connection's number.
-func (c *Conn) ID() ConnID { return c.id }
 
 type instKey struct {
 	principal uint32
@@ -119,8 +139,8 @@ type partKey struct {
 	part  int32
 }
 
-// Instance is one client Instance's legacy state. Its lock is its own:
-// no other client Instance waits on the work its requests cause.
+// Instance is one client instance's legacy state. Its lock is its own:
+// no other client instance waits on the work its requests cause.
 type Instance struct {
 	mu    sync.Mutex
 	key   instKey
@@ -173,24 +193,43 @@ type legacyShard struct {
 
 const legacyShards = 16
 
+// Store is the legacy records remembered, per client instance. Make one
+// with Init; it is safe for concurrent use.
 type Store struct {
-	shards     [legacyShards]legacyShard
-	seed       maphash.Seed
-	Scope      Scope
-	Window     int64 // ns
+	shards [legacyShards]legacyShard
+	seed   maphash.Seed
+	byHost bool // the client's host is part of its instance (decide.ScopeInstance)
+	// Window is how long (ns) a batch's records may be answered as
+	// retried, from its append; MaxRecords bounds the records held.
+	Window     int64
 	MaxRecords int64
 	held       atomic.Int64  // records held in batches
 	evicted    atomic.Uint64 // batches not kept for want of room
 	principals               // what each principal holds (shares.go)
 }
 
-func (ls *Store) init(scope Scope, window int64, maxRecords int) {
+// Init makes ls ready: byHost says whether a client's host is part of its
+// instance, window (ns) how long a batch's records may be answered as
+// retried, maxRecords how many records it holds at most.
+func (ls *Store) Init(byHost bool, window int64, maxRecords int) {
 	ls.seed = maphash.MakeSeed()
-	ls.Scope, ls.Window, ls.MaxRecords = scope, window, int64(maxRecords)
+	ls.byHost, ls.Window, ls.MaxRecords = byHost, window, int64(maxRecords)
 	for i := range ls.shards {
 		ls.shards[i].insts = map[instKey]*Instance{}
 		ls.shards[i].ls = ls
 	}
+}
+
+// Held returns the records held, and the batches not kept for want of
+// room since Init.
+func (ls *Store) Held() (held int64, evicted uint64) {
+	return ls.held.Load(), ls.evicted.Load()
+}
+
+// NotKept counts a batch of n records of in not kept for want of room.
+func (ls *Store) NotKept(in *Instance, n int) {
+	ls.evicted.Add(1)
+	in.pu.evicted.Add(uint64(n))
 }
 
 func (ls *Store) shardOf(k instKey) *legacyShard {
@@ -202,11 +241,14 @@ func (ls *Store) shardOf(k instKey) *legacyShard {
 	return &ls.shards[x%legacyShards]
 }
 
-// Connect returns the state of connection id of client cl.
-func (ls *Store) Connect(id ConnID, cl Client, now int64) *Conn {
-	k := instKey{principal: cl.Principal, id: cl.ID}
-	if ls.Scope == ScopeInstance {
-		k.host = cl.Host.As16()
+// Connect returns the state of connection id, whose client is the
+// principal's client clientID at host (left out unless byHost, see Init).
+// named: its client named its software; restamps: that software stamps a
+// resend anew.
+func (ls *Store) Connect(id ConnID, principal uint32, clientID string, host netip.Addr, named, restamps bool, now int64) *Conn {
+	k := instKey{principal: principal, id: clientID}
+	if ls.byHost {
+		k.host = host.As16()
 	}
 	sh := ls.shardOf(k)
 	sh.mu.Lock()
@@ -216,7 +258,7 @@ func (ls *Store) Connect(id ConnID, cl Client, now int64) *Conn {
 	defer in.mu.Unlock()
 	in.conns++
 	in.lastSeen = now
-	conn := &Conn{id: id, Principal: cl.Principal, Inst: in, Named: cl.Software != "", Restamps: restampingSoftware[cl.Software], Open: true}
+	conn := &Conn{id: id, Principal: principal, Inst: in, Named: named, Restamps: restamps, Open: true}
 	in.open = append(in.open, conn)
 	return conn
 }
@@ -306,8 +348,8 @@ func (sh *legacyShard) evictIdle(now int64) {
 	sh.ls.drop(victim.pu)
 }
 
-// NewBatch takes a batch from the instance's free list.
-func (in *Instance) NewBatch() *Batch {
+// alloc takes a batch from the instance's free list.
+func (in *Instance) alloc() *Batch {
 	if n := len(in.free); n > 0 {
 		b := in.free[n-1]
 		in.free = in.free[:n-1]
@@ -346,7 +388,7 @@ const (
 // until b's window ends.
 func (in *Instance) Disown(b *Batch) {
 	b.Conn = nil
-	if b.Phase == Appended && b.Until == 0 {
+	if b.InLog() && b.Until == 0 {
 		b.Until = 1 // settled before it was registered: nothing to keep
 	}
 	if !b.inDisowned {
@@ -354,7 +396,7 @@ func (in *Instance) Disown(b *Batch) {
 		in.disowned = append(in.disowned, b)
 		in.disownedRecs += len(b.Recs)
 		in.indexDisowned(b)
-		if b.Phase == Appended {
+		if b.InLog() {
 			in.sweepAt = min(in.sweepAt, b.Until)
 		}
 	}
@@ -400,7 +442,7 @@ func (in *Instance) Undisown(b *Batch) {
 // later are its own again.
 func (conn *Conn) Abandon(in *Instance) {
 	for _, b := range conn.fifo {
-		if !b.delivered && b.Conn == conn {
+		if b.Answer == Unanswered && b.Conn == conn {
 			in.Disown(b)
 		}
 	}
@@ -431,13 +473,13 @@ func (in *Instance) Sweep(now int64, window int64) {
 	next := now + window
 	kept := in.disowned[:0]
 	for _, b := range in.disowned {
-		if b.Phase == Appended && b.Until <= now {
+		if b.InLog() && b.Until <= now {
 			b.inDisowned = false
 			in.disownedRecs -= len(b.Recs)
 			in.forget(b)
 			continue
 		}
-		if b.Phase == Appended {
+		if b.InLog() {
 			next = min(next, b.Until)
 		}
 		kept = append(kept, b)
@@ -468,7 +510,7 @@ type Candidate struct {
 
 // Lookup returns the first disowned record of topic with hash h that is
 // not used up, or false.
-func (in *Instance) Lookup(topic seqstate.TopicID, h uint64, now int64, undo *[]undo) (Candidate, bool) {
+func (in *Instance) Lookup(topic seqstate.TopicID, h uint64, now int64, undo *[]Undo) (Candidate, bool) {
 	if len(in.disowned) == 0 {
 		return Candidate{}, false
 	}
@@ -477,7 +519,7 @@ func (in *Instance) Lookup(topic seqstate.TopicID, h uint64, now int64, undo *[]
 	}
 	r, ok := in.index.find(idxKey(h, uint32(topic), -1), func(r *recRef) verdict {
 		b := r.b
-		if b.gen != r.gen || !b.inDisowned || b.Recs[r.i].Hash != h || b.Phase == Appended && b.Until <= now {
+		if b.gen != r.gen || !b.inDisowned || b.Recs[r.i].Hash != h || b.InLog() && b.Until <= now {
 			return skipForGood
 		}
 		return take
@@ -491,7 +533,7 @@ func (in *Instance) Lookup(topic seqstate.TopicID, h uint64, now int64, undo *[]
 // SameParts returns a record with hash h in a batch to (topic, part) not
 // yet answered to another connection than conn: the client gave up on it
 // and this is its retry.
-func (in *Instance) SameParts(conn *Conn, topic seqstate.TopicID, part int32, h uint64, now int64, undo *[]undo) (Candidate, bool) {
+func (in *Instance) SameParts(conn *Conn, topic seqstate.TopicID, part int32, h uint64, now int64, undo *[]Undo) (Candidate, bool) {
 	if in.conns < 2 || conn.Reqs >= youngRequests {
 		return Candidate{}, false
 	}
@@ -504,7 +546,7 @@ func (in *Instance) SameParts(conn *Conn, topic seqstate.TopicID, part int32, h 
 	r, ok := in.live.find(idxKey(h, uint32(topic), part), func(r *recRef) verdict {
 		b := r.b
 		switch {
-		case b.gen != r.gen || b.delivered || b.Conn == nil || (b.Phase == Appended && b.Until <= now) || b.Recs[r.i].Hash != h:
+		case b.gen != r.gen || b.Answer != Unanswered || b.Conn == nil || (b.InLog() && b.Until <= now) || b.Recs[r.i].Hash != h:
 			return skipForGood
 		case b.Conn == conn:
 			return skipNow
@@ -529,4 +571,93 @@ func (in *Instance) AnyOtherUndelivered(conn *Conn, topic seqstate.TopicID, part
 		}
 	}
 	return false
+}
+
+// NewBatch returns a batch of conn, one of in's connections, to topic and
+// partition with room for n records, not yet kept (Keep); whole: a
+// compressed batch, whose one record stands for all; exact: its records'
+// hashes include their timestamps.
+func (in *Instance) NewBatch(conn *Conn, topic seqstate.TopicID, partition int32, whole, exact bool, n int) *Batch {
+	b := in.alloc()
+	if cap(b.Recs) < n {
+		b.Recs = make([]Rec, 0, n) // sized exactly: 16 bytes a record
+	}
+	b.Inst, b.Conn, b.req = in, conn, conn.Reqs
+	b.Topic, b.Partition, b.Whole, b.Exact = topic, partition, whole, exact
+	b.After = -1
+	return b
+}
+
+// Keep files b with its connection, not yet answered.
+func (in *Instance) Keep(b *Batch) {
+	b.Inst.account(int64(len(b.Recs)))
+	b.inFifo = true
+	b.Conn.fifo = append(b.Conn.fifo, b)
+	k := partKey{b.Topic, b.Partition}
+	in.undelivered[k] = append(in.undelivered[k], b)
+	in.liveRecs += len(b.Recs)
+	in.liveDirty = true
+}
+
+// Room reports whether n more records may be kept, first letting conn's
+// oldest answered batches go when the store is full (their hold ignored:
+// a miss, never a wrong answer).
+func (ls *Store) Room(n int64, conn *Conn) bool {
+	if ls.held.Load()+n <= ls.MaxRecords {
+		return true
+	}
+	conn.Trim(1, ls, 0, true)
+	return ls.held.Load()+n <= ls.MaxRecords
+}
+
+// Trim lets go the batches of conn's answered requests beyond the last
+// keep whose hold has passed at now or that are beyond the last
+// maxHeldRequests (all of them with force); call with the instance locked.
+func (conn *Conn) Trim(keep uint64, ls *Store, now int64, force bool) {
+	n := 0
+	for _, b := range conn.fifo {
+		if b.Answer == Unanswered || b.req+keep >= conn.Reqs || !force && b.hold > now && b.req+maxHeldRequests >= conn.Reqs {
+			break
+		}
+		b.inFifo = false
+		conn.Inst.forget(b)
+		n++
+	}
+	if n > 0 {
+		copy(conn.fifo, conn.fifo[n:])
+		clear(conn.fifo[len(conn.fifo)-n:])
+		conn.fifo = conn.fifo[:len(conn.fifo)-n]
+	}
+}
+
+// letGoRead empties conn's fifo after a clean close: its client read every
+// answer written, so only the batches whose answer was not written (in
+// flight, or never sent), or was written late (lateAnswer), are ones it may
+// not hold the acknowledgement of. Call with the instance locked.
+func (conn *Conn) letGoRead() {
+	in := conn.Inst
+	for _, b := range conn.fifo {
+		b.inFifo = false
+		if b.Conn == conn && b.Answer != Answered {
+			in.Disown(b)
+		}
+		in.forget(b)
+	}
+	clear(conn.fifo)
+	conn.fifo = conn.fifo[:0]
+}
+
+// LetGo disowns the batches conn holds and empties its fifo: its client
+// holds none of their acknowledgements. Call with the instance locked.
+func (conn *Conn) LetGo() {
+	in := conn.Inst
+	for _, b := range conn.fifo {
+		b.inFifo = false
+		if b.Conn == conn {
+			in.Disown(b)
+		}
+		in.forget(b)
+	}
+	clear(conn.fifo)
+	conn.fifo = conn.fifo[:0]
 }

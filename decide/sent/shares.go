@@ -1,4 +1,4 @@
-package decide
+package sent
 
 import (
 	"sync"
@@ -28,7 +28,7 @@ type principalUse struct {
 	held    atomic.Int64  // records its instances hold
 	evicted atomic.Uint64 // records let go for want of room, or never kept
 	holding atomic.Int32  // its instances holding records
-	insts   int           // its instances (under legacyStore.pmu)
+	insts   int           // its instances (under principals.pmu)
 }
 
 // principals tracks what each principal holds.
@@ -115,7 +115,7 @@ func (ls *Store) victim(n int64, in *Instance) *Instance {
 	if in.pu.held.Load()+n > ls.MaxRecords/nP {
 		from = in.pu
 	}
-	all := ls.instances()
+	all := ls.Instances()
 	if from == nil {
 		for _, o := range all {
 			if o.held.Load() > 0 && (from == nil || o.pu.held.Load() > from.held.Load()) {
@@ -145,8 +145,8 @@ func (ls *Store) victim(n int64, in *Instance) *Instance {
 	return v
 }
 
-// instances returns every instance.
-func (ls *Store) instances() []*Instance {
+// Instances returns every instance.
+func (ls *Store) Instances() []*Instance {
 	var all []*Instance
 	for i := range ls.shards {
 		all = append(all, ls.shards[i].all()...)
@@ -170,7 +170,7 @@ func (in *Instance) evict(want int64) int64 {
 	if before-in.held.Load() < want {
 		kept := in.disowned[:0]
 		for _, b := range in.disowned {
-			if before-in.held.Load() >= want || b.Phase != Appended || b.resolvable {
+			if before-in.held.Load() >= want || b.Phase != Appended {
 				kept = append(kept, b)
 				continue
 			}
@@ -195,10 +195,8 @@ type PrincipalUse struct {
 	Evicted   uint64
 }
 
-// LegacyUse appends to dst what each principal with client instances
-// holds.
-func (c *Core) LegacyUse(dst []PrincipalUse) []PrincipalUse {
-	ps := &c.legacy.principals
+// Use appends to dst what each principal with client instances holds.
+func (ps *principals) Use(dst []PrincipalUse) []PrincipalUse {
 	ps.pmu.Lock()
 	defer ps.pmu.Unlock()
 	for _, pu := range ps.princ {
