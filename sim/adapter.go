@@ -38,28 +38,28 @@ func newCore(name string, cfg coreConfig) *core {
 	if err != nil {
 		panic(err) // the default config is valid
 	}
-	tab.InternTopics([]seqstate.TopicRef{{Name: topicName, Partitions: maxPartitions}})
-	topic, _ := tab.LookupTopic([]byte(topicName))
+	tab.InternTopics([]seqstate.TopicRef{{Name: Topic, Partitions: MaxPartitions}})
+	topic, _ := tab.LookupTopic([]byte(Topic))
 	c := decide.New(decide.Config{Table: tab, Window: cfg.window, Scope: cfg.scope, Warm: true},
 		&decide.Settings{Mode: decide.Enforce, Match: cfg.match})
 	return &core{name: name, c: c, table: tab, topic: topic}
 }
 
-// clientInfo is what a connection's client tells the proxy about itself.
-type clientInfo struct {
-	principal uint32
-	id        string
-	host      netip.Addr
-	software  string // ApiVersions v3+ client software name, "" for none
+// Info is what a connection's client tells the proxy about itself.
+type Info struct {
+	Principal uint32
+	ID        string
+	Host      netip.Addr
+	Software  string // ApiVersions v3+ client software name, "" for none
 }
 
-// sameInstance: the core takes a and b for one client instance
+// SameInstance: the core takes a and b for one client instance
 // (docs/legacy.md, "Scope: the client instance"): the same principal,
 // client id and host. The software a client names is not part of it: two
 // processes of different libraries behind one address, sharing a client
 // id, are one instance.
-func (a clientInfo) sameInstance(b clientInfo) bool {
-	return a.principal == b.principal && a.id == b.id && a.host == b.host
+func (a Info) SameInstance(b Info) bool {
+	return a.Principal == b.Principal && a.ID == b.ID && a.Host == b.Host
 }
 
 // step carries one event to the core (decide.Core.Step) and returns its
@@ -70,9 +70,9 @@ func (k *core) step(ev decide.Event, now time.Time) decide.Effects {
 	return fx
 }
 
-func (k *core) connect(id decide.ConnID, cl clientInfo, now time.Time) *decide.Conn {
+func (k *core) connect(id decide.ConnID, cl Info, now time.Time) *decide.Conn {
 	return k.step(decide.Event{Kind: decide.EvConnect, ID: id,
-		Client: decide.Client{Principal: cl.principal, ID: cl.id, Host: cl.host, Software: cl.software}}, now).Conn
+		Client: decide.Client{Principal: cl.Principal, ID: cl.ID, Host: cl.Host, Software: cl.Software}}, now).Conn
 }
 
 // disconnect: the connection closed or broke. clean says whether its
@@ -101,24 +101,24 @@ func (k *core) decide(req *decide.Request, pl *decide.Plan, now time.Time) {
 	k.step(decide.Event{Kind: decide.EvRequest, Req: req, Plan: pl}, now)
 }
 
-// partResult is the broker's answer for one partition.
-type partResult struct {
-	partition  int32
-	code       int16
-	offset     int64
-	appendTime int64 // log append time, -1 for CreateTime
+// PartResult is the broker's answer for one partition.
+type PartResult struct {
+	Partition  int32
+	Code       int16
+	Offset     int64
+	AppendTime int64 // log append time, -1 for CreateTime
 }
 
 // outcome hands the broker's answer to the core, as a Produce response
 // body of the request's version.
-func (k *core) outcome(pl *decide.Plan, version int16, res []partResult, now time.Time) []decide.ConnID {
+func (k *core) outcome(pl *decide.Plan, version int16, res []PartResult, now time.Time) []decide.ConnID {
 	resp := kmsg.NewPtrProduceResponse()
 	resp.SetVersion(version)
 	rt := kmsg.NewProduceResponseTopic()
-	rt.Topic = topicName
+	rt.Topic = Topic
 	for _, r := range res {
 		rp := kmsg.NewProduceResponseTopicPartition()
-		rp.Partition, rp.ErrorCode, rp.BaseOffset, rp.LogAppendTime, rp.LogStartOffset = r.partition, r.code, r.offset, r.appendTime, 0
+		rp.Partition, rp.ErrorCode, rp.BaseOffset, rp.LogAppendTime, rp.LogStartOffset = r.Partition, r.Code, r.Offset, r.AppendTime, 0
 		rt.Partitions = append(rt.Partitions, rp)
 	}
 	resp.Topics = append(resp.Topics, rt)

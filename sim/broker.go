@@ -6,29 +6,29 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 )
 
-// broker is the Kafka cluster: each partition's log and leader, and for
+// Broker is the Kafka cluster: each partition's log and leader, and for
 // idempotent producers a reference model of Kafka's rules
-// (docs/kafka-rules.md §3) that also says what the broker would answer to
+// (docs/kafka-rules.md §3) that also says what the Broker would answer to
 // a batch the proxy answered itself.
-type broker struct {
-	logs   [maxPartitions]plog
-	leader [maxPartitions]int // node id
+type Broker struct {
+	Logs   [MaxPartitions]Log
+	Leader [MaxPartitions]int // node id
 	pids   []*pidState
 	faults []brokerFault
 }
 
-// plog is one partition's log.
-type plog struct {
-	batches []logBatch
+// Log is one partition's log.
+type Log struct {
+	Batches []LogBatch
 	next    int64
 }
 
-// logBatch is one appended batch: its bytes (base offset set) and, hidden
+// LogBatch is one appended batch: its bytes (base offset set) and, hidden
 // from the proxy, the lid of each record.
-type logBatch struct {
-	base int64
-	raw  []byte
-	recs []rec
+type LogBatch struct {
+	Base int64
+	Raw  []byte
+	Recs []Rec
 	pid  int64
 	req  int // the request that wrote it
 }
@@ -51,7 +51,7 @@ type seqBatch struct {
 // retainedBatches is Kafka's NUM_BATCHES_TO_RETAIN.
 const retainedBatches = 5
 
-func (b *broker) pidState(pid int64, p int32) *pidState {
+func (b *Broker) pidState(pid int64, p int32) *pidState {
 	for _, s := range b.pids {
 		if s.pid == pid && s.partition == p {
 			return s
@@ -60,33 +60,33 @@ func (b *broker) pidState(pid int64, p int32) *pidState {
 	return nil
 }
 
-// idempotent is Kafka's check of an idempotent batch (docs/kafka-rules.md
+// Idempotent is Kafka's check of an Idempotent batch (docs/kafka-rules.md
 // §3.2–3.3), without appending: the answer the broker gives it now. ok is
 // true when it would be appended.
-func (b *broker) idempotent(s *batchSpec, maxTS int64) (res partResult, ok bool) {
-	res = partResult{partition: s.partition, offset: -1, appendTime: -1}
-	st := b.pidState(s.pid, s.partition)
+func (b *Broker) Idempotent(s *Batch, maxTS int64) (res PartResult, ok bool) {
+	res = PartResult{Partition: s.Partition, Offset: -1, AppendTime: -1}
+	st := b.pidState(s.PID, s.Partition)
 	if st == nil {
 		return res, true // no state: any sequence (Kafka ≥ 2.5)
 	}
-	last := s.seq + int32(len(s.recs)) - 1
-	if s.epoch == st.epoch {
+	last := s.Seq + int32(len(s.Recs)) - 1
+	if s.Epoch == st.epoch {
 		for _, d := range st.batches {
-			if d.first == s.seq && d.last == last {
+			if d.first == s.Seq && d.last == last {
 				// A duplicate: error 0, the original's offset, and its max
 				// timestamp as the log append time (§3.2).
-				res.offset, res.appendTime = d.base, d.maxTS
+				res.Offset, res.AppendTime = d.base, d.maxTS
 				return res, false
 			}
 		}
 	}
 	switch {
-	case s.epoch < st.epoch:
-		res.code = kerr.InvalidProducerEpoch.Code
+	case s.Epoch < st.epoch:
+		res.Code = kerr.InvalidProducerEpoch.Code
 		return res, false
-	case s.epoch > st.epoch:
-		if s.seq != 0 {
-			res.code = kerr.OutOfOrderSequenceNumber.Code
+	case s.Epoch > st.epoch:
+		if s.Seq != 0 {
+			res.Code = kerr.OutOfOrderSequenceNumber.Code
 			return res, false
 		}
 	default:
@@ -94,8 +94,8 @@ func (b *broker) idempotent(s *batchSpec, maxTS int64) (res partResult, ok bool)
 		if n := len(st.batches); n > 0 {
 			lastSeq = st.batches[n-1].last
 		}
-		if s.seq != lastSeq+1 {
-			res.code = kerr.OutOfOrderSequenceNumber.Code
+		if s.Seq != lastSeq+1 {
+			res.Code = kerr.OutOfOrderSequenceNumber.Code
 			return res, false
 		}
 	}
@@ -104,64 +104,64 @@ func (b *broker) idempotent(s *batchSpec, maxTS int64) (res partResult, ok bool)
 
 // appendIdempotent updates the producer's state for a batch appended at
 // base.
-func (b *broker) appendIdempotent(s *batchSpec, base, maxTS int64) {
-	st := b.pidState(s.pid, s.partition)
+func (b *Broker) appendIdempotent(s *Batch, base, maxTS int64) {
+	st := b.pidState(s.PID, s.Partition)
 	if st == nil {
-		st = &pidState{pid: s.pid, partition: s.partition, epoch: s.epoch}
+		st = &pidState{pid: s.PID, partition: s.Partition, epoch: s.Epoch}
 		b.pids = append(b.pids, st)
 	}
-	if s.epoch != st.epoch {
-		st.epoch, st.batches = s.epoch, nil
+	if s.Epoch != st.epoch {
+		st.epoch, st.batches = s.Epoch, nil
 	}
-	st.batches = append(st.batches, seqBatch{first: s.seq, last: s.seq + int32(len(s.recs)) - 1, base: base, maxTS: maxTS})
+	st.batches = append(st.batches, seqBatch{first: s.Seq, last: s.Seq + int32(len(s.Recs)) - 1, base: base, maxTS: maxTS})
 	if len(st.batches) > retainedBatches {
 		st.batches = st.batches[1:]
 	}
 }
 
-// produce applies one batch the broker node received: it is appended
+// Produce applies one batch the broker node received: it is appended
 // unless node does not lead its partition (NOT_LEADER_OR_FOLLOWER, before
 // any work) or the idempotence rules refuse it or find it a duplicate.
 // recs are the records the batch carries, raw its bytes.
-func (b *broker) produce(node int, s *batchSpec, recs []rec, raw []byte, req int) (partResult, bool) {
-	p := s.partition
-	if b.leader[p] != node {
-		return partResult{partition: p, code: kerr.NotLeaderForPartition.Code, offset: -1, appendTime: -1}, false
+func (b *Broker) Produce(node int, s *Batch, recs []Rec, raw []byte, req int) (PartResult, bool) {
+	p := s.Partition
+	if b.Leader[p] != node {
+		return PartResult{Partition: p, Code: kerr.NotLeaderForPartition.Code, Offset: -1, AppendTime: -1}, false
 	}
 	maxTS := int64(binary.BigEndian.Uint64(raw[35:]))
-	if s.pid >= 0 {
-		if res, ok := b.idempotent(s, maxTS); !ok {
+	if s.PID >= 0 {
+		if res, ok := b.Idempotent(s, maxTS); !ok {
 			return res, false
 		}
 	}
-	l := &b.logs[p]
+	l := &b.Logs[p]
 	base := l.next
 	stored := append([]byte(nil), raw...)
 	binary.BigEndian.PutUint64(stored, uint64(base))
-	l.batches = append(l.batches, logBatch{base: base, raw: stored, recs: recs, pid: s.pid, req: req})
+	l.Batches = append(l.Batches, LogBatch{Base: base, Raw: stored, Recs: recs, pid: s.PID, req: req})
 	l.next += int64(len(recs))
-	if s.pid >= 0 {
+	if s.PID >= 0 {
 		b.appendIdempotent(s, base, maxTS)
 	}
-	return partResult{partition: p, offset: base, appendTime: -1}, true
+	return PartResult{Partition: p, Offset: base, AppendTime: -1}, true
 }
 
-// tail is what a read of partition p's tail returns: its batches in log
+// Tail is what a read of partition p's Tail returns: its batches in log
 // order, whole.
-func (b *broker) tail(p int32) []byte {
+func (b *Broker) Tail(p int32) []byte {
 	var out []byte
-	for _, lb := range b.logs[p].batches {
-		out = append(out, lb.raw...)
+	for _, lb := range b.Logs[p].Batches {
+		out = append(out, lb.Raw...)
 	}
 	return out
 }
 
-// at returns the record at offset off of partition p.
-func (b *broker) at(p int32, off int64) (rec, bool) {
-	for _, lb := range b.logs[p].batches {
-		if off >= lb.base && off < lb.base+int64(len(lb.recs)) {
-			return lb.recs[off-lb.base], true
+// At returns the record At offset off of partition p.
+func (b *Broker) At(p int32, off int64) (Rec, bool) {
+	for _, lb := range b.Logs[p].Batches {
+		if off >= lb.Base && off < lb.Base+int64(len(lb.Recs)) {
+			return lb.Recs[off-lb.Base], true
 		}
 	}
-	return rec{}, false
+	return Rec{}, false
 }

@@ -27,10 +27,10 @@ import (
 // such record is counted under its shape, and the test asserts a bound
 // for each (a known miss fails past its bound).
 
-// shape is a kind of record the rule may write twice or drop.
-type shape struct {
-	name    string
-	covered bool // the rule claims it: any count is a failure
+// Shape is a kind of record the rule may write twice or drop.
+type Shape struct {
+	Name    string
+	Covered bool // the rule claims it: any count is a failure
 	drop    bool // a record dropped, not written twice
 	fwd     bool // an idempotent batch forwarded (invariant 6), not a record
 }
@@ -39,64 +39,64 @@ type shape struct {
 // bound in sim_test.go.
 var (
 	// Resent records the rule covers.
-	shIdentical  = shape{name: "identical resend on a new connection", covered: true}
-	shRestamped  = shape{name: "restamped resend by kafka-go or kafkajs", covered: true}
-	shResplit    = shape{name: "librdkafka re-split resend", covered: true}
-	shMoved      = shape{name: "kafkajs resend to another partition, original unacknowledged", covered: true}
-	shRestartID  = shape{name: "identical resend across a proxy restart", covered: true}
-	shHandover   = shape{name: "resend across a node handover", covered: true}
-	shIdempotent = shape{name: "idempotent resend", covered: true}
-	shIdemEpoch  = shape{name: "idempotent resend under a bumped epoch (Kafka dedupes within an epoch only)"}
+	shIdentical  = Shape{Name: "identical resend on a new connection", Covered: true}
+	shRestamped  = Shape{Name: "restamped resend by kafka-go or kafkajs", Covered: true}
+	shResplit    = Shape{Name: "librdkafka re-split resend", Covered: true}
+	shMoved      = Shape{Name: "kafkajs resend to another partition, original unacknowledged", Covered: true}
+	shRestartID  = Shape{Name: "identical resend across a proxy restart", Covered: true}
+	shHandover   = Shape{Name: "resend across a node handover", Covered: true}
+	shIdempotent = Shape{Name: "idempotent resend", Covered: true}
+	shIdemEpoch  = Shape{Name: "idempotent resend under a bumped epoch (Kafka dedupes within an epoch only)"}
 	// Resent records the rule documents as misses (written twice).
-	shSameConn          = shape{name: "kafkajs resend after a request timeout, its original in flight on the connection kafkajs keeps"}
-	shRepartitioned     = shape{name: "kafkajs resend of records another broker acknowledged"}
-	shRestartRestamp    = shape{name: "restamped resend across a proxy restart"}
-	shUnrecognised      = shape{name: "restamped resend by a client the core takes to keep timestamps (sarama)"}
-	shOvertook          = shape{name: "resend decided before the proxy heard the old connection end"}
-	shAfterFin          = shape{name: "copy answered or decided on a connection whose end had reached the proxy (reader held)"}
-	shSilentCut         = shape{name: "resend after a silent cut (the proxy never hears the old connection end)"}
-	shAcks              = shape{name: "acks=0/1 resend"}
-	shAfterWindow       = shape{name: "resend after the window"}
-	shTailFailed        = shape{name: "resend decided without its partition's log (the tail read failed)"}
-	shTailBeforeAppend  = shape{name: "resend of an unknown outcome the broker appended after the tail read that settled it"}
-	shLeaderAcrossRep   = shape{name: "resend after a leader moved to another replica"}
-	shSharedResend      = shape{name: "resend by a process sharing its instance with another"}
-	shIdenticalInResend = shape{name: "resend holding identical records, by a client whose identity is content only, re-partitioned"}
-	shRestartLate       = shape{name: "resend across a restart of a record appended after the new proxy read the log"}
-	shContentOnlyTaken  = shape{name: "resend by a content-only client with identical records in flight (one took its original's match)"}
-	shHandoverUnsettled = shape{name: "resend across a handover of a batch whose outcome the log had to settle (REQUEST_TIMED_OUT, a broken broker connection)"}
-	shMovedAcrossRep    = shape{name: "kafkajs resend moved to a partition another replica decides"}
-	shMiddlebox         = shape{name: "resend after a middlebox took its answer and closed cleanly (clean_close: read)"}
-	shRestartExposure   = shape{name: "resend across a restart, another instance's identical record and timestamp in the log"}
+	shSameConn          = Shape{Name: "kafkajs resend after a request timeout, its original in flight on the connection kafkajs keeps"}
+	shRepartitioned     = Shape{Name: "kafkajs resend of records another broker acknowledged"}
+	shRestartRestamp    = Shape{Name: "restamped resend across a proxy restart"}
+	shUnrecognised      = Shape{Name: "restamped resend by a client the core takes to keep timestamps (sarama)"}
+	shOvertook          = Shape{Name: "resend decided before the proxy heard the old connection end"}
+	shAfterFin          = Shape{Name: "copy answered or decided on a connection whose end had reached the proxy (reader held)"}
+	shSilentCut         = Shape{Name: "resend after a silent cut (the proxy never hears the old connection end)"}
+	shAcks              = Shape{Name: "acks=0/1 resend"}
+	shAfterWindow       = Shape{Name: "resend after the window"}
+	shTailFailed        = Shape{Name: "resend decided without its partition's log (the tail read failed)"}
+	shTailBeforeAppend  = Shape{Name: "resend of an unknown outcome the broker appended after the tail read that settled it"}
+	shLeaderAcrossRep   = Shape{Name: "resend after a leader moved to another replica"}
+	shSharedResend      = Shape{Name: "resend by a process sharing its instance with another"}
+	shIdenticalInResend = Shape{Name: "resend holding identical records, by a client whose identity is content only, re-partitioned"}
+	shRestartLate       = Shape{Name: "resend across a restart of a record appended after the new proxy read the log"}
+	shContentOnlyTaken  = Shape{Name: "resend by a content-only client with identical records in flight (one took its original's match)"}
+	shHandoverUnsettled = Shape{Name: "resend across a handover of a batch whose outcome the log had to settle (REQUEST_TIMED_OUT, a broken broker connection)"}
+	shMovedAcrossRep    = Shape{Name: "kafkajs resend moved to a partition another replica decides"}
+	shMiddlebox         = Shape{Name: "resend after a middlebox took its answer and closed cleanly (clean_close: read)"}
+	shRestartExposure   = Shape{Name: "resend across a restart, another instance's identical record and timestamp in the log"}
 	// Records dropped by design (documented), and what no design allows.
-	shDropContent      = shape{name: "identical record of a restamping client's instance (content-only identity)", drop: true}
-	shDropShared       = shape{name: "identical record of another process sharing the instance", drop: true}
-	shDropRestart      = shape{name: "identical record and timestamp of another anonymous producer in the log read after a restart or a takeover", drop: true}
-	shDropOwn          = shape{name: "identical record and timestamp of the same instance", drop: true}
-	shDropUnknownOther = shape{name: "unknown outcome settled by another instance's identical record and timestamp in the log", drop: true}
-	shDropOther        = shape{name: "dropped for no documented reason", covered: true, drop: true}
+	shDropContent      = Shape{Name: "identical record of a restamping client's instance (content-only identity)", drop: true}
+	shDropShared       = Shape{Name: "identical record of another process sharing the instance", drop: true}
+	shDropRestart      = Shape{Name: "identical record and timestamp of another anonymous producer in the log read after a restart or a takeover", drop: true}
+	shDropOwn          = Shape{Name: "identical record and timestamp of the same instance", drop: true}
+	shDropUnknownOther = Shape{Name: "unknown outcome settled by another instance's identical record and timestamp in the log", drop: true}
+	shDropOther        = Shape{Name: "dropped for no documented reason", Covered: true, drop: true}
 	// Idempotent resends forwarded though a copy was in the log or on its
 	// way there (invariant 6), per batch: the broker deduplicates them.
-	shIdemForwarded   = shape{name: "idempotent resend forwarded, its original's outcome the proxy's to know", covered: true, fwd: true}
-	shIdemFwdLost     = shape{name: "idempotent resend forwarded: its original's answer lost with the broker connection", fwd: true}
-	shIdemFwdNoOffset = shape{name: "idempotent resend forwarded: its original appended without an offset (REQUEST_TIMED_OUT) or with acks=1", fwd: true}
-	shIdemFwdRestart  = shape{name: "idempotent resend forwarded across a proxy restart (the table is memory)", fwd: true}
-	shIdemFwdBeyond   = shape{name: "idempotent resend forwarded, the broker refusing it as out of order: more of its producer's batches on their way than the 5 Kafka retains", fwd: true}
+	shIdemForwarded   = Shape{Name: "idempotent resend forwarded, its original's outcome the proxy's to know", Covered: true, fwd: true}
+	shIdemFwdLost     = Shape{Name: "idempotent resend forwarded: its original's answer lost with the broker connection", fwd: true}
+	shIdemFwdNoOffset = Shape{Name: "idempotent resend forwarded: its original appended without an offset (REQUEST_TIMED_OUT) or with acks=1", fwd: true}
+	shIdemFwdRestart  = Shape{Name: "idempotent resend forwarded across a proxy restart (the table is memory)", fwd: true}
+	shIdemFwdBeyond   = Shape{Name: "idempotent resend forwarded, the broker refusing it as out of order: more of its producer's batches on their way than the 5 Kafka retains", fwd: true}
 	// An answer's offset holding a record the rule can tell from the one
 	// answered (invariant 5), per record.
-	shWrongOffset = shape{name: "answered with the offset of another record of the same content (an unknown outcome settled from the log)"}
+	shWrongOffset = Shape{Name: "answered with the offset of another record of the same content (an unknown outcome settled from the log)"}
 )
 
-var allShapes = []shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent, shIdemEpoch,
+var Shapes = []Shape{shIdentical, shRestamped, shResplit, shMoved, shRestartID, shHandover, shIdempotent, shIdemEpoch,
 	shSameConn, shRepartitioned, shRestartRestamp, shUnrecognised, shOvertook, shAfterFin, shSilentCut, shAcks, shAfterWindow, shTailFailed, shTailBeforeAppend, shLeaderAcrossRep, shSharedResend, shRestartExposure, shRestartLate, shIdenticalInResend, shMiddlebox, shMovedAcrossRep, shContentOnlyTaken, shHandoverUnsettled,
 	shDropContent, shDropShared, shDropRestart, shDropOwn, shDropUnknownOther, shDropOther, shWrongOffset,
 	shIdemForwarded, shIdemFwdLost, shIdemFwdNoOffset, shIdemFwdRestart, shIdemFwdBeyond}
 
-// result is what one run found.
-type result struct {
+// Result is what one run found.
+type Result struct {
 	seed     uint64
 	ended    bool
-	failures []string
+	Failures []string
 	counts   map[string]int // per shape: records written twice, or dropped
 	resent   map[string]int // per shape: records resent (written twice or not)
 	records  int
@@ -104,8 +104,8 @@ type result struct {
 	faults   []string
 }
 
-func (res *result) failf(format string, a ...any) {
-	res.failures = append(res.failures, fmt.Sprintf(format, a...))
+func (res *Result) failf(format string, a ...any) {
+	res.Failures = append(res.Failures, fmt.Sprintf(format, a...))
 }
 
 // checkIdempotent compares every idempotent part the proxy answered itself
@@ -115,31 +115,31 @@ func (res *result) failf(format string, a ...any) {
 // records (docs/kafka-rules.md §12.2), and a wait past its deadline
 // REQUEST_TIMED_OUT.
 func (w *world) checkIdempotent(d *deciding) {
-	for i, b := range d.req.parts {
+	for i, b := range d.req.Parts {
 		pp := &d.pl.Parts[i]
-		if b.pid < 0 || pp.Act != decide.Answer {
+		if b.PID < 0 || pp.Act != decide.Answer {
 			continue
 		}
-		ref, appended := w.broker.idempotent(b, headerOf(d.req.raws[i]).MaxTimestamp)
-		got := partResult{partition: b.partition, code: pp.Local.ErrorCode, offset: pp.Local.BaseOffset, appendTime: pp.Local.LogAppendTime}
+		ref, appended := w.broker.Idempotent(b, HeaderOf(d.req.Raws[i]).MaxTimestamp)
+		got := PartResult{Partition: b.Partition, Code: pp.Local.ErrorCode, Offset: pp.Local.BaseOffset, AppendTime: pp.Local.LogAppendTime}
 		switch {
-		case pp.Verdict.Rule == decide.RuleSequenceReuse, got.code == kerr.RequestTimedOut.Code:
+		case pp.Verdict.Rule == decide.RuleSequenceReuse, got.Code == kerr.RequestTimedOut.Code:
 		case appended || got != ref:
 			w.idemFailures = append(w.idemFailures, fmt.Sprintf("req %d p%d (pid %d seq %d): the proxy answered %+v, the broker would answer %+v (append %v)",
-				d.req.id, b.partition, b.pid, b.seq, got, ref, appended))
+				d.req.ID, b.Partition, b.PID, b.Seq, got, ref, appended))
 		}
 	}
 }
 
 // check runs the invariants over a finished run.
-func (w *world) check(ended bool) *result {
-	res := &result{seed: w.seed, ended: ended, counts: map[string]int{}, resent: map[string]int{},
+func (w *world) check(ended bool) *Result {
+	res := &Result{seed: w.seed, ended: ended, counts: map[string]int{}, resent: map[string]int{},
 		records: len(w.recs), requests: len(w.reqs), faults: w.faults}
 	if !ended {
 		res.failf("the run did not end within %d steps", w.maxSteps)
 	}
-	res.failures = append(res.failures, w.idemFailures...)
-	res.resent[shIdemForwarded.name] = w.idemResent
+	res.Failures = append(res.Failures, w.idemFailures...)
+	res.resent[shIdemForwarded.Name] = w.idemResent
 	for name, n := range w.idemForwarded {
 		res.counts[name] += n
 	}
@@ -152,58 +152,58 @@ func (w *world) check(ended bool) *result {
 	// does not matter among them; the per-record analysis below only says
 	// which shape a drop or a duplicate is.
 	type classKey struct {
-		info clientInfo
+		info Info
 		name string
 		ts   int64
 	}
-	classes := map[classKey][]lid{}
+	classes := map[classKey][]Lid{}
 	var order []classKey
 	for l := range w.recs {
 		ri := &w.recs[l]
-		if len(ri.sends) == 0 {
-			if ri.acked && ri.lost == "" {
-				res.failf("%s record %s (lid %d) acknowledged, never sent", ri.c.name, ri.name, l)
+		if len(ri.Sends) == 0 {
+			if ri.Acked && ri.Lost == "" {
+				res.failf("%s record %s (lid %d) acknowledged, never sent", ri.Client.Name, ri.Name, l)
 			}
 			continue
 		}
-		k := classKey{info: ri.c.info, name: ri.name}
-		if !ri.c.contentOnly() {
-			k.ts = recIn(w.reqs[ri.sends[0]-1], lid(l)).ts
+		k := classKey{info: ri.Client.Info, name: ri.Name}
+		if !ri.Client.ContentOnly() {
+			k.ts = recIn(w.reqs[ri.Sends[0]-1], Lid(l)).ts
 		}
 		if _, ok := classes[k]; !ok {
 			order = append(order, k)
 		}
-		classes[k] = append(classes[k], lid(l))
+		classes[k] = append(classes[k], Lid(l))
 	}
 	for _, k := range order {
 		lids := classes[k]
 		copies, need, up := 0, 0, 0
-		var dropped []lid
+		var dropped []Lid
 		type copyOf struct {
-			sh  shape
+			sh  Shape
 			msg string
 		}
 		var extra []copyOf // the shape of each extra copy, per record
 		for _, l := range lids {
 			ri := &w.recs[l]
-			copies += len(ri.written)
-			if ri.upstream || ri.acked && ri.lost == "" {
+			copies += len(ri.Written)
+			if ri.Upstream || ri.Acked && ri.Lost == "" {
 				up++ // a copy may stand for it
 			}
 			switch {
-			case ri.acked && ri.lost == "":
+			case ri.Acked && ri.Lost == "":
 				need++
-				if len(ri.written) == 0 {
+				if len(ri.Written) == 0 {
 					dropped = append(dropped, l)
 				}
-			case len(ri.written) == 0 && !ri.acked && ri.gaveUp == "" && ended:
-				res.failf("%s (%s) record %s (lid %d) was neither written nor given up at the end", ri.c.name, ri.c.workload, ri.name, l)
+			case len(ri.Written) == 0 && !ri.Acked && ri.GaveUp == "" && ended:
+				res.failf("%s (%s) record %s (lid %d) was neither written nor given up at the end", ri.Client.Name, ri.Client.Workload, ri.Name, l)
 			}
 			// Every send decided after a copy reached the log is a resend
 			// the proxy had to catch.
-			for _, sid := range ri.sends {
+			for _, sid := range ri.Sends {
 				s := w.reqs[sid-1]
-				if s.decided == 0 {
+				if s.Decided == 0 {
 					continue
 				}
 				e := w.earlierCopy(l, s)
@@ -211,27 +211,27 @@ func (w *world) check(ended bool) *result {
 					continue
 				}
 				sh := w.resendShape(l, s, e)
-				res.resent[sh.name]++
-				if slices.Contains(ri.written, sid) {
+				res.resent[sh.Name]++
+				if slices.Contains(ri.Written, sid) {
 					extra = append(extra, copyOf{sh, fmt.Sprintf("%s (%s) record %s (lid %d) written twice: req %d (%s) repeats req %d: %s",
-						ri.c.name, ri.c.workload, ri.name, l, sid, s.cn.describe(), e.id, sh.name)})
+						ri.Client.Name, ri.Client.Workload, ri.Name, l, sid, s.Conn.Describe(), e.ID, sh.Name)})
 				}
 			}
 		}
 		dups := min(max(copies-up, 0), len(extra))
 		for _, x := range extra[:dups] {
-			res.counts[x.sh.name]++
-			if x.sh.covered {
-				res.failures = append(res.failures, x.msg)
+			res.counts[x.sh.Name]++
+			if x.sh.Covered {
+				res.Failures = append(res.Failures, x.msg)
 			}
 		}
 		drops := min(max(need-copies, 0), len(dropped))
 		for _, l := range dropped[:drops] {
 			sh, why := w.dropShape(l)
-			res.counts[sh.name]++
-			if sh.covered {
+			res.counts[sh.Name]++
+			if sh.Covered {
 				ri := &w.recs[l]
-				res.failf("%s (%s) record %s (lid %d) was acknowledged and never written: %s", ri.c.name, ri.c.workload, ri.name, l, why)
+				res.failf("%s (%s) record %s (lid %d) was acknowledged and never written: %s", ri.Client.Name, ri.Client.Workload, ri.Name, l, why)
 			}
 		}
 	}
@@ -239,61 +239,61 @@ func (w *world) check(ended bool) *result {
 	return res
 }
 
-// contentOnly: the core leaves the timestamp out of this client's record
+// ContentOnly: the core leaves the timestamp out of this client's record
 // identities (decide/rule.go, restamps): sarama names itself and restamps
 // its retries; kafkajs writes producer epoch 0 into a legacy batch;
 // kafka-go names no software and writes partition leader epoch -1.
-func (c *client) contentOnly() bool {
-	return c.info.software == "sarama" || c.lib.w.legacyEpoch == 0 || c.info.software == "" && c.lib.w.leaderEpoch == -1
+func (c *Client) ContentOnly() bool {
+	return c.Info.Software == "sarama" || c.Lib.W.LegacyEpoch == 0 || c.Info.Software == "" && c.Lib.W.LeaderEpoch == -1
 }
 
 // earlierCopy returns the first request that wrote l to the log before s
 // was decided, or nil.
-func (w *world) earlierCopy(l lid, s *wireReq) *wireReq {
-	for _, id := range w.recs[l].written {
+func (w *world) earlierCopy(l Lid, s *Request) *Request {
+	for _, id := range w.recs[l].Written {
 		e := w.reqs[id-1]
-		if e.id != s.id && e.handled > 0 && e.handled <= s.decided {
+		if e.ID != s.ID && e.Handled > 0 && e.Handled <= s.Decided {
 			return e
 		}
 	}
 	return nil
 }
 
-func (cn *conn) describe() string {
-	return fmt.Sprintf("conn %d to node %d via replica %d", cn.id, cn.node, cn.r.id)
+func (cn *Conn) Describe() string {
+	return fmt.Sprintf("conn %d to node %d via replica %d", cn.ID, cn.Node, cn.r.id)
 }
 
 // resendShape says which shape resend s of record l is, e the request
 // whose copy was in the log when s was decided.
-func (w *world) resendShape(l lid, s, e *wireReq) shape {
-	c := s.c
+func (w *world) resendShape(l Lid, s, e *Request) Shape {
+	c := s.Client
 	rs, re := recIn(s, l), recIn(e, l)
 	switch {
-	case c.lib.idempotent:
+	case c.Lib.Idempotent:
 		if epochIn(s, l) != epochIn(e, l) {
 			return shIdemEpoch
 		}
 		return shIdempotent
-	case s.acks != -1 || e.acks != -1:
+	case s.Acks != -1 || e.Acks != -1:
 		return shAcks
-	case s.decided-e.handled >= w.cfg.window:
+	case s.Decided-e.Handled >= w.cfg.window:
 		return shAfterWindow
 	case w.shared(c):
 		return shSharedResend
-	case w.tailFailedBetween(s, rs.partition, e.handled):
+	case w.tailFailedBetween(s, rs.partition, e.Handled):
 		return shTailFailed
 	case w.readBeforeAppend(e, re.partition):
 		return shTailBeforeAppend
 	case w.behindMiddlebox(l, s):
 		return shMiddlebox
-	case s.sentAt < e.sentAt:
+	case s.SentAt < e.SentAt:
 		// s is the older copy, decided after a resend of it was written
 		// (its connection's reader was held): to be dropped, the proxy
 		// must know its client left that connection.
 		switch {
-		case s.cn.silent:
+		case s.Conn.Silent:
 			return shSilentCut
-		case s.cn.finAt > 0 && s.cn.finAt <= s.decided:
+		case s.Conn.FinAt > 0 && s.Conn.FinAt <= s.Decided:
 			return shAfterFin
 		}
 		return shOvertook
@@ -301,20 +301,20 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 		// Its client read an acknowledgement of it and sent it again all
 		// the same: kafkajs's send retried for another part.
 		return shRepartitioned
-	case c.lib.keepConn && e.timedOut:
+	case c.Lib.KeepConn && e.TimedOut:
 		return shSameConn
-	case rs.ts != re.ts && !c.contentOnly():
+	case rs.ts != re.ts && !c.ContentOnly():
 		return shUnrecognised
-	case c.contentOnly() && sameNameTwice(s, l):
+	case c.ContentOnly() && sameNameTwice(s, l):
 		return shIdenticalInResend
-	case c.contentOnly() && w.identicalBetween(l, e.sentAt, s.decided):
+	case c.ContentOnly() && w.identicalBetween(l, e.SentAt, s.Decided):
 		return shContentOnlyTaken
-	case s.replica != e.replica:
+	case s.Replica != e.Replica:
 		if rs.partition != re.partition {
 			return shMovedAcrossRep
 		}
 		if w.handedOver(e, s) {
-			if e.lost || codeFor(e.answered, e, re.partition) == kerr.RequestTimedOut.Code || codeFor(e.written, e, re.partition) == kerr.RequestTimedOut.Code {
+			if e.Lost || codeFor(e.Answered, e, re.partition) == kerr.RequestTimedOut.Code || codeFor(e.Written, e, re.partition) == kerr.RequestTimedOut.Code {
 				// HandOff leaves a batch whose outcome the log must still
 				// settle with the core that decided it.
 				return shHandoverUnsettled
@@ -322,22 +322,22 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 			return shHandover
 		}
 		return shLeaderAcrossRep
-	case s.coreName != e.coreName:
+	case s.CoreName != e.CoreName:
 		switch {
 		case rs.ts != re.ts:
 			return shRestartRestamp
-		case w.otherInstanceCopy(l, rs.ts, s.decided):
+		case w.otherInstanceCopy(l, rs.ts, s.Decided):
 			return shRestartExposure
-		case w.readBefore(s.coreName, rs.partition, e.handled):
+		case w.readBefore(s.CoreName, rs.partition, e.Handled):
 			return shRestartLate
 		}
 		return shRestartID
 	case w.overtook(l, s) != nil:
 		x := w.overtook(l, s)
 		switch {
-		case x.cn.silent:
+		case x.Conn.Silent:
 			return shSilentCut
-		case x.cn.finAt > 0 && x.cn.finAt <= x.delivAt:
+		case x.Conn.FinAt > 0 && x.Conn.FinAt <= x.DelivAt:
 			return shAfterFin
 		}
 		return shOvertook
@@ -345,7 +345,7 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 		return shMoved
 	case rs.ts != re.ts:
 		return shRestamped
-	case c.lib.style == resplit:
+	case c.Lib.Style == Resplit:
 		return shResplit
 	}
 	return shIdentical
@@ -354,13 +354,13 @@ func (w *world) resendShape(l lid, s, e *wireReq) shape {
 // overtook: when s was decided, the proxy had written a successful answer
 // carrying l on a connection whose client never read it, and the core had
 // not heard that connection end: to the core the client held it.
-func (w *world) overtook(l lid, s *wireReq) *wireReq {
-	for _, id := range w.recs[l].sends {
+func (w *world) overtook(l Lid, s *Request) *Request {
+	for _, id := range w.recs[l].Sends {
 		x := w.reqs[id-1]
-		if x == s || x.delivAt == 0 || x.delivAt > s.decided || x.answered != nil {
+		if x == s || x.DelivAt == 0 || x.DelivAt > s.Decided || x.Answered != nil {
 			continue
 		}
-		if codeFor(x.written, x, recIn(x, l).partition) == 0 && (x.cn.toldAt == 0 || x.cn.toldAt > s.decided) {
+		if codeFor(x.Written, x, recIn(x, l).partition) == 0 && (x.Conn.ToldAt == 0 || x.Conn.ToldAt > s.Decided) {
 			return x
 		}
 	}
@@ -369,9 +369,9 @@ func (w *world) overtook(l lid, s *wireReq) *wireReq {
 
 // tailFailedBetween: a read of partition p's tail for the core that
 // decided s failed after from and before s was decided.
-func (w *world) tailFailedBetween(s *wireReq, p int32, from time.Duration) bool {
+func (w *world) tailFailedBetween(s *Request, p int32, from time.Duration) bool {
 	for _, f := range w.tailFails {
-		if f.core == s.coreName && f.p == p && f.at >= from && f.at <= s.decided {
+		if f.core == s.CoreName && f.p == p && f.at >= from && f.at <= s.Decided {
 			return true
 		}
 	}
@@ -383,12 +383,12 @@ func (w *world) tailFailedBetween(s *wireReq, p int32, from time.Duration) bool 
 // the broker handled e: the read, which settles such an outcome, could not
 // find it, and the core took it as not written (docs/warm.md, "Unknown
 // outcomes").
-func (w *world) readBeforeAppend(e *wireReq, p int32) bool {
-	if !e.lost {
+func (w *world) readBeforeAppend(e *Request, p int32) bool {
+	if !e.Lost {
 		return false
 	}
 	for _, f := range w.tailReads {
-		if f.core == e.coreName && f.p == p && f.at >= e.lostAt && f.at < e.handled {
+		if f.core == e.CoreName && f.p == p && f.at >= e.LostAt && f.at < e.Handled {
 			return true
 		}
 	}
@@ -398,16 +398,16 @@ func (w *world) readBeforeAppend(e *wireReq, p int32) bool {
 // otherInstanceCopy: another client instance sent a record identical to
 // l, with timestamp ts, before t: after a restart the log cannot tell
 // their copies apart (docs/legacy.md, "After a restart").
-func (w *world) otherInstanceCopy(l lid, ts int64, t time.Duration) bool {
+func (w *world) otherInstanceCopy(l Lid, ts int64, t time.Duration) bool {
 	ri := &w.recs[l]
 	for m := range w.recs {
 		o := &w.recs[m]
-		if o.name != ri.name || o.c.info.sameInstance(ri.c.info) {
+		if o.Name != ri.Name || o.Client.Info.SameInstance(ri.Client.Info) {
 			continue
 		}
-		for _, id := range o.sends {
+		for _, id := range o.Sends {
 			x := w.reqs[id-1]
-			if x.sentAt <= t && recIn(x, lid(m)).ts == ts {
+			if x.SentAt <= t && recIn(x, Lid(m)).ts == ts {
 				return true
 			}
 		}
@@ -416,11 +416,11 @@ func (w *world) otherInstanceCopy(l lid, ts int64, t time.Duration) bool {
 }
 
 // offsetOf is the offset the answer to r gave record l, -1 if none.
-func offsetOf(r *wireReq, l lid) int64 {
-	for i, b := range r.parts {
-		for j, x := range b.recs {
-			if x.lid == l && i < len(r.answered) && r.answered[i].offset >= 0 {
-				return r.answered[i].offset + int64(j)
+func offsetOf(r *Request, l Lid) int64 {
+	for i, b := range r.Parts {
+		for j, x := range b.Recs {
+			if x.Lid == l && i < len(r.Answered) && r.Answered[i].Offset >= 0 {
+				return r.Answered[i].Offset + int64(j)
 			}
 		}
 	}
@@ -443,9 +443,9 @@ func (w *world) readBefore(core string, p int32, t time.Duration) bool {
 func (w *world) logRead() bool { return len(w.restarts)+len(w.handovers)+w.rewarms > 0 }
 
 // handedOver: a node was handed over between e and s.
-func (w *world) handedOver(e, s *wireReq) bool {
+func (w *world) handedOver(e, s *Request) bool {
 	for _, at := range w.handovers {
-		if at >= e.decided && at <= s.decided {
+		if at >= e.Decided && at <= s.Decided {
 			return true
 		}
 	}
@@ -458,11 +458,11 @@ type recAt struct {
 }
 
 // recIn finds record l in request r.
-func recIn(r *wireReq, l lid) recAt {
-	for _, b := range r.parts {
-		for _, x := range b.recs {
-			if x.lid == l {
-				return recAt{b.partition, x.ts}
+func recIn(r *Request, l Lid) recAt {
+	for _, b := range r.Parts {
+		for _, x := range b.Recs {
+			if x.Lid == l {
+				return recAt{b.Partition, x.TS}
 			}
 		}
 	}
@@ -472,39 +472,39 @@ func recIn(r *wireReq, l lid) recAt {
 // shared: another process is the same client instance as c and ran at
 // the same time (runs of a one-shot job that do not overlap are one
 // instance on fresh connections, not two processes).
-func (w *world) shared(c *client) bool {
+func (w *world) shared(c *Client) bool {
 	for _, o := range w.clients {
-		if o != c && o.info.sameInstance(c.info) && overlap(o, c) {
+		if o != c && o.Info.SameInstance(c.Info) && overlap(o, c) {
 			return true
 		}
 	}
 	return false
 }
 
-func overlap(a, b *client) bool {
-	aEnd, bEnd := a.diedAt, b.diedAt
+func overlap(a, b *Client) bool {
+	aEnd, bEnd := a.DiedAt, b.DiedAt
 	if aEnd == 0 {
 		aEnd = 1 << 62
 	}
 	if bEnd == 0 {
 		bEnd = 1 << 62
 	}
-	return a.bornAt < bEnd && b.bornAt < aEnd
+	return a.BornAt < bEnd && b.BornAt < aEnd
 }
 
 // sameNameTwice: request r carries another record with l's content.
-func sameNameTwice(r *wireReq, l lid) bool {
+func sameNameTwice(r *Request, l Lid) bool {
 	name, n := "", 0
-	for _, b := range r.parts {
-		for _, x := range b.recs {
-			if x.lid == l {
-				name = x.name
+	for _, b := range r.Parts {
+		for _, x := range b.Recs {
+			if x.Lid == l {
+				name = x.Name
 			}
 		}
 	}
-	for _, b := range r.parts {
-		for _, x := range b.recs {
-			if x.name == name {
+	for _, b := range r.Parts {
+		for _, x := range b.Recs {
+			if x.Name == name {
 				n++
 			}
 		}
@@ -514,10 +514,10 @@ func sameNameTwice(r *wireReq, l lid) bool {
 
 // behindMiddlebox: an answer carrying l went to a middlebox that
 // acknowledged it and passed nothing on, before s.
-func (w *world) behindMiddlebox(l lid, s *wireReq) bool {
-	for _, id := range w.recs[l].sends {
+func (w *world) behindMiddlebox(l Lid, s *Request) bool {
+	for _, id := range w.recs[l].Sends {
 		x := w.reqs[id-1]
-		if x != s && x.delivAt > 0 && x.delivAt <= s.decided && x.cn.middlebox {
+		if x != s && x.DelivAt > 0 && x.DelivAt <= s.Decided && x.Conn.Middlebox {
 			return true
 		}
 	}
@@ -527,15 +527,15 @@ func (w *world) behindMiddlebox(l lid, s *wireReq) bool {
 // identicalBetween: l's instance sent another record with l's content
 // between from and to: a client whose identity is content only cannot
 // have them told apart.
-func (w *world) identicalBetween(l lid, from, to time.Duration) bool {
+func (w *world) identicalBetween(l Lid, from, to time.Duration) bool {
 	ri := &w.recs[l]
 	for m := range w.recs {
 		o := &w.recs[m]
-		if lid(m) == l || o.name != ri.name || !o.c.info.sameInstance(ri.c.info) {
+		if Lid(m) == l || o.Name != ri.Name || !o.Client.Info.SameInstance(ri.Client.Info) {
 			continue
 		}
-		for _, id := range o.sends {
-			if at := w.reqs[id-1].sentAt; at >= from && at < to {
+		for _, id := range o.Sends {
+			if at := w.reqs[id-1].SentAt; at >= from && at < to {
 				return true
 			}
 		}
@@ -545,10 +545,10 @@ func (w *world) identicalBetween(l lid, from, to time.Duration) bool {
 
 // ackedBefore: an answer its client read before sending s said l was
 // written.
-func (w *world) ackedBefore(l lid, s *wireReq) bool {
-	for _, id := range w.recs[l].sends {
+func (w *world) ackedBefore(l Lid, s *Request) bool {
+	for _, id := range w.recs[l].Sends {
 		x := w.reqs[id-1]
-		if x != s && x.sentAt < s.sentAt && x.answered != nil && codeFor(x.answered, x, recIn(x, l).partition) == 0 {
+		if x != s && x.SentAt < s.SentAt && x.Answered != nil && codeFor(x.Answered, x, recIn(x, l).partition) == 0 {
 			return true
 		}
 	}
@@ -556,11 +556,11 @@ func (w *world) ackedBefore(l lid, s *wireReq) bool {
 }
 
 // epochIn is the producer epoch of the batch of r that carries l.
-func epochIn(r *wireReq, l lid) int16 {
-	for _, b := range r.parts {
-		for _, x := range b.recs {
-			if x.lid == l {
-				return b.epoch
+func epochIn(r *Request, l Lid) int16 {
+	for _, b := range r.Parts {
+		for _, x := range b.Recs {
+			if x.Lid == l {
+				return b.Epoch
 			}
 		}
 	}
@@ -568,42 +568,42 @@ func epochIn(r *wireReq, l lid) int16 {
 }
 
 // codeFor is the error code of partition p in answer a to r, -1 if none.
-func codeFor(a []partResult, r *wireReq, p int32) int16 {
-	for i, b := range r.parts {
-		if b.partition == p && i < len(a) {
-			return a[i].code
+func codeFor(a []PartResult, r *Request, p int32) int16 {
+	for i, b := range r.Parts {
+		if b.Partition == p && i < len(a) {
+			return a[i].Code
 		}
 	}
 	return -1
 }
 
 // dropShape says why record l, acknowledged, is not in the log.
-func (w *world) dropShape(l lid) (shape, string) {
+func (w *world) dropShape(l Lid) (Shape, string) {
 	ri := &w.recs[l]
-	c := ri.c
-	r := w.reqs[ri.sends[len(ri.sends)-1]-1]
+	c := ri.Client
+	r := w.reqs[ri.Sends[len(ri.Sends)-1]-1]
 	ts := recIn(r, l).ts
-	restamps := c.contentOnly()
-	last := w.reqs[ri.sends[len(ri.sends)-1]-1].decided
+	restamps := c.ContentOnly()
+	last := w.reqs[ri.Sends[len(ri.Sends)-1]-1].Decided
 	var sameInst, sameExact, otherProc, otherAnon, otherInst bool
 	for m := range w.recs {
 		o := &w.recs[m]
-		if lid(m) == l || o.name != ri.name {
+		if Lid(m) == l || o.Name != ri.Name {
 			continue
 		}
-		for _, id := range o.sends {
+		for _, id := range o.Sends {
 			x := w.reqs[id-1]
-			if x.sentAt > last {
+			if x.SentAt > last {
 				break
 			}
-			ots := recIn(x, lid(m)).ts
-			if o.c.info.sameInstance(c.info) {
+			ots := recIn(x, Lid(m)).ts
+			if o.Client.Info.SameInstance(c.Info) {
 				sameInst = true
 				sameExact = sameExact || ots == ts
-				otherProc = otherProc || o.c != c && overlap(o.c, c)
+				otherProc = otherProc || o.Client != c && overlap(o.Client, c)
 			} else if ots == ts {
 				otherInst = true
-				otherAnon = otherAnon || o.c.info.principal == 0
+				otherAnon = otherAnon || o.Client.Info.Principal == 0
 			}
 		}
 	}
@@ -615,33 +615,33 @@ func (w *world) dropShape(l lid) (shape, string) {
 	case sameExact:
 		return shDropOwn, "its instance sent the same record with the same timestamp before"
 	}
-	unknown := slices.ContainsFunc(ri.sends, func(id int) bool {
+	unknown := slices.ContainsFunc(ri.Sends, func(id int) bool {
 		x := w.reqs[id-1]
-		return x.lost || codeFor(x.answered, x, recIn(x, l).partition) == kerr.RequestTimedOut.Code
+		return x.Lost || codeFor(x.Answered, x, recIn(x, l).partition) == kerr.RequestTimedOut.Code
 	})
 	// The answer that made its client take it as written: whose record is
 	// at the offset it names?
-	for i := len(ri.sends) - 1; i >= 0; i-- {
-		x := w.reqs[ri.sends[i]-1]
+	for i := len(ri.Sends) - 1; i >= 0; i-- {
+		x := w.reqs[ri.Sends[i]-1]
 		at := recIn(x, l)
-		if x.answered == nil || codeFor(x.answered, x, at.partition) != 0 {
+		if x.Answered == nil || codeFor(x.Answered, x, at.partition) != 0 {
 			continue
 		}
 		off := offsetOf(x, l)
 		if off < 0 {
 			break
 		}
-		got, ok := w.broker.at(at.partition, off)
-		if !ok || w.recs[got.lid].c.info.sameInstance(c.info) {
+		got, ok := w.broker.At(at.partition, off)
+		if !ok || w.recs[got.Lid].Client.Info.SameInstance(c.Info) {
 			break
 		}
 		switch {
 		case unknown:
-			return shDropUnknownOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.id, off, w.recs[got.lid].c.name)
+			return shDropUnknownOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, w.recs[got.Lid].Client.Name)
 		case w.logRead():
 			return shDropRestart, "another producer's identical record was in the log read after a restart or a takeover"
 		}
-		return shDropOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.id, off, w.recs[got.lid].c.name)
+		return shDropOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, w.recs[got.Lid].Client.Name)
 	}
 	if unknown && otherInst {
 		return shDropUnknownOther, "an unknown outcome of it, and another instance's identical record and timestamp"
@@ -649,7 +649,7 @@ func (w *world) dropShape(l lid) (shape, string) {
 	if otherAnon && w.logRead() {
 		return shDropRestart, "another producer's identical record was in the log read after a restart or a takeover"
 	}
-	return shDropOther, fmt.Sprintf("last sent in req %d (%s)", r.id, r.cn.describe())
+	return shDropOther, fmt.Sprintf("last sent in req %d (%s)", r.ID, r.Conn.Describe())
 }
 
 // checkOffsets: every offset a client was answered holds its record
@@ -657,23 +657,23 @@ func (w *world) dropShape(l lid) (shape, string) {
 // restamped retry is answered with its original's offset). An offset
 // holding the same content from another client instance, or with another
 // timestamp where timestamps count, is counted under its shape.
-func (w *world) checkOffsets(res *result) {
+func (w *world) checkOffsets(res *Result) {
 	for _, r := range w.reqs {
-		for i, b := range r.parts {
-			if i >= len(r.answered) {
+		for i, b := range r.Parts {
+			if i >= len(r.Answered) {
 				break
 			}
-			a := r.answered[i]
-			if a.code != 0 || a.offset < 0 {
+			a := r.Answered[i]
+			if a.Code != 0 || a.Offset < 0 {
 				continue
 			}
-			for j, x := range b.recs {
-				got, ok := w.broker.at(b.partition, a.offset+int64(j))
+			for j, x := range b.Recs {
+				got, ok := w.broker.At(b.Partition, a.Offset+int64(j))
 				switch {
-				case !ok || got.name != x.name:
-					res.failf("req %d p%d answered offset %d, but offset %d holds %q, not %q", r.id, b.partition, a.offset, a.offset+int64(j), got.name, x.name)
-				case !w.sameClass(got.lid, x.lid):
-					res.counts[shWrongOffset.name]++
+				case !ok || got.Name != x.Name:
+					res.failf("req %d p%d answered offset %d, but offset %d holds %q, not %q", r.ID, b.Partition, a.Offset, a.Offset+int64(j), got.Name, x.Name)
+				case !w.sameClass(got.Lid, x.Lid):
+					res.counts[shWrongOffset.Name]++
 					continue
 				default:
 					continue
@@ -687,47 +687,47 @@ func (w *world) checkOffsets(res *result) {
 // sameClass: the rule cannot tell records a and b apart: one client
 // instance, the same content, and the same first timestamp unless the
 // core leaves timestamps out for the client.
-func (w *world) sameClass(a, b lid) bool {
+func (w *world) sameClass(a, b Lid) bool {
 	ra, rb := &w.recs[a], &w.recs[b]
-	if !ra.c.info.sameInstance(rb.c.info) || ra.name != rb.name {
+	if !ra.Client.Info.SameInstance(rb.Client.Info) || ra.Name != rb.Name {
 		return false
 	}
-	return ra.c.contentOnly() || w.firstTS(a) == w.firstTS(b)
+	return ra.Client.ContentOnly() || w.firstTS(a) == w.firstTS(b)
 }
 
-func (w *world) firstTS(l lid) int64 { return recIn(w.reqs[w.recs[l].sends[0]-1], l).ts }
+func (w *world) firstTS(l Lid) int64 { return recIn(w.reqs[w.recs[l].Sends[0]-1], l).ts }
 
-// report is a failing run's account.
-func (res *result) report() string {
+// Report is a failing run's account.
+func (res *Result) Report() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "seed %d: %d records, %d requests; faults:\n", res.seed, res.records, res.requests)
 	for _, f := range res.faults {
 		fmt.Fprintf(&sb, "  - %s\n", f)
 	}
-	for _, f := range res.failures {
+	for _, f := range res.Failures {
 		fmt.Fprintf(&sb, "  FAIL %s\n", f)
 	}
 	return sb.String()
 }
 
-// table sums per shape over runs.
-type table struct {
-	runs           int
+// Table sums per shape over runs.
+type Table struct {
+	Runs           int
 	records        int
-	counts, resent map[string]int
-	seeds          map[string][]uint64 // the first seeds of each shape's counts
+	Counts, resent map[string]int
+	Seeds          map[string][]uint64 // the first seeds of each shape's counts
 }
 
-func (t *table) add(res *result) {
-	if t.counts == nil {
-		t.counts, t.resent, t.seeds = map[string]int{}, map[string]int{}, map[string][]uint64{}
+func (t *Table) Add(res *Result) {
+	if t.Counts == nil {
+		t.Counts, t.resent, t.Seeds = map[string]int{}, map[string]int{}, map[string][]uint64{}
 	}
-	t.runs++
+	t.Runs++
 	t.records += res.records
 	for k, v := range res.counts {
-		t.counts[k] += v
-		if len(t.seeds[k]) < 5 {
-			t.seeds[k] = append(t.seeds[k], res.seed)
+		t.Counts[k] += v
+		if len(t.Seeds[k]) < 5 {
+			t.Seeds[k] = append(t.Seeds[k], res.seed)
 		}
 	}
 	for k, v := range res.resent {
@@ -735,10 +735,10 @@ func (t *table) add(res *result) {
 	}
 }
 
-func (t *table) String() string {
+func (t *Table) String() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%d runs, %d records\n", t.runs, t.records)
-	for _, s := range allShapes {
+	fmt.Fprintf(&sb, "%d runs, %d records\n", t.Runs, t.records)
+	for _, s := range Shapes {
 		kind := "written twice"
 		switch {
 		case s.drop:
@@ -747,10 +747,10 @@ func (t *table) String() string {
 			kind = "forwarded"
 		}
 		cov := "miss"
-		if s.covered {
+		if s.Covered {
 			cov = "covered"
 		}
-		fmt.Fprintf(&sb, "  %-95s %-7s resent %6d, %s %5d  seeds %v\n", s.name, cov, t.resent[s.name], kind, t.counts[s.name], t.seeds[s.name])
+		fmt.Fprintf(&sb, "  %-95s %-7s resent %6d, %s %5d  seeds %v\n", s.Name, cov, t.resent[s.Name], kind, t.Counts[s.Name], t.Seeds[s.Name])
 	}
 	return sb.String()
 }

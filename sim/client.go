@@ -16,67 +16,67 @@ import (
 // its ApiVersions v3+ request), how it writes a batch without a producer
 // id, and how it sends records again after a failure.
 
-// resendStyle is how a client sends records again.
-type resendStyle uint8
+// Style is how a client sends records again.
+type Style uint8
 
 const (
-	// sameBatch: the failed batch is sent again as it was, ahead of newer
+	// SameBatch: the failed batch is sent again as it was, ahead of newer
 	// batches of its partition (franz-go, the Java client, kafka-python;
 	// every idempotent producer).
-	sameBatch resendStyle = iota
-	// restampBatch: the failed batch again, its records stamped anew,
+	SameBatch Style = iota
+	// RestampBatch: the failed batch again, its records stamped anew,
 	// their deltas kept (kafka-go: Message.Time unset is stamped at encode).
-	restampBatch
-	// resplit: failed records go back to the head of their partition's
+	RestampBatch
+	// Resplit: failed records go back to the head of their partition's
 	// queue and are batched anew with what follows them, at other
 	// boundaries (librdkafka: msgq re-insert, then the next MessageSet).
-	resplit
-	// requeueRestamp: failed records go back behind newer ones, each stamped
+	Resplit
+	// RequeueRestamp: failed records go back behind newer ones, each stamped
 	// anew when a batch takes it (sarama: retryMessages, then
 	// produceSet.add stamps time.Now() for a message without Timestamp).
-	requeueRestamp
-	// jsSend: the application's whole send() again, its keyless records
+	RequeueRestamp
+	// JSSend: the application's whole send() again, its keyless records
 	// partitioned afresh and stamped with Date.now(), to every broker that
 	// has not answered it yet (kafkajs: producer/sendMessages.js).
-	jsSend
+	JSSend
 )
 
-// library is a real client's behaviour.
-type library struct {
-	name     string
-	software string // ApiVersions v3+ client software name; "" when it sends none
-	w        writer
-	style    resendStyle
-	// keepConn: a request timeout keeps the connection, and the retry goes
+// Library is a real client's behaviour.
+type Library struct {
+	Name     string
+	Software string // ApiVersions v3+ client software name; "" when it sends none
+	W        Writer
+	Style    Style
+	// KeepConn: a request timeout keeps the connection, and the retry goes
 	// down it behind the original (kafkajs).
-	keepConn    bool
+	KeepConn    bool
 	maxInFlight int
 	maxBatch    int
 	linger      time.Duration
 	retries     int // -1: until the delivery timeout
-	idempotent  bool
+	Idempotent  bool
 }
 
 var (
-	libFranzGo = library{name: "franz-go", software: "kgo", w: writer{leaderEpoch: -1, legacyEpoch: -1},
-		style: sameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1}
-	libJava = library{name: "java", software: "apache-kafka-java", w: writer{leaderEpoch: -1, legacyEpoch: -1},
-		style: sameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1}
-	libKafkaPython = library{name: "kafka-python", w: writer{legacyEpoch: -1},
-		style: sameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: 3}
-	libSarama = library{name: "sarama", software: "sarama", w: writer{legacyEpoch: -1},
-		style: requeueRestamp, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: 10}
-	libRdkafka = library{name: "librdkafka", software: "librdkafka", w: writer{legacyEpoch: -1},
-		style: resplit, maxInFlight: 5, maxBatch: 6, linger: 5 * time.Millisecond, retries: -1}
-	libKafkaGo = library{name: "kafka-go", w: writer{leaderEpoch: -1, legacyEpoch: -1},
-		style: restampBatch, maxInFlight: 1, maxBatch: 8, linger: 5 * time.Millisecond, retries: 10}
-	libKafkaJS = library{name: "kafkajs", w: writer{legacyEpoch: 0},
-		style: jsSend, keepConn: true, maxInFlight: 5, maxBatch: 8, retries: 5}
+	FranzGo = Library{Name: "franz-go", Software: "kgo", W: Writer{LeaderEpoch: -1, LegacyEpoch: -1},
+		Style: SameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1}
+	Java = Library{Name: "java", Software: "apache-kafka-java", W: Writer{LeaderEpoch: -1, LegacyEpoch: -1},
+		Style: SameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1}
+	KafkaPython = Library{Name: "kafka-python", W: Writer{LegacyEpoch: -1},
+		Style: SameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: 3}
+	Sarama = Library{Name: "sarama", Software: "sarama", W: Writer{LegacyEpoch: -1},
+		Style: RequeueRestamp, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: 10}
+	Rdkafka = Library{Name: "librdkafka", Software: "librdkafka", W: Writer{LegacyEpoch: -1},
+		Style: Resplit, maxInFlight: 5, maxBatch: 6, linger: 5 * time.Millisecond, retries: -1}
+	KafkaGo = Library{Name: "kafka-go", W: Writer{LeaderEpoch: -1, LegacyEpoch: -1},
+		Style: RestampBatch, maxInFlight: 1, maxBatch: 8, linger: 5 * time.Millisecond, retries: 10}
+	KafkaJS = Library{Name: "kafkajs", W: Writer{LegacyEpoch: 0},
+		Style: JSSend, KeepConn: true, maxInFlight: 5, maxBatch: 8, retries: 5}
 	// Idempotent producers: the same batch, the same sequence numbers.
-	libFranzGoIdem = library{name: "franz-go-idempotent", software: "kgo", w: writer{leaderEpoch: -1},
-		style: sameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1, idempotent: true}
-	libRdkafkaIdem = library{name: "librdkafka-idempotent", software: "librdkafka",
-		style: sameBatch, maxInFlight: 5, maxBatch: 6, linger: 5 * time.Millisecond, retries: -1, idempotent: true}
+	FranzGoIdempotent = Library{Name: "franz-go-idempotent", Software: "kgo", W: Writer{LeaderEpoch: -1},
+		Style: SameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1, Idempotent: true}
+	RdkafkaIdempotent = Library{Name: "librdkafka-idempotent", Software: "librdkafka",
+		Style: SameBatch, maxInFlight: 5, maxBatch: 6, linger: 5 * time.Millisecond, retries: -1, Idempotent: true}
 )
 
 // deliveryTimeout is delivery.timeout.ms's default (Java, librdkafka):
@@ -85,7 +85,7 @@ const deliveryTimeout = 2 * time.Minute
 
 // qrec is a record waiting in a client's queue.
 type qrec struct {
-	rec
+	Rec
 	first    time.Duration // first sent (0: never)
 	why      string        // why it is (re)sent: "new", or what became of its last send
 	attempts int
@@ -109,21 +109,21 @@ type partQueue struct {
 	flight  int // batches in flight
 }
 
-// client is one client process.
-type client struct {
+// Client is one Client process.
+type Client struct {
 	w        *world
 	n        int
-	name     string
-	info     clientInfo
-	lib      library
+	Name     string
+	Info     Info
+	Lib      Library
 	acks     int16
 	timeout  time.Duration
 	skew     int64 // ms its clock is off
-	workload string
+	Workload string
 	// conns: the connection per node in use.
-	conns   []*conn
-	parts   [maxPartitions]partQueue
-	meta    [maxPartitions]int // the leader it believes in
+	conns   []*Conn
+	parts   [MaxPartitions]partQueue
+	meta    [MaxPartitions]int // the leader it believes in
 	nparts  int
 	rr      int // keyless round robin
 	batchN  int
@@ -136,56 +136,55 @@ type client struct {
 	// Idempotent state.
 	pid     int64
 	epoch   int16
-	nextSeq [maxPartitions]int32
+	nextSeq [MaxPartitions]int32
 	// kafkajs: the send in progress and those queued behind it.
 	js      *jsSendState
 	jsQueue [][]qrec
 	onIdle  func() // called once nothing is open
 	// closeAfter: close a connection once nothing is in flight on it
 	// (a clean close).
-	closeAfter map[*conn]bool
-	// bornAt, diedAt: when the process started and exited (0: it did not).
-	bornAt, diedAt time.Duration
+	closeAfter map[*Conn]bool
+	// BornAt, DiedAt: when the process started and exited (0: it did not).
+	BornAt, DiedAt time.Duration
 }
 
-// wireReq is one Produce request a client sent.
-type wireReq struct {
-	id      int
-	c       *client
-	cn      *conn
-	acks    int16
-	timeout time.Duration
-	parts   []*batchSpec
-	raws    [][]byte
-	whys    [][]string
+// Request is one Produce request a client sent.
+type Request struct {
+	ID      int
+	Client  *Client
+	Conn    *Conn
+	Acks    int16
+	Timeout time.Duration
+	Parts   []*Batch
+	Raws    [][]byte
+	Whys    [][]string
 	batches []*cbatch // fixed styles: the batch of each part
-	sentAt  time.Duration
+	SentAt  time.Duration
 	// The proxy's side, for the checks.
-	replica  int
-	coreName string
-	decided  time.Duration // when it was decided Ready (0: never)
-	delivAt  time.Duration // when the core was told its answer was written (0: never)
-	plan     *decide.Plan
-	handled  time.Duration // when the broker handled it (0: never)
-	written  []partResult  // the answer the proxy wrote
-	answered []partResult  // what the client got, nil if nothing
+	Replica  int
+	CoreName string
+	Decided  time.Duration // when it was decided Ready (0: never)
+	DelivAt  time.Duration // when the core was told its answer was written (0: never)
+	Handled  time.Duration // when the broker handled it (0: never)
+	Written  []PartResult  // the answer the proxy wrote
+	Answered []PartResult  // what the client got, nil if nothing
 	js       *jsSendState
-	node     int
-	timedOut bool          // the client gave up waiting for its answer
-	lost     bool          // the proxy told the core its answer will never come
-	lostAt   time.Duration // when it did
-	settled  time.Duration // when the proxy stepped its broker answer (0: never)
-	resp     []partResult  // the broker's answer, as the proxy stepped it
+	Node     int
+	TimedOut bool          // the client gave up waiting for its answer
+	Lost     bool          // the proxy told the core its answer will never come
+	LostAt   time.Duration // when it did
+	Settled  time.Duration // when the proxy stepped its broker answer (0: never)
+	Resp     []PartResult  // the broker's answer, as the proxy stepped it
 }
 
-func (w *world) newClient(name string, info clientInfo, lib library, acks int16, workload string) *client {
-	c := &client{w: w, n: len(w.clients), name: name, info: info, lib: lib, acks: acks, workload: workload,
-		timeout: w.between(400*time.Millisecond, 2*time.Second), skew: int64(w.intn(5)) - 2, nparts: maxPartitions,
-		conns: make([]*conn, w.nodes), closeAfter: map[*conn]bool{}, bornAt: w.now}
-	c.meta = w.broker.leader
+func (w *world) newClient(name string, info Info, lib Library, acks int16, workload string) *Client {
+	c := &Client{w: w, n: len(w.clients), Name: name, Info: info, Lib: lib, acks: acks, Workload: workload,
+		timeout: w.between(400*time.Millisecond, 2*time.Second), skew: int64(w.intn(5)) - 2, nparts: MaxPartitions,
+		conns: make([]*Conn, w.nodes), closeAfter: map[*Conn]bool{}, BornAt: w.now}
+	c.meta = w.broker.Leader
 	c.backoff = w.between(50*time.Millisecond, 250*time.Millisecond)
 	c.epoch = 0
-	if lib.idempotent {
+	if lib.Idempotent {
 		c.pid = int64(1000 + c.n)
 	} else {
 		c.pid = -1
@@ -195,15 +194,15 @@ func (w *world) newClient(name string, info clientInfo, lib library, acks int16,
 }
 
 // clock is the client's clock in ms since the epoch.
-func (c *client) clock() int64 { return c.w.wall().UnixMilli() + c.skew }
+func (c *Client) clock() int64 { return c.w.wall().UnixMilli() + c.skew }
 
-// produce is the application handing the client a new record.
-func (c *client) produce(name string, partition int32, keyed bool) lid {
+// Produce is the application handing the client a new record.
+func (c *Client) Produce(name string, partition int32, keyed bool) Lid {
 	w := c.w
 	l := w.newLid(c, name)
 	c.open++
-	q := qrec{rec: rec{lid: l, name: name, ts: c.clock()}, why: "new", key: keyed}
-	if c.lib.style == jsSend {
+	q := qrec{Rec: Rec{Lid: l, Name: name, TS: c.clock()}, why: "new", key: keyed}
+	if c.Lib.Style == JSSend {
 		c.jsQueue = append(c.jsQueue, []qrec{q})
 		c.jsNext()
 		return l
@@ -218,12 +217,12 @@ func (c *client) produce(name string, partition int32, keyed bool) lid {
 }
 
 // kick schedules a flush after the linger.
-func (c *client) kick() {
+func (c *Client) kick() {
 	if c.flushOn || c.ended {
 		return
 	}
 	c.flushOn = true
-	c.w.after(c.lib.linger+time.Millisecond, func() {
+	c.w.after(c.Lib.linger+time.Millisecond, func() {
 		c.flushOn = false
 		c.flush()
 	})
@@ -231,7 +230,7 @@ func (c *client) kick() {
 
 // connFor returns the connection to node, opening one to the replica that
 // serves it; nil while none can be opened.
-func (c *client) connFor(node int) *conn {
+func (c *Client) connFor(node int) *Conn {
 	w := c.w
 	if cn := c.conns[node]; cn != nil && cn.usable() {
 		if w.owner[node] == cn.r.id || len(cn.inflight) > 0 {
@@ -251,7 +250,7 @@ func (c *client) connFor(node int) *conn {
 		c.w.at(c.retryAt, c.flush)
 		return nil
 	}
-	cn := &conn{w: w, id: decide.ConnID(len(w.conns)), c: c, node: node, r: r}
+	cn := &Conn{w: w, ID: decide.ConnID(len(w.conns)), Client: c, Node: node, r: r}
 	w.conns = append(w.conns, cn)
 	r.newSession(cn)
 	c.conns[node] = cn
@@ -259,11 +258,11 @@ func (c *client) connFor(node int) *conn {
 }
 
 // flush sends what is ready, within each connection's in-flight limit.
-func (c *client) flush() {
+func (c *Client) flush() {
 	if c.ended {
 		return
 	}
-	if c.lib.style == jsSend {
+	if c.Lib.Style == JSSend {
 		return // kafkajs sends from send()
 	}
 	for node := 0; node < c.w.nodes; node++ {
@@ -272,7 +271,7 @@ func (c *client) flush() {
 				break
 			}
 			cn := c.connFor(node)
-			if cn == nil || len(cn.inflight) >= c.lib.maxInFlight {
+			if cn == nil || len(cn.inflight) >= c.Lib.maxInFlight {
 				break
 			}
 			req := c.buildRequest(cn, node)
@@ -284,10 +283,10 @@ func (c *client) flush() {
 	}
 }
 
-func (c *client) anyReady(node int) bool {
+func (c *Client) anyReady(node int) bool {
 	for p := int32(0); p < int32(c.nparts); p++ {
 		q := &c.parts[p]
-		if c.meta[p] == node && (len(q.recs) > 0 || len(q.batches) > 0) && q.flight < c.lib.maxInFlight {
+		if c.meta[p] == node && (len(q.recs) > 0 || len(q.batches) > 0) && q.flight < c.Lib.maxInFlight {
 			return true
 		}
 	}
@@ -295,28 +294,28 @@ func (c *client) anyReady(node int) bool {
 }
 
 // buildRequest takes one batch per partition led by node.
-func (c *client) buildRequest(cn *conn, node int) *wireReq {
+func (c *Client) buildRequest(cn *Conn, node int) *Request {
 	w := c.w
-	req := &wireReq{id: len(w.reqs) + 1, c: c, cn: cn, acks: c.acks, timeout: c.timeout, node: node}
+	req := &Request{ID: len(w.reqs) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, Node: node}
 	for p := int32(0); p < int32(c.nparts); p++ {
 		q := &c.parts[p]
-		if c.meta[p] != node || q.flight >= c.lib.maxInFlight {
+		if c.meta[p] != node || q.flight >= c.Lib.maxInFlight {
 			continue
 		}
 		var b *cbatch
 		switch {
-		case len(q.batches) > 0 && (c.lib.style == sameBatch || c.lib.style == restampBatch):
+		case len(q.batches) > 0 && (c.Lib.Style == SameBatch || c.Lib.Style == RestampBatch):
 			b = q.batches[0]
 			q.batches = q.batches[1:]
 		case len(q.recs) > 0:
-			n := min(len(q.recs), c.lib.maxBatch)
+			n := min(len(q.recs), c.Lib.maxBatch)
 			c.batchN++
 			b = &cbatch{n: c.batchN, part: p, recs: slices.Clone(q.recs[:n]), seq: -1, epoch: -1}
 			q.recs = q.recs[n:]
 		default:
 			continue
 		}
-		if c.lib.idempotent && b.epoch != c.epoch {
+		if c.Lib.Idempotent && b.epoch != c.epoch {
 			// Sequence numbers are given at the first send under the
 			// producer's epoch: after a bump, failed batches are numbered
 			// again from 0 in their order.
@@ -326,94 +325,94 @@ func (c *client) buildRequest(cn *conn, node int) *wireReq {
 		q.flight++
 		c.addPart(req, b)
 	}
-	if len(req.parts) == 0 {
+	if len(req.Parts) == 0 {
 		return nil
 	}
 	return req
 }
 
 // addPart puts batch b into req, stamped as the client stamps it.
-func (c *client) addPart(req *wireReq, b *cbatch) {
+func (c *Client) addPart(req *Request, b *cbatch) {
 	now := c.clock()
-	switch c.lib.style {
-	case restampBatch:
+	switch c.Lib.Style {
+	case RestampBatch:
 		if b.recs[0].first > 0 {
-			d := now - b.recs[0].ts
+			d := now - b.recs[0].TS
 			for i := range b.recs {
-				b.recs[i].ts += d
+				b.recs[i].TS += d
 			}
 		}
-	case requeueRestamp:
+	case RequeueRestamp:
 		for i := range b.recs {
-			b.recs[i].ts = now
+			b.recs[i].TS = now
 		}
 	}
-	spec := &batchSpec{partition: b.part, pid: c.pid, epoch: b.epoch, seq: b.seq, w: c.lib.w}
+	spec := &Batch{Partition: b.part, PID: c.pid, Epoch: b.epoch, Seq: b.seq, W: c.Lib.W}
 	var whys []string
 	for i := range b.recs {
 		if b.recs[i].first == 0 {
 			b.recs[i].first = c.w.now
 		}
 		b.recs[i].attempts++
-		spec.recs = append(spec.recs, b.recs[i].rec)
+		spec.Recs = append(spec.Recs, b.recs[i].Rec)
 		whys = append(whys, b.recs[i].why)
 	}
-	req.parts = append(req.parts, spec)
-	req.raws = append(req.raws, spec.bytes())
-	req.whys = append(req.whys, whys)
+	req.Parts = append(req.Parts, spec)
+	req.Raws = append(req.Raws, spec.Bytes())
+	req.Whys = append(req.Whys, whys)
 	req.batches = append(req.batches, b)
 }
 
 // sendReq writes req on cn and arms its timeout.
-func (c *client) sendReq(cn *conn, req *wireReq) {
+func (c *Client) sendReq(cn *Conn, req *Request) {
 	w := c.w
-	req.sentAt = w.now
+	req.SentAt = w.now
 	w.reqs = append(w.reqs, req)
-	for _, s := range req.parts {
-		for _, r := range s.recs {
-			w.recs[r.lid].sends = append(w.recs[r.lid].sends, req.id)
+	for _, s := range req.Parts {
+		for _, r := range s.Recs {
+			w.recs[r.Lid].Sends = append(w.recs[r.Lid].Sends, req.ID)
 		}
 	}
 	cn.send(req)
-	if req.acks == 0 {
+	if req.Acks == 0 {
 		// Nothing comes back: the client takes them as sent.
-		for i, s := range req.parts {
-			for _, r := range s.recs {
-				c.acked(r.lid)
+		for i, s := range req.Parts {
+			for _, r := range s.Recs {
+				c.acked(r.Lid)
 			}
-			c.parts[s.partition].flight--
+			c.parts[s.Partition].flight--
 			_ = i
 		}
 		c.kick()
 		return
 	}
 	cn.inflight = append(cn.inflight, req)
-	w.after(req.timeout, func() {
+	w.after(req.Timeout, func() {
 		if slices.Contains(cn.inflight, req) {
 			c.timedOut(cn, req)
 		}
 	})
 }
 
-func (c *client) acked(l lid) {
+func (c *Client) acked(l Lid) {
 	ri := &c.w.recs[l]
-	if !ri.acked && ri.gaveUp == "" {
-		ri.acked = true
+	if !ri.Acked && ri.GaveUp == "" {
+		ri.Acked = true
 		c.open--
 		c.idle()
 	}
 }
 
-func (c *client) giveUp(l lid, why string) {
+func (c *Client) giveUp(l Lid, why string) {
 	ri := &c.w.recs[l]
-	if !ri.acked && ri.gaveUp == "" {
-		ri.gaveUp = why
+	if !ri.Acked && ri.GaveUp == "" {
+		ri.GaveUp = why
 		c.open--
 		c.idle()
 	}
 }
 
-func (c *client) idle() {
+func (c *Client) idle() {
 	if c.open == 0 && c.onIdle != nil {
 		f := c.onIdle
 		c.onIdle = nil
@@ -422,38 +421,38 @@ func (c *client) idle() {
 }
 
 // onAnswer: an answer reached the client.
-func (c *client) onAnswer(cn *conn, req *wireReq, res []partResult) {
+func (c *Client) onAnswer(cn *Conn, req *Request, res []PartResult) {
 	i := slices.Index(cn.inflight, req)
 	if i < 0 {
 		return // timed out already (kafkajs), or its connection abandoned
 	}
 	cn.inflight = slices.Delete(cn.inflight, i, i+1)
-	req.answered = res
+	req.Answered = res
 	if req.js != nil {
 		c.jsAnswer(req, res)
 		c.maybeClose(cn)
 		return
 	}
 	refresh := false
-	for i, s := range req.parts {
+	for i, s := range req.Parts {
 		r := res[i]
-		c.parts[s.partition].flight--
+		c.parts[s.Partition].flight--
 		switch {
-		case r.code == 0:
-			for _, x := range s.recs {
-				c.acked(x.lid)
+		case r.Code == 0:
+			for _, x := range s.Recs {
+				c.acked(x.Lid)
 			}
 		default:
-			if r.code == kerr.NotLeaderForPartition.Code {
+			if r.Code == kerr.NotLeaderForPartition.Code {
 				refresh = true
 			}
-			if c.lib.idempotent && (r.code == kerr.OutOfOrderSequenceNumber.Code || r.code == kerr.InvalidProducerEpoch.Code) && s.epoch == c.epoch {
+			if c.Lib.Idempotent && (r.Code == kerr.OutOfOrderSequenceNumber.Code || r.Code == kerr.InvalidProducerEpoch.Code) && s.Epoch == c.epoch {
 				// franz-go: the producer id is failed and its epoch bumped;
 				// every partition's sequences start again at 0.
 				c.epoch++
-				c.nextSeq = [maxPartitions]int32{}
+				c.nextSeq = [MaxPartitions]int32{}
 			}
-			c.requeue(req, i, fmt.Sprintf("error %d", r.code))
+			c.requeue(req, i, fmt.Sprintf("error %d", r.Code))
 		}
 	}
 	if refresh {
@@ -464,31 +463,31 @@ func (c *client) onAnswer(cn *conn, req *wireReq, res []partResult) {
 }
 
 // maybeClose closes cn cleanly once nothing is in flight on it, if asked.
-func (c *client) maybeClose(cn *conn) {
+func (c *Client) maybeClose(cn *Conn) {
 	if c.closeAfter[cn] && len(cn.inflight) == 0 {
 		delete(c.closeAfter, cn)
 		cn.close()
-		if c.conns[cn.node] == cn {
-			c.conns[cn.node] = nil
+		if c.conns[cn.Node] == cn {
+			c.conns[cn.Node] = nil
 		}
 	}
 }
 
 // requeue puts part i of a failed request back, as the client does.
-func (c *client) requeue(req *wireReq, i int, why string) {
+func (c *Client) requeue(req *Request, i int, why string) {
 	b := req.batches[i]
 	q := &c.parts[b.part]
 	var keep []qrec
 	for _, r := range b.recs {
-		if c.w.recs[r.lid].acked || c.w.recs[r.lid].gaveUp != "" {
+		if c.w.recs[r.Lid].Acked || c.w.recs[r.Lid].GaveUp != "" {
 			continue
 		}
-		if c.lib.retries >= 0 && r.attempts > c.lib.retries {
-			c.giveUp(r.lid, "retries exhausted")
+		if c.Lib.retries >= 0 && r.attempts > c.Lib.retries {
+			c.giveUp(r.Lid, "retries exhausted")
 			continue
 		}
 		if c.w.now-r.first >= deliveryTimeout {
-			c.giveUp(r.lid, "delivery timeout")
+			c.giveUp(r.Lid, "delivery timeout")
 			continue
 		}
 		r.why = why
@@ -497,27 +496,27 @@ func (c *client) requeue(req *wireReq, i int, why string) {
 	if len(keep) == 0 {
 		return
 	}
-	switch c.lib.style {
-	case sameBatch, restampBatch:
+	switch c.Lib.Style {
+	case SameBatch, RestampBatch:
 		b.recs = keep
-		if len(keep) < len(req.parts[i].recs) && c.lib.idempotent {
+		if len(keep) < len(req.Parts[i].Recs) && c.Lib.Idempotent {
 			// Never: an idempotent batch is acked or failed whole.
 			panic("partial idempotent batch")
 		}
 		q.batches = append(q.batches, b)
 		slices.SortFunc(q.batches, func(x, y *cbatch) int { return x.n - y.n })
-	case resplit:
+	case Resplit:
 		q.recs = append(keep, q.recs...)
-		slices.SortStableFunc(q.recs, func(x, y qrec) int { return int(x.lid - y.lid) })
-	case requeueRestamp:
+		slices.SortStableFunc(q.recs, func(x, y qrec) int { return int(x.Lid - y.Lid) })
+	case RequeueRestamp:
 		q.recs = append(q.recs, keep...)
 	}
 }
 
 // timedOut: no answer within the request timeout.
-func (c *client) timedOut(cn *conn, req *wireReq) {
-	req.timedOut = true
-	if c.lib.keepConn {
+func (c *Client) timedOut(cn *Conn, req *Request) {
+	req.TimedOut = true
+	if c.Lib.KeepConn {
 		// kafkajs keeps the connection: the send is retried, down it.
 		i := slices.Index(cn.inflight, req)
 		cn.inflight = slices.Delete(cn.inflight, i, i+1)
@@ -530,7 +529,7 @@ func (c *client) timedOut(cn *conn, req *wireReq) {
 }
 
 // connBroken: the client read the connection's end, or a reset.
-func (c *client) connBroken(cn *conn) {
+func (c *Client) connBroken(cn *Conn) {
 	if cn.broken || cn.clientClosed {
 		return
 	}
@@ -539,14 +538,14 @@ func (c *client) connBroken(cn *conn) {
 }
 
 // abandon fails every request in flight on cn and closes it.
-func (c *client) abandon(cn *conn, why string) {
+func (c *Client) abandon(cn *Conn, why string) {
 	reqs := cn.inflight
 	cn.inflight = nil
 	if !cn.broken {
 		cn.close()
 	}
-	if c.conns[cn.node] == cn {
-		c.conns[cn.node] = nil
+	if c.conns[cn.Node] == cn {
+		c.conns[cn.Node] = nil
 	}
 	delete(c.closeAfter, cn)
 	for _, req := range reqs {
@@ -554,8 +553,8 @@ func (c *client) abandon(cn *conn, why string) {
 			c.jsFailed(req, why)
 			continue
 		}
-		for i, s := range req.parts {
-			c.parts[s.partition].flight--
+		for i, s := range req.Parts {
+			c.parts[s.Partition].flight--
 			c.requeue(req, i, why)
 		}
 	}
@@ -565,22 +564,22 @@ func (c *client) abandon(cn *conn, why string) {
 }
 
 // refreshMeta learns the partitions' leaders, after a round trip.
-func (c *client) refreshMeta() {
+func (c *Client) refreshMeta() {
 	w := c.w
 	w.after(w.between(10*time.Millisecond, 100*time.Millisecond), func() {
-		c.meta = w.broker.leader
+		c.meta = w.broker.Leader
 		c.kick()
-		if c.lib.style == jsSend {
+		if c.Lib.Style == JSSend {
 			c.jsNext()
 		}
 	})
 }
 
-// end makes the process exit once nothing is open: its connections close
+// End makes the process exit once nothing is open: its connections close
 // cleanly.
-func (c *client) end() {
+func (c *Client) End() {
 	c.onIdle = func() {
-		c.ended, c.diedAt = true, c.w.now
+		c.ended, c.DiedAt = true, c.w.now
 		for _, cn := range c.conns {
 			if cn != nil && cn.usable() {
 				cn.close()
@@ -590,9 +589,9 @@ func (c *client) end() {
 	c.idle()
 }
 
-// closeConns closes the client's connections once what is in flight on
+// CloseConns closes the client's connections once what is in flight on
 // them is answered, as a client that closes and reconnects does.
-func (c *client) closeConns() {
+func (c *Client) CloseConns() {
 	for node, cn := range c.conns {
 		if cn == nil || !cn.usable() {
 			continue

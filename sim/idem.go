@@ -29,43 +29,43 @@ type idemKey struct {
 // the reason the proxy could not answer it (a shape), or fails the run.
 func (w *world) noteIdempotent(d *deciding) {
 	req := d.req
-	if req.acks == 0 {
+	if req.Acks == 0 {
 		return
 	}
 	if w.idemSent == nil {
-		w.idemSent, w.idemForwarded = map[idemKey][]*wireReq{}, map[string]int{}
+		w.idemSent, w.idemForwarded = map[idemKey][]*Request{}, map[string]int{}
 	}
-	for i, b := range req.parts {
-		if b.pid < 0 {
+	for i, b := range req.Parts {
+		if b.PID < 0 {
 			continue
 		}
 		pp := &d.pl.Parts[i]
-		k := idemKey{b.pid, b.partition, b.epoch, b.seq}
-		ref, ok := w.broker.idempotent(b, 0)
-		appended := !ok && ref.code == 0
-		var copies []*wireReq
+		k := idemKey{b.PID, b.Partition, b.Epoch, b.Seq}
+		ref, ok := w.broker.Idempotent(b, 0)
+		appended := !ok && ref.Code == 0
+		var copies []*Request
 		for _, e := range w.idemSent[k] {
 			// A copy the broker refused leaves nothing to answer with.
-			if appended || e.handled == 0 {
+			if appended || e.Handled == 0 {
 				copies = append(copies, e)
 			}
 		}
 		if len(copies) > 0 {
 			w.idemResent++
 			if pp.Act == decide.Forward {
-				sh := w.idemForwardShape(req, copies, b.partition)
-				if sh.covered && ref.code == kerr.OutOfOrderSequenceNumber.Code {
+				sh := w.idemForwardShape(req, copies, b.Partition)
+				if sh.Covered && ref.Code == kerr.OutOfOrderSequenceNumber.Code {
 					// The broker itself would refuse this resend now: it
 					// neither follows its producer's last batch nor is
 					// one of the 5 Kafka retains, so more of its
 					// producer's batches are on their way than that.
 					sh = shIdemFwdBeyond
 				}
-				w.idemForwarded[sh.name]++
-				if sh.covered {
+				w.idemForwarded[sh.Name]++
+				if sh.Covered {
 					e := copies[len(copies)-1]
 					w.idemFailures = append(w.idemFailures, fmt.Sprintf("req %d (conn %d) pid %d p%d epoch %d seq %d: %s; req %d (conn %d) sent it before (appended: %v; answered to the proxy: %v)",
-						req.id, req.cn.id, b.pid, b.partition, b.epoch, b.seq, sh.name, e.id, e.cn.id, appended, e.settled > 0))
+						req.ID, req.Conn.ID, b.PID, b.Partition, b.Epoch, b.Seq, sh.Name, e.ID, e.Conn.ID, appended, e.Settled > 0))
 				}
 			}
 		}
@@ -78,15 +78,15 @@ func (w *world) noteIdempotent(d *deciding) {
 // idemForwardShape says why resend s was forwarded, copies the earlier
 // copies of its batch in the log or on their way: a reason one of them
 // gives, or none.
-func (w *world) idemForwardShape(s *wireReq, copies []*wireReq, p int32) shape {
+func (w *world) idemForwardShape(s *Request, copies []*Request, p int32) Shape {
 	sh := shIdemForwarded
 	for _, e := range copies {
 		switch {
-		case s.coreName != e.coreName:
+		case s.CoreName != e.CoreName:
 			return shIdemFwdRestart
-		case e.lost:
+		case e.Lost:
 			sh = shIdemFwdLost
-		case e.acks != -1 || s.acks != -1 || e.settledCode(p) == kerr.RequestTimedOut.Code:
+		case e.Acks != -1 || s.Acks != -1 || e.settledCode(p) == kerr.RequestTimedOut.Code:
 			if sh != shIdemFwdLost {
 				sh = shIdemFwdNoOffset
 			}
@@ -97,10 +97,10 @@ func (w *world) idemForwardShape(s *wireReq, copies []*wireReq, p int32) shape {
 
 // settledCode is the error code of the broker's answer for partition p of
 // e as the proxy stepped it, -1 if none.
-func (e *wireReq) settledCode(p int32) int16 {
-	for _, r := range e.resp {
-		if r.partition == p {
-			return r.code
+func (e *Request) settledCode(p int32) int16 {
+	for _, r := range e.Resp {
+		if r.Partition == p {
+			return r.Code
 		}
 	}
 	return -1

@@ -17,7 +17,7 @@ import (
 
 type jsSendState struct {
 	msgs      []qrec
-	responded map[int]*wireReq // node → the request it answered
+	responded map[int]*Request // node → the request it answered
 	pending   int
 	failed    bool
 	why       string
@@ -25,23 +25,23 @@ type jsSendState struct {
 }
 
 // jsNext starts the next send if none is under way.
-func (c *client) jsNext() {
+func (c *Client) jsNext() {
 	if c.js != nil || len(c.jsQueue) == 0 || c.ended {
 		return
 	}
 	n := 0
 	var msgs []qrec
-	for n < len(c.jsQueue) && len(msgs) < c.lib.maxBatch {
+	for n < len(c.jsQueue) && len(msgs) < c.Lib.maxBatch {
 		msgs = append(msgs, c.jsQueue[n]...)
 		n++
 	}
 	c.jsQueue = c.jsQueue[n:]
-	c.js = &jsSendState{msgs: msgs, responded: map[int]*wireReq{}}
+	c.js = &jsSendState{msgs: msgs, responded: map[int]*Request{}}
 	c.jsAttempt()
 }
 
 // jsAttempt is one attempt of the send in progress.
-func (c *client) jsAttempt() {
+func (c *Client) jsAttempt() {
 	w, js := c.w, c.js
 	js.failed, js.why = false, ""
 	js.attempt++
@@ -49,7 +49,7 @@ func (c *client) jsAttempt() {
 	byNode := map[int]map[int32][]int{} // node → partition → message indexes
 	for i := range js.msgs {
 		m := &js.msgs[i]
-		if w.recs[m.lid].acked || w.recs[m.lid].gaveUp != "" {
+		if w.recs[m.Lid].Acked || w.recs[m.Lid].GaveUp != "" {
 			continue
 		}
 		p := int32(c.rr % c.nparts)
@@ -59,10 +59,10 @@ func (c *client) jsAttempt() {
 			// responsePerBroker: this broker answered the send already, so
 			// nothing more goes to it; a message partitioned onto it now
 			// that it did not carry is never sent (a loss of kafkajs's own).
-			if !slices.ContainsFunc(r.parts, func(s *batchSpec) bool {
-				return slices.ContainsFunc(s.recs, func(x rec) bool { return x.lid == m.lid })
+			if !slices.ContainsFunc(r.Parts, func(s *Batch) bool {
+				return slices.ContainsFunc(s.Recs, func(x Rec) bool { return x.Lid == m.Lid })
 			}) {
-				c.giveUp(m.lid, "kafkajs: partitioned onto a broker that had answered the send")
+				c.giveUp(m.Lid, "kafkajs: partitioned onto a broker that had answered the send")
 			}
 			continue
 		}
@@ -81,7 +81,7 @@ func (c *client) jsAttempt() {
 			js.failed, js.why = true, "connect"
 			continue
 		}
-		req := &wireReq{id: len(w.reqs) + 1, c: c, cn: cn, acks: c.acks, timeout: c.timeout, js: js, node: node}
+		req := &Request{ID: len(w.reqs) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, js: js, Node: node}
 		for p := int32(0); p < int32(c.nparts); p++ {
 			idx := parts[p]
 			if len(idx) == 0 {
@@ -90,27 +90,27 @@ func (c *client) jsAttempt() {
 			b := &cbatch{part: p, seq: -1}
 			for _, i := range idx {
 				m := &js.msgs[i]
-				m.ts = now
+				m.TS = now
 				if m.first == 0 {
 					m.first = w.now
 				}
 				m.attempts++
 				b.recs = append(b.recs, *m)
 			}
-			spec := &batchSpec{partition: p, pid: -1, seq: -1, w: c.lib.w}
+			spec := &Batch{Partition: p, PID: -1, Seq: -1, W: c.Lib.W}
 			var whys []string
 			for _, m := range b.recs {
-				spec.recs = append(spec.recs, m.rec)
+				spec.Recs = append(spec.Recs, m.Rec)
 				whys = append(whys, m.why)
 			}
-			req.parts = append(req.parts, spec)
-			req.raws = append(req.raws, spec.bytes())
-			req.whys = append(req.whys, whys)
+			req.Parts = append(req.Parts, spec)
+			req.Raws = append(req.Raws, spec.Bytes())
+			req.Whys = append(req.Whys, whys)
 			req.batches = append(req.batches, b)
 		}
 		js.pending++
 		c.sendReq(cn, req)
-		if req.acks == 0 {
+		if req.Acks == 0 {
 			js.pending--
 		}
 	}
@@ -118,27 +118,27 @@ func (c *client) jsAttempt() {
 }
 
 // jsAnswer: a broker answered one request of the send.
-func (c *client) jsAnswer(req *wireReq, res []partResult) {
+func (c *Client) jsAnswer(req *Request, res []PartResult) {
 	js := req.js
 	js.pending--
 	ok := true
 	for _, r := range res {
-		if r.code != 0 {
+		if r.Code != 0 {
 			ok = false
-			js.failed, js.why = true, "error "+itoa(int(r.code))
-			if r.code == kerr.NotLeaderForPartition.Code {
+			js.failed, js.why = true, "error "+itoa(int(r.Code))
+			if r.Code == kerr.NotLeaderForPartition.Code {
 				c.refreshMeta()
 			}
 		}
 	}
 	if ok {
-		js.responded[req.node] = req
+		js.responded[req.Node] = req
 	}
 	c.jsSettle()
 }
 
 // jsFailed: a request of the send timed out, or its connection broke.
-func (c *client) jsFailed(req *wireReq, why string) {
+func (c *Client) jsFailed(req *Request, why string) {
 	js := req.js
 	js.pending--
 	js.failed, js.why = true, why
@@ -146,7 +146,7 @@ func (c *client) jsFailed(req *wireReq, why string) {
 }
 
 // jsSettle ends the attempt once every request of it is settled.
-func (c *client) jsSettle() {
+func (c *Client) jsSettle() {
 	js := c.js
 	if js == nil || js.pending > 0 {
 		return
@@ -154,7 +154,7 @@ func (c *client) jsSettle() {
 	w := c.w
 	if !js.failed {
 		for _, m := range js.msgs {
-			c.acked(m.lid)
+			c.acked(m.Lid)
 		}
 		c.js = nil
 		c.jsNext()
@@ -163,9 +163,9 @@ func (c *client) jsSettle() {
 	for i := range js.msgs {
 		js.msgs[i].why = js.why
 	}
-	if js.attempt > c.lib.retries {
+	if js.attempt > c.Lib.retries {
 		for _, m := range js.msgs {
-			c.giveUp(m.lid, "retries exhausted")
+			c.giveUp(m.Lid, "retries exhausted")
 		}
 		c.js = nil
 		c.jsNext()

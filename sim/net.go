@@ -6,19 +6,19 @@ import (
 	"github.com/dedupproxy/dedupproxy/decide"
 )
 
-// conn is one client connection through the proxy: a FIFO of requests
+// Conn is one client connection through the proxy: a FIFO of requests
 // from the client and one of answers back, each hop taking the network's
 // latency, and the faults that end it.
-type conn struct {
-	w    *world
-	id   decide.ConnID
-	c    *client
-	node int      // the broker node the client addressed
-	r    *replica // the replica whose listener it reached
-	s    *session
+type Conn struct {
+	w      *world
+	ID     decide.ConnID
+	Client *Client
+	Node   int      // the broker node the client addressed
+	r      *replica // the replica whose listener it reached
+	s      *session
 
 	// The client's side.
-	inflight     []*wireReq // sent, not answered, in order
+	inflight     []*Request // sent, not answered, in order
 	closedAt     time.Duration
 	clientClosed bool // the client closed it (its FIN follows its last request)
 	broken       bool // the client saw it break
@@ -27,27 +27,27 @@ type conn struct {
 
 	// The network.
 	cutAt     time.Duration // from then on nothing gets through; 0: never
-	silent    bool          // the cut sends no reset: the proxy never hears of it
-	middlebox bool          // answers are acknowledged to the proxy but never reach the client
+	Silent    bool          // the cut sends no reset: the proxy never hears of it
+	Middlebox bool          // answers are acknowledged to the proxy but never reach the client
 	loseNext  bool          // the next answer is lost, and the connection with it
 	toProxy   time.Duration // FIFO: the last arrival scheduled at the proxy
 	toClient  time.Duration
-	// finAt: when its end (the client's, or a reset) reached the proxy.
-	finAt time.Duration
-	// toldAt: when the core was told it ended (0: not yet).
-	toldAt time.Duration
-	// Answers the proxy wrote, and those the client's TCP stack received
+	// FinAt: when its end (the client's, or a reset) reached the proxy.
+	FinAt time.Duration
+	// ToldAt: when the core was told it ended (0: not yet).
+	ToldAt time.Duration
+	// Answers the proxy wrote, and those the client's TCP stack Received
 	// before it closed (a clean close has them equal).
-	written, received int
+	Written, Received int
 }
 
-func (cn *conn) isCut(at time.Duration) bool { return cn.cutAt > 0 && at >= cn.cutAt }
+func (cn *Conn) isCut(at time.Duration) bool { return cn.cutAt > 0 && at >= cn.cutAt }
 
 // usable reports whether the client may still send on cn.
-func (cn *conn) usable() bool { return !cn.clientClosed && !cn.broken }
+func (cn *Conn) usable() bool { return !cn.clientClosed && !cn.broken }
 
 // send carries a request to the proxy.
-func (cn *conn) send(req *wireReq) {
+func (cn *Conn) send(req *Request) {
 	w := cn.w
 	cn.lastUse = w.now
 	arrive := max(w.now+w.latency(), cn.toProxy)
@@ -63,7 +63,7 @@ func (cn *conn) send(req *wireReq) {
 
 // close is the client closing cn: its FIN reaches the proxy behind the
 // requests it sent.
-func (cn *conn) close() {
+func (cn *Conn) close() {
 	if cn.clientClosed || cn.broken {
 		return
 	}
@@ -79,49 +79,49 @@ func (cn *conn) close() {
 	})
 }
 
-// cut breaks cn: nothing more gets through either way. The proxy sees a
-// reset at once unless the cut is silent; the client notices at once
+// Cut breaks cn: nothing more gets through either way. The proxy sees a
+// reset at once unless the Cut is silent; the client notices at once
 // (reset) or only by its request timeouts (silent).
-func (cn *conn) cut(silent bool) {
+func (cn *Conn) Cut(silent bool) {
 	w := cn.w
 	if cn.cutAt > 0 {
 		return
 	}
-	cn.cutAt, cn.silent = w.now, silent
+	cn.cutAt, cn.Silent = w.now, silent
 	if s := cn.s; s != nil && !silent {
 		w.after(w.latency(), s.reset)
 	}
 	if !silent {
-		w.after(w.latency(), func() { cn.c.connBroken(cn) })
+		w.after(w.latency(), func() { cn.Client.connBroken(cn) })
 	}
 }
 
-// answer carries an answer to the client. It reports whether the write
+// Answer carries an Answer to the client. It reports whether the write
 // succeeded at the proxy.
-func (cn *conn) answer(req *wireReq, res []partResult) {
+func (cn *Conn) Answer(req *Request, res []PartResult) {
 	w := cn.w
-	cn.written++
+	cn.Written++
 	arrive := max(w.now+w.latency(), cn.toClient)
 	cn.toClient = arrive
 	if cn.loseNext {
 		cn.loseNext = false
-		cn.cut(false)
+		cn.Cut(false)
 	}
 	w.at(arrive, func() {
 		if cn.isCut(arrive) || cn.clientClosed || cn.broken {
 			return // lost with the connection, or its client left
 		}
-		cn.received++
-		if cn.middlebox {
+		cn.Received++
+		if cn.Middlebox {
 			return // acknowledged, never passed on
 		}
-		cn.c.onAnswer(cn, req, res)
+		cn.Client.onAnswer(cn, req, res)
 	})
 }
 
-// proxyClosed is the proxy closing cn (its session ended): the client
+// ProxyClosed is the proxy closing cn (its session ended): the client
 // reads the end after the answers before it.
-func (cn *conn) proxyClosed() {
+func (cn *Conn) ProxyClosed() {
 	w := cn.w
 	arrive := max(w.now+w.latency(), cn.toClient)
 	cn.toClient = arrive
@@ -129,6 +129,6 @@ func (cn *conn) proxyClosed() {
 		if cn.isCut(arrive) || cn.clientClosed || cn.broken {
 			return
 		}
-		cn.c.connBroken(cn)
+		cn.Client.connBroken(cn)
 	})
 }

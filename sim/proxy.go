@@ -41,12 +41,12 @@ type session struct {
 	w     *world
 	r     *replica
 	k     *core
-	cn    *conn
+	cn    *Conn
 	gone  bool // its process is gone (a crash): nothing of it runs again
 	dconn *decide.Conn
 
 	// readLoop
-	inbox      []*wireReq
+	inbox      []*Request
 	finIn      bool // the client's end of stream is behind the inbox
 	rstIn      bool // reset: reads fail
 	cur        *deciding
@@ -75,7 +75,7 @@ type session struct {
 
 // deciding is a request in decideProduce's loop.
 type deciding struct {
-	req        *wireReq
+	req        *Request
 	dreq       decide.Request
 	pl         *decide.Plan
 	round      int
@@ -90,12 +90,12 @@ type deciding struct {
 
 // pending is a request queued for its answer.
 type pending struct {
-	req     *wireReq
+	req     *Request
 	pl      *decide.Plan // nil for an answer the replica gate gave
-	local   []partResult // the gate's answer
+	local   []PartResult // the gate's answer
 	up      bool         // something went upstream
 	sent    []sentPart   // what went upstream
-	resp    []partResult
+	resp    []PartResult
 	arrived bool
 	failed  bool
 	held    bool // its decision waited (producePlan.held)
@@ -103,12 +103,12 @@ type pending struct {
 
 // sentPart is one batch as it went upstream.
 type sentPart struct {
-	spec *batchSpec
+	spec *Batch
 	raw  []byte
-	recs []rec // the records it carries (lids), as far as the bytes tell
+	recs []Rec // the records it carries (lids), as far as the bytes tell
 }
 
-func (r *replica) newSession(cn *conn) *session {
+func (r *replica) newSession(cn *Conn) *session {
 	s := &session{w: r.w, r: r, k: r.core, cn: cn}
 	cn.s = s
 	r.sessions = append(r.sessions, s)
@@ -116,7 +116,7 @@ func (r *replica) newSession(cn *conn) *session {
 }
 
 // arrive: a request reached the proxy.
-func (s *session) arrive(req *wireReq) {
+func (s *session) arrive(req *Request) {
 	if s.rstIn || s.readEnded {
 		return
 	}
@@ -127,8 +127,8 @@ func (s *session) arrive(req *wireReq) {
 // fin: the client's end of stream reached the proxy.
 func (s *session) fin() {
 	s.finIn = true
-	if s.cn.finAt == 0 {
-		s.cn.finAt = s.w.now
+	if s.cn.FinAt == 0 {
+		s.cn.FinAt = s.w.now
 	}
 	s.pumpRead()
 }
@@ -140,8 +140,8 @@ func (s *session) reset() {
 		return
 	}
 	s.rstIn = true
-	if s.cn.finAt == 0 {
-		s.cn.finAt = s.w.now
+	if s.cn.FinAt == 0 {
+		s.cn.FinAt = s.w.now
 	}
 	for _, req := range s.inbox {
 		s.w.lostAcks0(req, "lost with its connection")
@@ -176,13 +176,13 @@ func (s *session) pumpRead() {
 }
 
 // handle is readLoop's work on one Produce request.
-func (s *session) handle(req *wireReq) {
+func (s *session) handle(req *Request) {
 	d := &deciding{req: req}
 	s.cur = d
-	if req.acks != 0 && (s.r.releasing[s.cn.node] || s.r.released[s.cn.node]) {
+	if req.Acks != 0 && (s.r.releasing[s.cn.Node] || s.r.released[s.cn.Node]) {
 		// replicaGate: held while the node moves, then redirected.
 		d.gate = true
-		if s.r.released[s.cn.node] {
+		if s.r.released[s.cn.Node] {
 			s.redirect(d)
 		}
 		return
@@ -194,10 +194,10 @@ func (s *session) handle(req *wireReq) {
 // for every partition (proxy/handover.go, redirect).
 func (s *session) redirect(d *deciding) {
 	p := &pending{req: d.req}
-	for _, b := range d.req.parts {
-		p.local = append(p.local, partResult{partition: b.partition, code: kerr.NotLeaderForPartition.Code, offset: -1, appendTime: -1})
+	for _, b := range d.req.Parts {
+		p.local = append(p.local, PartResult{Partition: b.Partition, Code: kerr.NotLeaderForPartition.Code, Offset: -1, AppendTime: -1})
 	}
-	s.w.script.comment("replica %d redirects req=%d: node %d moved", s.r.id, d.req.id, s.cn.node)
+	s.w.script.comment("replica %d redirects req=%d: node %d moved", s.r.id, d.req.ID, s.cn.Node)
 	s.cur = nil
 	s.enqueue(p)
 	s.pumpResp()
@@ -212,17 +212,17 @@ func (s *session) coreConn() *decide.Conn {
 		return s.dconn
 	}
 	w, cn := s.w, s.cn
-	info := cn.c.info
-	s.dconn = s.k.connect(cn.id, info, w.wall())
+	info := cn.Client.Info
+	s.dconn = s.k.connect(cn.ID, info, w.wall())
 	w.script.connect(s)
 	for _, id := range s.k.siblings(s.dconn) {
 		sib := w.conns[id]
 		if sib.s != nil && (sib.s.finIn || sib.s.rstIn) && !sib.s.disconnected && !sib.s.readEnded {
-			w.script.comment("conn %d's first produce finds sibling conn %d closed by its client", cn.id, id)
+			w.script.comment("conn %d's first produce finds sibling conn %d closed by its client", cn.ID, id)
 			clean := sib.s.clean()
 			w.script.close(sib.s, "sibling", clean)
-			if sib.toldAt == 0 {
-				sib.toldAt = w.now
+			if sib.ToldAt == 0 {
+				sib.ToldAt = w.now
 			}
 			s.k.disconnectSibling(s.dconn, id, clean, w.wall())
 		}
@@ -232,10 +232,10 @@ func (s *session) coreConn() *decide.Conn {
 
 func (s *session) decideProduce(d *deciding) {
 	req := d.req
-	d.dreq = decide.Request{Conn: s.coreConn(), Version: requestVersion, Acks: req.acks, Timeout: req.timeout}
-	for i, b := range req.parts {
-		var h = headerOf(req.raws[i])
-		d.dreq.Parts = append(d.dreq.Parts, decide.Part{TI: 0, PI: i, Topic: s.k.topic, Partition: b.partition, Header: h, Records: req.raws[i]})
+	d.dreq = decide.Request{Conn: s.coreConn(), Version: requestVersion, Acks: req.Acks, Timeout: req.Timeout}
+	for i, b := range req.Parts {
+		var h = HeaderOf(req.Raws[i])
+		d.dreq.Parts = append(d.dreq.Parts, decide.Part{TI: 0, PI: i, Topic: s.k.topic, Partition: b.Partition, Header: h, Records: req.Raws[i]})
 	}
 	d.pl = &decide.Plan{}
 	s.step(d)
@@ -291,7 +291,7 @@ func (s *session) step(d *deciding) {
 		break
 	}
 	pl := d.pl
-	if pl.AnyUp && d.req.acks != 0 && (s.k.gone(s.dconn) || d.held && s.clientClosedBehind()) {
+	if pl.AnyUp && d.req.Acks != 0 && (s.k.gone(s.dconn) || d.held && s.clientClosedBehind()) {
 		// Its client gave up on this connection: not forwarded
 		// (docs/produce-path.md, "Deliver").
 		w.script.unsent(s, d.req)
@@ -301,7 +301,7 @@ func (s *session) step(d *deciding) {
 		return
 	}
 	s.cur = nil
-	d.req.decided, d.req.plan, d.req.coreName, d.req.replica = w.now, pl, s.k.name, s.r.id
+	d.req.Decided, d.req.CoreName, d.req.Replica = w.now, s.k.name, s.r.id
 	w.checkIdempotent(d)
 	w.noteIdempotent(d)
 	s.sendDecided(d)
@@ -310,8 +310,8 @@ func (s *session) step(d *deciding) {
 
 // told records when the core first heard that the connection ended.
 func (s *session) told() {
-	if s.cn.toldAt == 0 {
-		s.cn.toldAt = s.w.now
+	if s.cn.ToldAt == 0 {
+		s.cn.ToldAt = s.w.now
 	}
 }
 
@@ -377,23 +377,23 @@ func (s *session) sendDecided(d *deciding) {
 	w, pl, req := s.w, d.pl, d.req
 	p := &pending{req: req, pl: pl, up: pl.AnyUp, held: d.held}
 	if pl.AnyUp {
-		for i, b := range req.parts {
+		for i, b := range req.Parts {
 			pp := &pl.Parts[i]
 			switch pp.Act {
 			case decide.Forward:
-				p.sent = append(p.sent, sentPart{spec: b, raw: req.raws[i], recs: b.recs})
+				p.sent = append(p.sent, sentPart{spec: b, raw: req.Raws[i], recs: b.Recs})
 			case decide.Rebuild:
 				raw := pl.Rebuilt[pp.At:pp.End]
-				p.sent = append(p.sent, sentPart{spec: b, raw: append([]byte(nil), raw...), recs: keptRecords(b.recs, raw, w.everWritten)})
+				p.sent = append(p.sent, sentPart{spec: b, raw: append([]byte(nil), raw...), recs: KeptRecords(b.Recs, raw, w.everWritten)})
 			}
 		}
 	}
 	for _, sp := range p.sent {
 		for _, r := range sp.recs {
-			w.recs[r.lid].upstream = true
+			w.recs[r.Lid].Upstream = true
 		}
 	}
-	if req.acks == 0 {
+	if req.Acks == 0 {
 		if p.up {
 			s.forward(p)
 		}
@@ -426,7 +426,7 @@ func (s *session) forward(p *pending) {
 		return
 	}
 	start := max(arrive, s.upFree) + w.between(200*time.Microsecond, 3*time.Millisecond)
-	hold := w.brokerHold(s.cn.node)
+	hold := w.brokerHold(s.cn.Node)
 	start += hold
 	s.upFree = start
 	w.at(start, func() {
@@ -434,8 +434,8 @@ func (s *session) forward(p *pending) {
 			w.lostAcks0(p.req, "its broker connection broke")
 			return
 		}
-		res, lag := w.handleProduce(s.cn.node, p)
-		if p.req.acks == 0 {
+		res, lag := w.handleProduce(s.cn.Node, p)
+		if p.req.Acks == 0 {
 			return
 		}
 		at := max(w.now+lag+w.latency(), s.upResp)
@@ -480,7 +480,7 @@ func (s *session) pumpResp() {
 			return
 		default:
 			w.script.answer(s, p)
-			p.req.settled, p.req.resp = w.now, p.resp
+			p.req.Settled, p.req.Resp = w.now, p.resp
 			w.wake(s.k.outcome(p.pl, requestVersion, p.resp, w.wall()), s.k)
 		}
 		if p.failed && !s.dead {
@@ -496,7 +496,7 @@ func (s *session) pumpResp() {
 		told := false
 		if pl := p.pl; pl != nil && !s.dead && !p.failed && !s.clientLeft {
 			told = true
-			p.req.delivAt = w.now
+			p.req.DelivAt = w.now
 			w.script.deliver(s, p.req, true)
 			s.k.delivered(pl, true, w.wall())
 		}
@@ -532,7 +532,7 @@ func (s *session) pumpResp() {
 // fail: p gets no answer from the broker; its outcome is unknown.
 func (s *session) fail(p *pending) {
 	if p.pl != nil && !p.failed {
-		p.req.lost, p.req.lostAt = true, s.w.now
+		p.req.Lost, p.req.LostAt = true, s.w.now
 		s.w.script.lost(s, p.req)
 		s.w.wake(s.k.lost(p.pl, s.w.wall()), s.k)
 	}
@@ -544,7 +544,7 @@ func (s *session) fail(p *pending) {
 func (s *session) write(p *pending) bool {
 	cn := s.cn
 	switch {
-	case s.rstIn && !cn.silent:
+	case s.rstIn && !cn.Silent:
 		return false
 	case s.finIn:
 		// A closed client's kernel takes the first write and answers it
@@ -558,24 +558,24 @@ func (s *session) write(p *pending) bool {
 	if p.pl != nil {
 		res = s.answerOf(p)
 	}
-	p.req.written = res
-	cn.answer(p.req, res)
+	p.req.Written = res
+	cn.Answer(p.req, res)
 	return true
 }
 
 // answerOf is the answer the client gets (proxy finishProduce): each part
 // from the broker, or from the proxy (Answer, Rebuild).
-func (s *session) answerOf(p *pending) []partResult {
-	var out []partResult
-	for i, b := range p.req.parts {
+func (s *session) answerOf(p *pending) []PartResult {
+	var out []PartResult
+	for i, b := range p.req.Parts {
 		pp := &p.pl.Parts[i]
 		switch pp.Act {
 		case decide.Answer, decide.Rebuild:
-			out = append(out, partResult{partition: b.partition, code: pp.Local.ErrorCode, offset: pp.Local.BaseOffset, appendTime: pp.Local.LogAppendTime})
+			out = append(out, PartResult{Partition: b.Partition, Code: pp.Local.ErrorCode, Offset: pp.Local.BaseOffset, AppendTime: pp.Local.LogAppendTime})
 		default:
-			r := partResult{partition: b.partition, code: kerr.RequestTimedOut.Code, offset: -1, appendTime: -1}
+			r := PartResult{Partition: b.Partition, Code: kerr.RequestTimedOut.Code, Offset: -1, AppendTime: -1}
 			for _, x := range p.resp {
-				if x.partition == b.partition {
+				if x.Partition == b.Partition {
 					r = x
 				}
 			}
@@ -591,7 +591,7 @@ func (s *session) answerOf(p *pending) []partResult {
 // as the proxy reads it from the socket (proxy howClosed). A client that
 // closes with answers unread, or receives one after its close, resets.
 func (s *session) clean() bool {
-	return s.finIn && !s.rstIn && len(s.queue) == 0 && s.cn.received == s.cn.written
+	return s.finIn && !s.rstIn && len(s.queue) == 0 && s.cn.Received == s.cn.Written
 }
 
 // endRead: readLoop returned. The core hears the connection end at once;
@@ -632,7 +632,7 @@ func (s *session) closeAll() {
 		return
 	}
 	s.closed = true
-	s.cn.proxyClosed()
+	s.cn.ProxyClosed()
 	if d := s.cur; d != nil && !d.gate {
 		if d.waiting {
 			// awaitWake returns false: errClientGone, nothing forwarded.

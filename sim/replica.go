@@ -54,7 +54,7 @@ func (w *world) crash(r *replica) {
 		cn := s.cn
 		if cn.cutAt == 0 {
 			cn.cutAt = w.now
-			w.after(w.latency(), func() { cn.c.connBroken(cn) })
+			w.after(w.latency(), func() { cn.Client.connBroken(cn) })
 		}
 	}
 	r.sessions = nil
@@ -102,7 +102,7 @@ func (w *world) handOver(node int) {
 			return
 		}
 		var parts []int32
-		for p, n := range w.broker.leader {
+		for p, n := range w.broker.Leader {
 			if n == node {
 				parts = append(parts, int32(p))
 			}
@@ -118,7 +118,7 @@ func (w *world) handOver(node int) {
 		from.releasing[node], from.released[node] = false, true
 		to.released[node] = false
 		for _, s := range from.sessions {
-			if d := s.cur; d != nil && d.gate && !s.gone && s.cn.node == node {
+			if d := s.cur; d != nil && d.gate && !s.gone && s.cn.Node == node {
 				s.redirect(d)
 			}
 		}
@@ -129,7 +129,7 @@ func (w *world) handOver(node int) {
 // nodeBusy: some request of node is being decided or is upstream at r.
 func (r *replica) nodeBusy(node int) bool {
 	for _, s := range r.sessions {
-		if s.gone || s.cn.node != node {
+		if s.gone || s.cn.Node != node {
 			continue
 		}
 		if d := s.cur; d != nil && !d.gate {

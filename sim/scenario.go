@@ -34,8 +34,8 @@ func newWorld(seed uint64, cfg coreConfig, rec bool) *world {
 	}
 	w.cfg = cfg
 	w.nodes = 1 + w.intn(3)
-	for p := range w.broker.leader {
-		w.broker.leader[p] = p % w.nodes
+	for p := range w.broker.Leader {
+		w.broker.Leader[p] = p % w.nodes
 	}
 	nrep := 1
 	if w.nodes > 1 && w.chance(0.2) {
@@ -65,9 +65,9 @@ var nat = netip.MustParseAddr("192.0.2.1")
 func hostN(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, 1, byte(n)}) }
 
 // streamLibs are the clients whose retries the rule is for.
-var streamLibs = []library{libFranzGo, libJava, libKafkaPython, libSarama, libRdkafka, libKafkaGo, libKafkaJS}
+var streamLibs = []Library{FranzGo, Java, KafkaPython, Sarama, Rdkafka, KafkaGo, KafkaJS}
 
-func (w *world) pickLib(libs []library) library { return libs[w.intn(len(libs))] }
+func (w *world) pickLib(libs []Library) Library { return libs[w.intn(len(libs))] }
 
 // addClients adds two to four workloads.
 func (w *world) addClients() {
@@ -96,26 +96,26 @@ func (w *world) addClients() {
 	}
 }
 
-func (w *world) info(id string, host netip.Addr, lib library) clientInfo {
-	return clientInfo{id: id, host: host, software: lib.software}
+func (w *world) info(id string, host netip.Addr, lib Library) Info {
+	return Info{ID: id, Host: host, Software: lib.Software}
 }
 
 // streamClient sends unique records at a steady pace.
 func (w *world) streamClient(i int, acks int16) {
 	lib := w.pickLib(streamLibs)
 	name := fmt.Sprintf("c%d", i)
-	c := w.newClient(name, w.info(name, hostN(i), lib), lib, acks, fmt.Sprintf("stream %s acks=%d", lib.name, acks))
+	c := w.newClient(name, w.info(name, hostN(i), lib), lib, acks, fmt.Sprintf("stream %s acks=%d", lib.Name, acks))
 	every := w.between(10*time.Millisecond, 80*time.Millisecond)
-	keyed := lib.style != jsSend && w.chance(0.5)
+	keyed := lib.Style != JSSend && w.chance(0.5)
 	n := 0
 	var tick func()
 	tick = func() {
 		if w.now >= w.endAt {
-			c.end()
+			c.End()
 			return
 		}
-		p := int32(w.intn(maxPartitions))
-		c.produce(fmt.Sprintf("%sr%d", name, n), p, keyed)
+		p := int32(w.intn(MaxPartitions))
+		c.Produce(fmt.Sprintf("%sr%d", name, n), p, keyed)
 		n++
 		w.after(w.between(every/2, every*3/2), tick)
 	}
@@ -127,21 +127,21 @@ func (w *world) streamClient(i int, acks int16) {
 func (w *world) heartbeatClient(i int) {
 	lib := w.pickLib(streamLibs)
 	name := fmt.Sprintf("hb%d", i)
-	c := w.newClient(name, w.info(name, hostN(i), lib), lib, -1, "heartbeat "+lib.name)
+	c := w.newClient(name, w.info(name, hostN(i), lib), lib, -1, "heartbeat "+lib.Name)
 	period := w.between(10*time.Millisecond, 300*time.Millisecond)
 	reconnect := 2 + w.intn(8)
-	p := int32(w.intn(maxPartitions))
+	p := int32(w.intn(MaxPartitions))
 	beats := 0
 	var tick func()
 	tick = func() {
 		if w.now >= w.endAt {
-			c.end()
+			c.End()
 			return
 		}
-		c.produce("hb", p, true)
+		c.Produce("hb", p, true)
 		beats++
 		if beats%reconnect == 0 {
-			c.closeConns()
+			c.CloseConns()
 		}
 		w.after(w.between(period*9/10, period*11/10), tick)
 	}
@@ -156,17 +156,17 @@ func (w *world) oneShotJobs(i int) {
 	name := fmt.Sprintf("job%d", i)
 	info := w.info(name, hostN(i), lib)
 	period := w.between(20*time.Millisecond, time.Second)
-	p := int32(w.intn(maxPartitions))
+	p := int32(w.intn(MaxPartitions))
 	run := 0
 	var start func()
 	start = func() {
 		if w.now >= w.endAt {
 			return
 		}
-		c := w.newClient(fmt.Sprintf("%s.%d", name, run), info, lib, -1, "one-shot "+lib.name)
+		c := w.newClient(fmt.Sprintf("%s.%d", name, run), info, lib, -1, "one-shot "+lib.Name)
 		run++
-		c.produce("job", p, true)
-		c.end()
+		c.Produce("job", p, true)
+		c.End()
 		w.after(w.between(period*9/10, period*11/10), start)
 	}
 	w.after(w.between(0, 50*time.Millisecond), start)
@@ -178,22 +178,22 @@ func (w *world) twins(i int) {
 	lib := w.pickLib(streamLibs)
 	sameID := w.chance(0.5)
 	period := w.between(10*time.Millisecond, 150*time.Millisecond)
-	p := int32(w.intn(maxPartitions))
+	p := int32(w.intn(MaxPartitions))
 	for j := 0; j < 2+w.intn(2); j++ {
 		name := fmt.Sprintf("tw%d.%d", i, j)
 		id := name
 		if sameID {
 			id = fmt.Sprintf("tw%d", i)
 		}
-		c := w.newClient(name, w.info(id, hostN(10*i+j), lib), lib, -1, "twins "+lib.name)
+		c := w.newClient(name, w.info(id, hostN(10*i+j), lib), lib, -1, "twins "+lib.Name)
 		n := 0
 		var tick func()
 		tick = func() {
 			if w.now >= w.endAt {
-				c.end()
+				c.End()
 				return
 			}
-			c.produce(fmt.Sprintf("reading%d", n%3), p, true)
+			c.Produce(fmt.Sprintf("reading%d", n%3), p, true)
 			n++
 			w.after(period, tick)
 		}
@@ -208,17 +208,17 @@ func (w *world) sharedIdentity(i int) {
 	lib := w.pickLib(streamLibs)
 	id := "rdkafka"
 	period := w.between(10*time.Millisecond, 300*time.Millisecond)
-	p := int32(w.intn(maxPartitions))
+	p := int32(w.intn(MaxPartitions))
 	for j := 0; j < 2; j++ {
 		name := fmt.Sprintf("nat%d.%d", i, j)
-		c := w.newClient(name, w.info(id, nat, lib), lib, -1, "shared identity "+lib.name)
+		c := w.newClient(name, w.info(id, nat, lib), lib, -1, "shared identity "+lib.Name)
 		var tick func()
 		tick = func() {
 			if w.now >= w.endAt {
-				c.end()
+				c.End()
 				return
 			}
-			c.produce("hb", p, true)
+			c.Produce("hb", p, true)
 			w.after(w.between(period*9/10, period*11/10), tick)
 		}
 		w.after(w.between(0, period), tick)
@@ -227,21 +227,21 @@ func (w *world) sharedIdentity(i int) {
 
 // idempotentClient streams unique records with idempotence on.
 func (w *world) idempotentClient(i int) {
-	lib := libFranzGoIdem
+	lib := FranzGoIdempotent
 	if w.chance(0.5) {
-		lib = libRdkafkaIdem
+		lib = RdkafkaIdempotent
 	}
 	name := fmt.Sprintf("id%d", i)
-	c := w.newClient(name, w.info(name, hostN(i), lib), lib, -1, "idempotent "+lib.name)
+	c := w.newClient(name, w.info(name, hostN(i), lib), lib, -1, "idempotent "+lib.Name)
 	every := w.between(10*time.Millisecond, 80*time.Millisecond)
 	n := 0
 	var tick func()
 	tick = func() {
 		if w.now >= w.endAt {
-			c.end()
+			c.End()
 			return
 		}
-		c.produce(fmt.Sprintf("%sr%d", name, n), int32(w.intn(maxPartitions)), true)
+		c.Produce(fmt.Sprintf("%sr%d", name, n), int32(w.intn(MaxPartitions)), true)
 		n++
 		w.after(w.between(every/2, every*3/2), tick)
 	}
@@ -309,8 +309,8 @@ func (w *world) addFaults(nrep int) {
 func (w *world) note(format string, a ...any) { w.faults = append(w.faults, fmt.Sprintf(format, a...)) }
 
 // openConns lists the connections the proxy still serves, in id order.
-func (w *world) openConns(pred func(*conn) bool) []*conn {
-	var out []*conn
+func (w *world) openConns(pred func(*Conn) bool) []*Conn {
+	var out []*Conn
 	for _, cn := range w.conns {
 		if cn.cutAt == 0 && !cn.clientClosed && !cn.broken && cn.s != nil && !cn.s.gone && !cn.s.closed && pred(cn) {
 			out = append(out, cn)
@@ -322,7 +322,7 @@ func (w *world) openConns(pred func(*conn) bool) []*conn {
 // loseAnswer: the next answer written on a connection with requests in
 // flight is lost, and the connection with it (a lost acknowledgement).
 func (w *world) loseAnswer() {
-	cs := w.openConns(func(cn *conn) bool { return len(cn.inflight) > 0 })
+	cs := w.openConns(func(cn *Conn) bool { return len(cn.inflight) > 0 })
 	if len(cs) == 0 {
 		return
 	}
@@ -330,34 +330,34 @@ func (w *world) loseAnswer() {
 }
 
 func (w *world) cutSome(silent bool) {
-	cs := w.openConns(func(cn *conn) bool { return len(cn.inflight) > 0 })
+	cs := w.openConns(func(cn *Conn) bool { return len(cn.inflight) > 0 })
 	if len(cs) == 0 {
 		return
 	}
-	cs[w.intn(len(cs))].cut(silent)
+	cs[w.intn(len(cs))].Cut(silent)
 }
 
 // middlebox: something between client and proxy acknowledges the answers
 // of a connection and passes none on, then closes it: to the proxy a
 // clean close, to the client a reset.
 func (w *world) middlebox() {
-	cs := w.openConns(func(cn *conn) bool { return len(cn.inflight) > 0 })
+	cs := w.openConns(func(cn *Conn) bool { return len(cn.inflight) > 0 })
 	if len(cs) == 0 {
 		return
 	}
 	cn := cs[w.intn(len(cs))]
-	cn.middlebox = true
+	cn.Middlebox = true
 	w.after(w.between(time.Millisecond, 50*time.Millisecond), func() {
 		if cn.s != nil && !cn.s.gone {
 			cn.s.fin()
 		}
 		cn.cutAt = w.now
-		w.after(w.latency(), func() { cn.c.connBroken(cn) })
+		w.after(w.latency(), func() { cn.Client.connBroken(cn) })
 	})
 }
 
 func (w *world) cutUpstream() {
-	cs := w.openConns(func(cn *conn) bool { return len(cn.inflight) > 0 })
+	cs := w.openConns(func(cn *Conn) bool { return len(cn.inflight) > 0 })
 	if len(cs) == 0 {
 		return
 	}
@@ -367,10 +367,10 @@ func (w *world) cutUpstream() {
 // moveLeader moves a partition's leadership to another node: its requests
 // to the old one are answered NOT_LEADER_OR_FOLLOWER from now on.
 func (w *world) moveLeader() {
-	p := int32(w.intn(maxPartitions))
-	from := w.broker.leader[p]
+	p := int32(w.intn(MaxPartitions))
+	from := w.broker.Leader[p]
 	to := (from + 1 + w.intn(w.nodes-1)) % w.nodes
-	w.broker.leader[p] = to
+	w.broker.Leader[p] = to
 	w.note("partition %d's leader moved from node %d to %d at %v", p, from, to, w.now)
 	if w.owner[from] != w.owner[to] {
 		// The replica that decided it sees it led by a node it does not
@@ -395,13 +395,13 @@ func (w *world) brokerHold(node int) time.Duration {
 
 // handleProduce is the broker node handling one forwarded request: each
 // batch appended or refused, and how late it answers.
-func (w *world) handleProduce(node int, p *pending) ([]partResult, time.Duration) {
-	var out []partResult
+func (w *world) handleProduce(node int, p *pending) ([]PartResult, time.Duration) {
+	var out []PartResult
 	var late time.Duration
 	refused := false
 	defer func() {
 		if refused {
-			w.after(0, func() { w.conns[p.req.cn.id].s.cutUpstream() })
+			w.after(0, func() { w.conns[p.req.Conn.ID].s.cutUpstream() })
 		}
 	}()
 	timeoutChance := 0.0
@@ -411,20 +411,20 @@ func (w *world) handleProduce(node int, p *pending) ([]partResult, time.Duration
 			timeoutChance = max(timeoutChance, f.timeout)
 		}
 	}
-	p.req.handled = w.now
+	p.req.Handled = w.now
 	for _, sp := range p.sent {
-		res, ok := w.broker.produce(node, sp.spec, sp.recs, sp.raw, p.req.id)
-		if !ok && p.req.acks == 0 {
+		res, ok := w.broker.Produce(node, sp.spec, sp.recs, sp.raw, p.req.ID)
+		if !ok && p.req.Acks == 0 {
 			// Kafka closes the connection of a failed acks=0 write.
 			w.lostAcks0(p.req, "refused by the broker (acks=0)")
 			refused = true
 		}
 		if ok {
 			for _, r := range sp.recs {
-				w.recs[r.lid].written = append(w.recs[r.lid].written, p.req.id)
+				w.recs[r.Lid].Written = append(w.recs[r.Lid].Written, p.req.ID)
 			}
-			if p.req.acks != 0 && w.chance(timeoutChance) {
-				res.code, res.offset = kerr.RequestTimedOut.Code, -1
+			if p.req.Acks != 0 && w.chance(timeoutChance) {
+				res.Code, res.Offset = kerr.RequestTimedOut.Code, -1
 			}
 		}
 		out = append(out, res)
@@ -433,7 +433,7 @@ func (w *world) handleProduce(node int, p *pending) ([]partResult, time.Duration
 }
 
 // everWritten reports whether a record is in the log.
-func (w *world) everWritten(l lid) bool { return len(w.recs[l].written) > 0 }
+func (w *world) everWritten(l Lid) bool { return len(w.recs[l].Written) > 0 }
 
 // readTail is a read of partition p's tail for core k: its log, or a
 // failure.
@@ -446,7 +446,7 @@ func (w *world) readTail(k *core, p int32) {
 	}
 	w.tailReads = append(w.tailReads, tailFail{k.name, p, w.now})
 	w.script.tail(k, p, false)
-	w.wake(k.tailRead(p, w.broker.tail(p), w.wall()), k)
+	w.wake(k.tailRead(p, w.broker.Tail(p), w.wall()), k)
 }
 
 // wake signals the sessions of core k the core named.
@@ -460,7 +460,7 @@ func (w *world) wake(ids []decide.ConnID, k *core) {
 	}
 }
 
-func headerOf(raw []byte) protocol.BatchHeader {
+func HeaderOf(raw []byte) protocol.BatchHeader {
 	var h protocol.BatchHeader
 	if _, err := protocol.ReadBatch(raw, &h); err != nil {
 		panic(err)

@@ -52,40 +52,40 @@ func (r *recorder) connect(s *session) {
 		return
 	}
 	cn := s.cn
-	info := cn.c.info
-	cmd := fmt.Sprintf("connect conn=%d client=%s principal=%d host=%s", cn.id, info.id, info.principal, info.host)
-	if info.software != "" {
-		cmd += " software=" + info.software
+	info := cn.Client.Info
+	cmd := fmt.Sprintf("connect conn=%d client=%s principal=%d host=%s", cn.ID, info.ID, info.Principal, info.Host)
+	if info.Software != "" {
+		cmd += " software=" + info.Software
 	}
 	r.line(cmd + " core=" + s.k.name)
 }
 
 // specPart writes one batch as a part or tail batch: NAME,...|ts=...
 // (ms after the base time), and its producer fields if it has some.
-func specPart(prefix string, b *batchSpec) string {
+func specPart(prefix string, b *Batch) string {
 	var sb strings.Builder
 	sb.WriteString(prefix)
-	ts := make([]string, len(b.recs))
+	ts := make([]string, len(b.Recs))
 	same := true
-	for i, x := range b.recs {
+	for i, x := range b.Recs {
 		if i > 0 {
 			sb.WriteByte(',')
 		}
-		sb.WriteString(x.name)
-		ts[i] = strconv.FormatInt(x.ts-base.UnixMilli(), 10)
+		sb.WriteString(x.Name)
+		ts[i] = strconv.FormatInt(x.TS-base.UnixMilli(), 10)
 		same = same && ts[i] == ts[0]
 	}
 	if same {
 		ts = ts[:1]
 	}
 	sb.WriteString("|ts=" + strings.Join(ts, ","))
-	if b.pid >= 0 {
-		fmt.Fprintf(&sb, "|pid=%d|epoch=%d|seq=%d", b.pid, b.epoch, b.seq)
+	if b.PID >= 0 {
+		fmt.Fprintf(&sb, "|pid=%d|epoch=%d|seq=%d", b.PID, b.Epoch, b.Seq)
 	} else {
 		switch {
-		case b.w.legacyEpoch == 0:
+		case b.W.LegacyEpoch == 0:
 			sb.WriteString("|writer=kafkajs")
-		case b.w.leaderEpoch == -1:
+		case b.W.LeaderEpoch == -1:
 			sb.WriteString("|writer=kafka-go")
 		}
 	}
@@ -99,19 +99,19 @@ func (r *recorder) expect(d *deciding) {
 		return
 	}
 	var acts []string
-	for i, b := range d.req.parts {
+	for i, b := range d.req.Parts {
 		pp := &d.pl.Parts[i]
 		switch pp.Act {
 		case decide.Forward:
-			acts = append(acts, fmt.Sprintf("p%d forward", b.partition))
+			acts = append(acts, fmt.Sprintf("p%d forward", b.Partition))
 		case decide.Answer:
-			a := fmt.Sprintf("p%d answer offset=%d", b.partition, pp.Local.BaseOffset)
+			a := fmt.Sprintf("p%d answer offset=%d", b.Partition, pp.Local.BaseOffset)
 			if pp.Local.ErrorCode != 0 {
-				a = fmt.Sprintf("p%d answer error=%d", b.partition, pp.Local.ErrorCode)
+				a = fmt.Sprintf("p%d answer error=%d", b.Partition, pp.Local.ErrorCode)
 			}
 			acts = append(acts, a)
 		case decide.Rebuild:
-			acts = append(acts, fmt.Sprintf("p%d rebuild", b.partition))
+			acts = append(acts, fmt.Sprintf("p%d rebuild", b.Partition))
 		}
 	}
 	r.comment("sim: %s", strings.Join(acts, "; "))
@@ -122,18 +122,18 @@ func (r *recorder) decide(s *session, d *deciding) {
 		return
 	}
 	req := d.req
-	if !r.sent[req.id] {
-		r.sent[req.id] = true
+	if !r.sent[req.ID] {
+		r.sent[req.ID] = true
 		var parts []string
-		for _, b := range req.parts {
-			parts = append(parts, specPart(fmt.Sprintf("%d:", b.partition), b))
+		for _, b := range req.Parts {
+			parts = append(parts, specPart(fmt.Sprintf("%d:", b.Partition), b))
 		}
-		c := req.c
-		r.comment("%s (%s, %s) sends req %d on conn %d: %s", c.name, c.lib.name, c.workload, req.id, req.cn.id, whyOf(req))
-		r.line(fmt.Sprintf("send req=%d conn=%d parts=%s acks=%d timeout=%s", req.id, s.cn.id, strings.Join(parts, ";"), req.acks, req.timeout))
+		c := req.Client
+		r.comment("%s (%s, %s) sends req %d on conn %d: %s", c.Name, c.Lib.Name, c.Workload, req.ID, req.Conn.ID, whyOf(req))
+		r.line(fmt.Sprintf("send req=%d conn=%d parts=%s acks=%d timeout=%s", req.ID, s.cn.ID, strings.Join(parts, ";"), req.Acks, req.Timeout))
 		return
 	}
-	cmd := fmt.Sprintf("decide req=%d", req.id)
+	cmd := fmt.Sprintf("decide req=%d", req.ID)
 	if d.dreq.GiveUp {
 		cmd += " giveup"
 	}
@@ -141,12 +141,12 @@ func (r *recorder) decide(s *session, d *deciding) {
 }
 
 // whyOf says why each record of req is sent.
-func whyOf(req *wireReq) string {
+func whyOf(req *Request) string {
 	var out []string
-	for i, b := range req.parts {
-		for j, x := range b.recs {
-			if w := req.whys[i][j]; w != "new" {
-				out = append(out, fmt.Sprintf("%s|ts=%d to p%d again (%s)", x.name, x.ts-base.UnixMilli(), b.partition, w))
+	for i, b := range req.Parts {
+		for j, x := range b.Recs {
+			if w := req.Whys[i][j]; w != "new" {
+				out = append(out, fmt.Sprintf("%s|ts=%d to p%d again (%s)", x.Name, x.TS-base.UnixMilli(), b.Partition, w))
 			}
 		}
 	}
@@ -156,43 +156,43 @@ func whyOf(req *wireReq) string {
 	return strings.Join(out, ", ")
 }
 
-func (r *recorder) unsent(s *session, req *wireReq) {
+func (r *recorder) unsent(s *session, req *Request) {
 	if r == nil {
 		return
 	}
-	r.line(fmt.Sprintf("unsent req=%d", req.id))
+	r.line(fmt.Sprintf("unsent req=%d", req.ID))
 }
 
 func (r *recorder) answer(s *session, p *pending) {
 	if r == nil {
 		return
 	}
-	cmd := fmt.Sprintf("answer req=%d", p.req.id)
+	cmd := fmt.Sprintf("answer req=%d", p.req.ID)
 	for _, x := range p.resp {
-		if x.code != 0 {
-			cmd += fmt.Sprintf(" %d=error:%d", x.partition, x.code)
+		if x.Code != 0 {
+			cmd += fmt.Sprintf(" %d=error:%d", x.Partition, x.Code)
 			continue
 		}
-		cmd += fmt.Sprintf(" %d=offset:%d", x.partition, x.offset)
-		if x.appendTime >= 0 {
-			cmd += fmt.Sprintf(":%d", x.appendTime-base.UnixMilli())
+		cmd += fmt.Sprintf(" %d=offset:%d", x.Partition, x.Offset)
+		if x.AppendTime >= 0 {
+			cmd += fmt.Sprintf(":%d", x.AppendTime-base.UnixMilli())
 		}
 	}
 	r.line(cmd)
 }
 
-func (r *recorder) lost(s *session, req *wireReq) {
+func (r *recorder) lost(s *session, req *Request) {
 	if r == nil {
 		return
 	}
-	r.line(fmt.Sprintf("lost req=%d", req.id))
+	r.line(fmt.Sprintf("lost req=%d", req.ID))
 }
 
-func (r *recorder) deliver(s *session, req *wireReq, ok bool) {
+func (r *recorder) deliver(s *session, req *Request, ok bool) {
 	if r == nil {
 		return
 	}
-	cmd := fmt.Sprintf("deliver req=%d", req.id)
+	cmd := fmt.Sprintf("deliver req=%d", req.ID)
 	if !ok {
 		cmd += " ok=false"
 	}
@@ -203,8 +203,8 @@ func (r *recorder) close(s *session, why string, clean bool) {
 	if r == nil {
 		return
 	}
-	r.comment("conn %d ends at the proxy: %s", s.cn.id, why)
-	cmd := fmt.Sprintf("close conn=%d", s.cn.id)
+	r.comment("conn %d ends at the proxy: %s", s.cn.ID, why)
+	cmd := fmt.Sprintf("close conn=%d", s.cn.ID)
 	if clean {
 		cmd += " clean"
 	}
@@ -221,13 +221,13 @@ func (r *recorder) tail(k *core, p int32, failed bool) {
 		return
 	}
 	var bs []string
-	for _, lb := range r.w.broker.logs[p].batches {
-		h := headerOf(lb.raw)
-		spec := batchSpec{recs: lb.recs, pid: h.ProducerID, epoch: h.ProducerEpoch, seq: h.BaseSequence}
+	for _, lb := range r.w.broker.Logs[p].Batches {
+		h := HeaderOf(lb.Raw)
+		spec := Batch{Recs: lb.Recs, PID: h.ProducerID, Epoch: h.ProducerEpoch, Seq: h.BaseSequence}
 		if h.ProducerID < 0 {
-			spec.w = writer{legacyEpoch: -1} // a log batch's writer does not matter to the core
+			spec.W = Writer{LegacyEpoch: -1} // a log batch's writer does not matter to the core
 		}
-		bs = append(bs, specPart(fmt.Sprintf("%d:", lb.base), &spec))
+		bs = append(bs, specPart(fmt.Sprintf("%d:", lb.Base), &spec))
 	}
 	if len(bs) > 0 {
 		cmd += " batches=" + strings.Join(bs, ";")

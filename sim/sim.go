@@ -8,7 +8,7 @@ var defaultConfig = coreConfig{window: decide.DefaultWindow, scope: decide.Scope
 
 // runSeed generates and runs the scenario of seed with cores configured
 // with cfg, and checks it. With record, the run also writes its script.
-func runSeed(seed uint64, cfg coreConfig, record bool) (*result, *world) {
+func runSeed(seed uint64, cfg coreConfig, record bool) (*Result, *world) {
 	w := newWorld(seed, cfg, record)
 	ended := w.run()
 	return w.check(ended), w

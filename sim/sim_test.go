@@ -72,11 +72,11 @@ var bounds = map[string]int{
 // core (decide/testdata's format).
 func TestSimulation(t *testing.T) {
 	start := time.Now()
-	var tab table
+	var tab Table
 	failed := 0
 	// Seeds are independent: they run on every core, and are reported in
 	// order.
-	results := make([]*result, *seeds)
+	results := make([]*Result, *seeds)
 	var wg sync.WaitGroup
 	next := make(chan int)
 	for range runtime.GOMAXPROCS(0) {
@@ -95,19 +95,19 @@ func TestSimulation(t *testing.T) {
 	wg.Wait()
 	for i, res := range results {
 		s := *first + uint64(i)
-		tab.add(res)
+		tab.Add(res)
 		if *showScript {
 			_, w := runSeed(s, defaultConfig, true)
-			t.Logf("%s\nscript:\n%s", res.report(), w.script.b.String())
+			t.Logf("%s\nscript:\n%s", res.Report(), w.script.b.String())
 		}
-		if len(res.failures) > 0 {
+		if len(res.Failures) > 0 {
 			failed++
 			switch {
 			case failed == 1 && !*showScript:
 				_, w := runSeed(s, defaultConfig, true)
-				t.Errorf("%s\nscript (replay it with -seed=%d -seeds=1 -script):\n%s", res.report(), s, w.script.b.String())
+				t.Errorf("%s\nscript (replay it with -seed=%d -seeds=1 -script):\n%s", res.Report(), s, w.script.b.String())
 			case failed <= 20:
-				t.Errorf("%s(replay: go test ./sim -run TestSimulation -args -seed=%d -seeds=1 -script -v)", res.report(), s)
+				t.Errorf("%s(replay: go test ./sim -run TestSimulation -args -seed=%d -seeds=1 -script -v)", res.Report(), s)
 			}
 		}
 	}
@@ -116,25 +116,25 @@ func TestSimulation(t *testing.T) {
 }
 
 // checkBounds holds each documented miss to its bound.
-func checkBounds(t *testing.T, tab *table) {
+func checkBounds(t *testing.T, tab *Table) {
 	t.Helper()
 	def := *first == 1 && *seeds == defaultSeeds
 	var over []string
-	for _, sh := range allShapes {
-		if sh.covered {
+	for _, sh := range Shapes {
+		if sh.Covered {
 			continue
 		}
-		b, ok := bounds[sh.name]
+		b, ok := bounds[sh.Name]
 		if !ok {
-			t.Errorf("shape %q has no bound in sim_test.go", sh.name)
+			t.Errorf("shape %q has no bound in sim_test.go", sh.Name)
 			continue
 		}
 		limit := b
 		if !def {
-			limit = int(math.Ceil(2*float64(max(b, 1))*float64(tab.runs)/defaultSeeds)) + 3
+			limit = int(math.Ceil(2*float64(max(b, 1))*float64(tab.Runs)/defaultSeeds)) + 3
 		}
-		if n := tab.counts[sh.name]; n > limit {
-			over = append(over, fmt.Sprintf("%q: %d, bound %d (seeds %v)", sh.name, n, limit, tab.seeds[sh.name]))
+		if n := tab.Counts[sh.Name]; n > limit {
+			over = append(over, fmt.Sprintf("%q: %d, bound %d (seeds %v)", sh.Name, n, limit, tab.Seeds[sh.Name]))
 		}
 	}
 	if len(over) > 0 {
@@ -144,15 +144,15 @@ func checkBounds(t *testing.T, tab *table) {
 		// What the bounds would be now, to paste once the change is
 		// understood.
 		var names []string
-		for _, sh := range allShapes {
-			if !sh.covered {
-				names = append(names, sh.name)
+		for _, sh := range Shapes {
+			if !sh.Covered {
+				names = append(names, sh.Name)
 			}
 		}
 		sort.Strings(names)
 		var sb strings.Builder
 		for _, n := range names {
-			fmt.Fprintf(&sb, "\t%q: %d,\n", n, tab.counts[n])
+			fmt.Fprintf(&sb, "\t%q: %d,\n", n, tab.Counts[n])
 		}
 		t.Logf("measured bounds:\n%s", sb.String())
 	}
@@ -164,7 +164,7 @@ func TestSimulationDeterministic(t *testing.T) {
 	for s := uint64(1); s <= 20; s++ {
 		r1, w1 := runSeed(s, defaultConfig, true)
 		r2, w2 := runSeed(s, defaultConfig, true)
-		if w1.script.b.String() != w2.script.b.String() || r1.report() != r2.report() {
+		if w1.script.b.String() != w2.script.b.String() || r1.Report() != r2.Report() {
 			t.Fatalf("seed %d ran twice differently", s)
 		}
 	}
@@ -187,7 +187,7 @@ func TestSimulationFindsBrokenRules(t *testing.T) {
 			failed := 0
 			for s := uint64(1); s <= 100 && failed == 0; s++ {
 				res, _ := runSeed(s, tc.cfg, false)
-				for _, f := range res.failures {
+				for _, f := range res.Failures {
 					if strings.Contains(f, "acknowledged and never written") {
 						failed++
 					}

@@ -24,22 +24,22 @@ type world struct {
 	maxSteps int
 
 	cfg      coreConfig
-	broker   broker
+	broker   Broker
 	nodes    int
 	replicas []*replica
 	owner    []int // node → replica serving it
-	clients  []*client
+	clients  []*Client
 
-	recs     []recInfo // by lid
-	reqs     []*wireReq
-	conns    []*conn
+	recs     []Record // by lid
+	reqs     []*Request
+	conns    []*Conn
 	script   *recorder
 	faults   []string // what the scenario injected, for the report
 	tailFail float64  // the chance a tail read fails
 	// restarts and handovers: when each happened.
 	restarts, handovers  []time.Duration
 	idemFailures         []string
-	idemSent             map[idemKey][]*wireReq
+	idemSent             map[idemKey][]*Request
 	idemResent           int            // idempotent resends decided (invariant 6)
 	idemForwarded        map[string]int // of them, forwarded, per shape
 	rewarms              int
@@ -49,17 +49,17 @@ type world struct {
 	endAt time.Duration
 }
 
-// recInfo is what the simulation knows of one logical record.
-type recInfo struct {
-	c        *client
-	name     string
+// Record is what the simulation knows of one logical record.
+type Record struct {
+	Client   *Client
+	Name     string
 	fresh    time.Duration // when the client made it
-	acked    bool          // the client was told it is written
-	gaveUp   string        // why the client gave up on it, "" if it did not
-	lost     string        // acks=0: lost where the client cannot know (the network, the broker)
-	sends    []int         // requests that carried it
-	written  []int         // requests whose batch put it in the log
-	upstream bool          // the proxy forwarded it at least once
+	Acked    bool          // the client was told it is written
+	GaveUp   string        // why the client gave up on it, "" if it did not
+	Lost     string        // acks=0: lost where the client cannot know (the network, the broker)
+	Sends    []int         // requests that carried it
+	Written  []int         // requests whose batch put it in the log
+	Upstream bool          // the proxy forwarded it at least once
 	// keyless: kafkajs partitions it afresh on each attempt.
 }
 
@@ -71,14 +71,14 @@ type tailFail struct {
 
 // lostAcks0 marks the records of an acks=0 request lost on the way: its
 // client cannot know, and no one claims they are written.
-func (w *world) lostAcks0(req *wireReq, why string) {
-	if req.acks != 0 {
+func (w *world) lostAcks0(req *Request, why string) {
+	if req.Acks != 0 {
 		return
 	}
-	for _, b := range req.parts {
-		for _, r := range b.recs {
-			if w.recs[r.lid].lost == "" {
-				w.recs[r.lid].lost = why
+	for _, b := range req.Parts {
+		for _, r := range b.Recs {
+			if w.recs[r.Lid].Lost == "" {
+				w.recs[r.Lid].Lost = why
 			}
 		}
 	}
@@ -153,7 +153,7 @@ func (w *world) intn(n int) int { return w.rng.IntN(n) }
 // latency is one hop on the network.
 func (w *world) latency() time.Duration { return w.between(100*time.Microsecond, 2*time.Millisecond) }
 
-func (w *world) newLid(c *client, name string) lid {
-	w.recs = append(w.recs, recInfo{c: c, name: name, fresh: w.now})
-	return lid(len(w.recs) - 1)
+func (w *world) newLid(c *Client, name string) Lid {
+	w.recs = append(w.recs, Record{Client: c, Name: name, fresh: w.now})
+	return Lid(len(w.recs) - 1)
 }
