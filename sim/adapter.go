@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"net/netip"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -43,23 +42,6 @@ func newCore(name string, cfg coreConfig) *core {
 	c := decide.New(decide.Config{Table: tab, Window: cfg.window, Scope: cfg.scope, Warm: true},
 		&decide.Settings{Mode: decide.Enforce, Match: cfg.match})
 	return &core{name: name, c: c, table: tab, topic: topic}
-}
-
-// Info is what a connection's client tells the proxy about itself.
-type Info struct {
-	Principal uint32
-	ID        string
-	Host      netip.Addr
-	Software  string // ApiVersions v3+ client software name, "" for none
-}
-
-// SameInstance: the core takes a and b for one client instance
-// (docs/legacy.md, "Scope: the client instance"): the same principal,
-// client id and host. The software a client names is not part of it: two
-// processes of different libraries behind one address, sharing a client
-// id, are one instance.
-func (a Info) SameInstance(b Info) bool {
-	return a.Principal == b.Principal && a.ID == b.ID && a.Host == b.Host
 }
 
 // step carries one event to the core (decide.Core.Step) and returns its

@@ -19,7 +19,7 @@ const (
 
 // Lid names one logical record: what a client means to write once. A
 // retry carries the lids of the records it repeats; a fresh record, even
-// one whose bytes equal an earlier one's (a heartbeat), has a new Lid.
+// one whose bytes equal an earlier one's (a heartbeat), has a new lid.
 type Lid int32
 
 // Rec is one record as a client puts it in a batch: its lid, its name
@@ -52,7 +52,7 @@ type Batch struct {
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Bytes builds the v2 batch exactly as decide/script_test.go's
-// scriptBatch does, so that a script replays the same Bytes.
+// scriptBatch does, so that a script replays the same bytes.
 func (b *Batch) Bytes() []byte {
 	ts := make([]int64, len(b.Recs))
 	for i, r := range b.Recs {

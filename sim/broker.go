@@ -8,13 +8,12 @@ import (
 
 // Broker is the Kafka cluster: each partition's log and leader, and for
 // idempotent producers a reference model of Kafka's rules
-// (docs/kafka-rules.md §3) that also says what the Broker would answer to
+// (docs/kafka-rules.md §3) that also says what the broker would answer to
 // a batch the proxy answered itself.
 type Broker struct {
 	Logs   [MaxPartitions]Log
 	Leader [MaxPartitions]int // node id
 	pids   []*pidState
-	faults []brokerFault
 }
 
 // Log is one partition's log.
@@ -60,7 +59,7 @@ func (b *Broker) pidState(pid int64, p int32) *pidState {
 	return nil
 }
 
-// Idempotent is Kafka's check of an Idempotent batch (docs/kafka-rules.md
+// Idempotent is Kafka's check of an idempotent batch (docs/kafka-rules.md
 // §3.2–3.3), without appending: the answer the broker gives it now. ok is
 // true when it would be appended.
 func (b *Broker) Idempotent(s *Batch, maxTS int64) (res PartResult, ok bool) {
@@ -146,7 +145,7 @@ func (b *Broker) Produce(node int, s *Batch, recs []Rec, raw []byte, req int) (P
 	return PartResult{Partition: p, Offset: base, AppendTime: -1}, true
 }
 
-// Tail is what a read of partition p's Tail returns: its batches in log
+// Tail is what a read of partition p's tail returns: its batches in log
 // order, whole.
 func (b *Broker) Tail(p int32) []byte {
 	var out []byte
@@ -156,7 +155,7 @@ func (b *Broker) Tail(p int32) []byte {
 	return out
 }
 
-// At returns the record At offset off of partition p.
+// At returns the record at offset off of partition p.
 func (b *Broker) At(p int32, off int64) (Rec, bool) {
 	for _, lb := range b.Logs[p].Batches {
 		if off >= lb.Base && off < lb.Base+int64(len(lb.Recs)) {

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-
-	"github.com/dedupproxy/dedupproxy/decide"
 )
 
 // The invariants checked after every run (docs/simulation.md):
@@ -108,39 +106,44 @@ func (res *Result) failf(format string, a ...any) {
 	res.Failures = append(res.Failures, fmt.Sprintf(format, a...))
 }
 
-// checkIdempotent compares every idempotent part the proxy answered itself
-// with what the broker would answer it now (invariant 4). Deliberate
-// differences are not failures: a sequence reused for other records is
-// answered OUT_OF_ORDER_SEQUENCE_NUMBER where Kafka would drop the
-// records (docs/kafka-rules.md §12.2), and a wait past its deadline
-// REQUEST_TIMED_OUT.
-func (w *world) checkIdempotent(d *deciding) {
-	for i, b := range d.req.Parts {
-		pp := &d.pl.Parts[i]
-		if b.PID < 0 || pp.Act != decide.Answer {
-			continue
-		}
-		ref, appended := w.broker.Idempotent(b, HeaderOf(d.req.Raws[i]).MaxTimestamp)
-		got := PartResult{Partition: b.Partition, Code: pp.Local.ErrorCode, Offset: pp.Local.BaseOffset, AppendTime: pp.Local.LogAppendTime}
-		switch {
-		case pp.Verdict.Rule == decide.RuleSequenceReuse, got.Code == kerr.RequestTimedOut.Code:
-		case appended || got != ref:
-			w.idemFailures = append(w.idemFailures, fmt.Sprintf("req %d p%d (pid %d seq %d): the proxy answered %+v, the broker would answer %+v (append %v)",
-				d.req.ID, b.Partition, b.PID, b.Seq, got, ref, appended))
-		}
-	}
+// Run is what a finished run recorded, as the checks read it.
+type Run struct {
+	Seed     uint64
+	Ended    bool // false: the run did not end within MaxSteps
+	MaxSteps int
+	Window   time.Duration // the legacy rule's window
+	Faults   []string      // what the scenario injected, for the report
+	Records  []Record      // by lid
+	Requests []*Request    // by id - 1
+	Clients  []*Client
+	Broker   *Broker // the cluster as the run left it
+	// TailReads and TailFails: each read of a partition's tail, by core.
+	TailReads, TailFails []TailRead
+	// Restarts and Handovers: when each happened; Rewarms: how many
+	// times a replica forgot a partition's warm-up.
+	Restarts, Handovers []time.Duration
+	Rewarms             int
+	Idem                *Idem // what the run's decisions showed as they were taken
 }
 
-// check runs the invariants over a finished run.
-func (w *world) check(ended bool) *Result {
-	res := &Result{seed: w.seed, ended: ended, counts: map[string]int{}, resent: map[string]int{},
-		records: len(w.recs), requests: len(w.reqs), faults: w.faults}
+// TailRead is one read of partition Partition's tail for core Core.
+type TailRead struct {
+	Core      string
+	Partition int32
+	At        time.Duration
+}
+
+// Invariants checks a finished run.
+func Invariants(w *Run) *Result {
+	ended := w.Ended
+	res := &Result{seed: w.Seed, ended: ended, counts: map[string]int{}, resent: map[string]int{},
+		records: len(w.Records), requests: len(w.Requests), faults: w.Faults}
 	if !ended {
-		res.failf("the run did not end within %d steps", w.maxSteps)
+		res.failf("the run did not end within %d steps", w.MaxSteps)
 	}
-	res.Failures = append(res.Failures, w.idemFailures...)
-	res.resent[shIdemForwarded.Name] = w.idemResent
-	for name, n := range w.idemForwarded {
+	res.Failures = append(res.Failures, w.Idem.failures...)
+	res.resent[shIdemForwarded.Name] = w.Idem.resent
+	for name, n := range w.Idem.forwarded {
 		res.counts[name] += n
 	}
 	// Records the rule cannot tell apart (one client instance, the same
@@ -158,8 +161,8 @@ func (w *world) check(ended bool) *Result {
 	}
 	classes := map[classKey][]Lid{}
 	var order []classKey
-	for l := range w.recs {
-		ri := &w.recs[l]
+	for l := range w.Records {
+		ri := &w.Records[l]
 		if len(ri.Sends) == 0 {
 			if ri.Acked && ri.Lost == "" {
 				res.failf("%s record %s (lid %d) acknowledged, never sent", ri.Client.Name, ri.Name, l)
@@ -168,7 +171,7 @@ func (w *world) check(ended bool) *Result {
 		}
 		k := classKey{info: ri.Client.Info, name: ri.Name}
 		if !ri.Client.ContentOnly() {
-			k.ts = recIn(w.reqs[ri.Sends[0]-1], Lid(l)).ts
+			k.ts = recIn(w.Requests[ri.Sends[0]-1], Lid(l)).ts
 		}
 		if _, ok := classes[k]; !ok {
 			order = append(order, k)
@@ -185,7 +188,7 @@ func (w *world) check(ended bool) *Result {
 		}
 		var extra []copyOf // the shape of each extra copy, per record
 		for _, l := range lids {
-			ri := &w.recs[l]
+			ri := &w.Records[l]
 			copies += len(ri.Written)
 			if ri.Upstream || ri.Acked && ri.Lost == "" {
 				up++ // a copy may stand for it
@@ -202,7 +205,7 @@ func (w *world) check(ended bool) *Result {
 			// Every send decided after a copy reached the log is a resend
 			// the proxy had to catch.
 			for _, sid := range ri.Sends {
-				s := w.reqs[sid-1]
+				s := w.Requests[sid-1]
 				if s.Decided == 0 {
 					continue
 				}
@@ -230,7 +233,7 @@ func (w *world) check(ended bool) *Result {
 			sh, why := w.dropShape(l)
 			res.counts[sh.Name]++
 			if sh.Covered {
-				ri := &w.recs[l]
+				ri := &w.Records[l]
 				res.failf("%s (%s) record %s (lid %d) was acknowledged and never written: %s", ri.Client.Name, ri.Client.Workload, ri.Name, l, why)
 			}
 		}
@@ -249,9 +252,9 @@ func (c *Client) ContentOnly() bool {
 
 // earlierCopy returns the first request that wrote l to the log before s
 // was decided, or nil.
-func (w *world) earlierCopy(l Lid, s *Request) *Request {
-	for _, id := range w.recs[l].Written {
-		e := w.reqs[id-1]
+func (w *Run) earlierCopy(l Lid, s *Request) *Request {
+	for _, id := range w.Records[l].Written {
+		e := w.Requests[id-1]
 		if e.ID != s.ID && e.Handled > 0 && e.Handled <= s.Decided {
 			return e
 		}
@@ -260,12 +263,12 @@ func (w *world) earlierCopy(l Lid, s *Request) *Request {
 }
 
 func (cn *Conn) Describe() string {
-	return fmt.Sprintf("conn %d to node %d via replica %d", cn.ID, cn.Node, cn.r.id)
+	return fmt.Sprintf("conn %d to node %d via replica %d", cn.ID, cn.Node, cn.Replica)
 }
 
 // resendShape says which shape resend s of record l is, e the request
 // whose copy was in the log when s was decided.
-func (w *world) resendShape(l Lid, s, e *Request) Shape {
+func (w *Run) resendShape(l Lid, s, e *Request) Shape {
 	c := s.Client
 	rs, re := recIn(s, l), recIn(e, l)
 	switch {
@@ -276,7 +279,7 @@ func (w *world) resendShape(l Lid, s, e *Request) Shape {
 		return shIdempotent
 	case s.Acks != -1 || e.Acks != -1:
 		return shAcks
-	case s.Decided-e.Handled >= w.cfg.window:
+	case s.Decided-e.Handled >= w.Window:
 		return shAfterWindow
 	case w.shared(c):
 		return shSharedResend
@@ -354,9 +357,9 @@ func (w *world) resendShape(l Lid, s, e *Request) Shape {
 // overtook: when s was decided, the proxy had written a successful answer
 // carrying l on a connection whose client never read it, and the core had
 // not heard that connection end: to the core the client held it.
-func (w *world) overtook(l Lid, s *Request) *Request {
-	for _, id := range w.recs[l].Sends {
-		x := w.reqs[id-1]
+func (w *Run) overtook(l Lid, s *Request) *Request {
+	for _, id := range w.Records[l].Sends {
+		x := w.Requests[id-1]
 		if x == s || x.DelivAt == 0 || x.DelivAt > s.Decided || x.Answered != nil {
 			continue
 		}
@@ -369,9 +372,9 @@ func (w *world) overtook(l Lid, s *Request) *Request {
 
 // tailFailedBetween: a read of partition p's tail for the core that
 // decided s failed after from and before s was decided.
-func (w *world) tailFailedBetween(s *Request, p int32, from time.Duration) bool {
-	for _, f := range w.tailFails {
-		if f.core == s.CoreName && f.p == p && f.at >= from && f.at <= s.Decided {
+func (w *Run) tailFailedBetween(s *Request, p int32, from time.Duration) bool {
+	for _, f := range w.TailFails {
+		if f.Core == s.CoreName && f.Partition == p && f.At >= from && f.At <= s.Decided {
 			return true
 		}
 	}
@@ -383,12 +386,12 @@ func (w *world) tailFailedBetween(s *Request, p int32, from time.Duration) bool 
 // the broker handled e: the read, which settles such an outcome, could not
 // find it, and the core took it as not written (docs/warm.md, "Unknown
 // outcomes").
-func (w *world) readBeforeAppend(e *Request, p int32) bool {
+func (w *Run) readBeforeAppend(e *Request, p int32) bool {
 	if !e.Lost {
 		return false
 	}
-	for _, f := range w.tailReads {
-		if f.core == e.CoreName && f.p == p && f.at >= e.LostAt && f.at < e.Handled {
+	for _, f := range w.TailReads {
+		if f.Core == e.CoreName && f.Partition == p && f.At >= e.LostAt && f.At < e.Handled {
 			return true
 		}
 	}
@@ -398,15 +401,15 @@ func (w *world) readBeforeAppend(e *Request, p int32) bool {
 // otherInstanceCopy: another client instance sent a record identical to
 // l, with timestamp ts, before t: after a restart the log cannot tell
 // their copies apart (docs/legacy.md, "After a restart").
-func (w *world) otherInstanceCopy(l Lid, ts int64, t time.Duration) bool {
-	ri := &w.recs[l]
-	for m := range w.recs {
-		o := &w.recs[m]
+func (w *Run) otherInstanceCopy(l Lid, ts int64, t time.Duration) bool {
+	ri := &w.Records[l]
+	for m := range w.Records {
+		o := &w.Records[m]
 		if o.Name != ri.Name || o.Client.Info.SameInstance(ri.Client.Info) {
 			continue
 		}
 		for _, id := range o.Sends {
-			x := w.reqs[id-1]
+			x := w.Requests[id-1]
 			if x.SentAt <= t && recIn(x, Lid(m)).ts == ts {
 				return true
 			}
@@ -429,10 +432,10 @@ func offsetOf(r *Request, l Lid) int64 {
 
 // readBefore: core read partition p's tail before t (its first read,
 // whose records a resend after a restart may match).
-func (w *world) readBefore(core string, p int32, t time.Duration) bool {
-	for _, f := range w.tailReads {
-		if f.core == core && f.p == p {
-			return f.at < t
+func (w *Run) readBefore(core string, p int32, t time.Duration) bool {
+	for _, f := range w.TailReads {
+		if f.Core == core && f.Partition == p {
+			return f.At < t
 		}
 	}
 	return false
@@ -440,11 +443,11 @@ func (w *world) readBefore(core string, p int32, t time.Duration) bool {
 
 // logRead: some core kept the legacy records of a tail it read (after a
 // restart, a takeover, or a leader that moved away and back).
-func (w *world) logRead() bool { return len(w.restarts)+len(w.handovers)+w.rewarms > 0 }
+func (w *Run) logRead() bool { return len(w.Restarts)+len(w.Handovers)+w.Rewarms > 0 }
 
 // handedOver: a node was handed over between e and s.
-func (w *world) handedOver(e, s *Request) bool {
-	for _, at := range w.handovers {
+func (w *Run) handedOver(e, s *Request) bool {
+	for _, at := range w.Handovers {
 		if at >= e.Decided && at <= s.Decided {
 			return true
 		}
@@ -472,8 +475,8 @@ func recIn(r *Request, l Lid) recAt {
 // shared: another process is the same client instance as c and ran at
 // the same time (runs of a one-shot job that do not overlap are one
 // instance on fresh connections, not two processes).
-func (w *world) shared(c *Client) bool {
-	for _, o := range w.clients {
+func (w *Run) shared(c *Client) bool {
+	for _, o := range w.Clients {
 		if o != c && o.Info.SameInstance(c.Info) && overlap(o, c) {
 			return true
 		}
@@ -514,9 +517,9 @@ func sameNameTwice(r *Request, l Lid) bool {
 
 // behindMiddlebox: an answer carrying l went to a middlebox that
 // acknowledged it and passed nothing on, before s.
-func (w *world) behindMiddlebox(l Lid, s *Request) bool {
-	for _, id := range w.recs[l].Sends {
-		x := w.reqs[id-1]
+func (w *Run) behindMiddlebox(l Lid, s *Request) bool {
+	for _, id := range w.Records[l].Sends {
+		x := w.Requests[id-1]
 		if x != s && x.DelivAt > 0 && x.DelivAt <= s.Decided && x.Conn.Middlebox {
 			return true
 		}
@@ -527,15 +530,15 @@ func (w *world) behindMiddlebox(l Lid, s *Request) bool {
 // identicalBetween: l's instance sent another record with l's content
 // between from and to: a client whose identity is content only cannot
 // have them told apart.
-func (w *world) identicalBetween(l Lid, from, to time.Duration) bool {
-	ri := &w.recs[l]
-	for m := range w.recs {
-		o := &w.recs[m]
+func (w *Run) identicalBetween(l Lid, from, to time.Duration) bool {
+	ri := &w.Records[l]
+	for m := range w.Records {
+		o := &w.Records[m]
 		if Lid(m) == l || o.Name != ri.Name || !o.Client.Info.SameInstance(ri.Client.Info) {
 			continue
 		}
 		for _, id := range o.Sends {
-			if at := w.reqs[id-1].SentAt; at >= from && at < to {
+			if at := w.Requests[id-1].SentAt; at >= from && at < to {
 				return true
 			}
 		}
@@ -545,9 +548,9 @@ func (w *world) identicalBetween(l Lid, from, to time.Duration) bool {
 
 // ackedBefore: an answer its client read before sending s said l was
 // written.
-func (w *world) ackedBefore(l Lid, s *Request) bool {
-	for _, id := range w.recs[l].Sends {
-		x := w.reqs[id-1]
+func (w *Run) ackedBefore(l Lid, s *Request) bool {
+	for _, id := range w.Records[l].Sends {
+		x := w.Requests[id-1]
 		if x != s && x.SentAt < s.SentAt && x.Answered != nil && codeFor(x.Answered, x, recIn(x, l).partition) == 0 {
 			return true
 		}
@@ -578,21 +581,21 @@ func codeFor(a []PartResult, r *Request, p int32) int16 {
 }
 
 // dropShape says why record l, acknowledged, is not in the log.
-func (w *world) dropShape(l Lid) (Shape, string) {
-	ri := &w.recs[l]
+func (w *Run) dropShape(l Lid) (Shape, string) {
+	ri := &w.Records[l]
 	c := ri.Client
-	r := w.reqs[ri.Sends[len(ri.Sends)-1]-1]
+	r := w.Requests[ri.Sends[len(ri.Sends)-1]-1]
 	ts := recIn(r, l).ts
 	restamps := c.ContentOnly()
-	last := w.reqs[ri.Sends[len(ri.Sends)-1]-1].Decided
+	last := w.Requests[ri.Sends[len(ri.Sends)-1]-1].Decided
 	var sameInst, sameExact, otherProc, otherAnon, otherInst bool
-	for m := range w.recs {
-		o := &w.recs[m]
+	for m := range w.Records {
+		o := &w.Records[m]
 		if Lid(m) == l || o.Name != ri.Name {
 			continue
 		}
 		for _, id := range o.Sends {
-			x := w.reqs[id-1]
+			x := w.Requests[id-1]
 			if x.SentAt > last {
 				break
 			}
@@ -616,13 +619,13 @@ func (w *world) dropShape(l Lid) (Shape, string) {
 		return shDropOwn, "its instance sent the same record with the same timestamp before"
 	}
 	unknown := slices.ContainsFunc(ri.Sends, func(id int) bool {
-		x := w.reqs[id-1]
+		x := w.Requests[id-1]
 		return x.Lost || codeFor(x.Answered, x, recIn(x, l).partition) == kerr.RequestTimedOut.Code
 	})
 	// The answer that made its client take it as written: whose record is
 	// at the offset it names?
 	for i := len(ri.Sends) - 1; i >= 0; i-- {
-		x := w.reqs[ri.Sends[i]-1]
+		x := w.Requests[ri.Sends[i]-1]
 		at := recIn(x, l)
 		if x.Answered == nil || codeFor(x.Answered, x, at.partition) != 0 {
 			continue
@@ -631,17 +634,17 @@ func (w *world) dropShape(l Lid) (Shape, string) {
 		if off < 0 {
 			break
 		}
-		got, ok := w.broker.At(at.partition, off)
-		if !ok || w.recs[got.Lid].Client.Info.SameInstance(c.Info) {
+		got, ok := w.Broker.At(at.partition, off)
+		if !ok || w.Records[got.Lid].Client.Info.SameInstance(c.Info) {
 			break
 		}
 		switch {
 		case unknown:
-			return shDropUnknownOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, w.recs[got.Lid].Client.Name)
+			return shDropUnknownOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, w.Records[got.Lid].Client.Name)
 		case w.logRead():
 			return shDropRestart, "another producer's identical record was in the log read after a restart or a takeover"
 		}
-		return shDropOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, w.recs[got.Lid].Client.Name)
+		return shDropOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, w.Records[got.Lid].Client.Name)
 	}
 	if unknown && otherInst {
 		return shDropUnknownOther, "an unknown outcome of it, and another instance's identical record and timestamp"
@@ -657,8 +660,8 @@ func (w *world) dropShape(l Lid) (Shape, string) {
 // restamped retry is answered with its original's offset). An offset
 // holding the same content from another client instance, or with another
 // timestamp where timestamps count, is counted under its shape.
-func (w *world) checkOffsets(res *Result) {
-	for _, r := range w.reqs {
+func (w *Run) checkOffsets(res *Result) {
+	for _, r := range w.Requests {
 		for i, b := range r.Parts {
 			if i >= len(r.Answered) {
 				break
@@ -668,7 +671,7 @@ func (w *world) checkOffsets(res *Result) {
 				continue
 			}
 			for j, x := range b.Recs {
-				got, ok := w.broker.At(b.Partition, a.Offset+int64(j))
+				got, ok := w.Broker.At(b.Partition, a.Offset+int64(j))
 				switch {
 				case !ok || got.Name != x.Name:
 					res.failf("req %d p%d answered offset %d, but offset %d holds %q, not %q", r.ID, b.Partition, a.Offset, a.Offset+int64(j), got.Name, x.Name)
@@ -687,15 +690,15 @@ func (w *world) checkOffsets(res *Result) {
 // sameClass: the rule cannot tell records a and b apart: one client
 // instance, the same content, and the same first timestamp unless the
 // core leaves timestamps out for the client.
-func (w *world) sameClass(a, b Lid) bool {
-	ra, rb := &w.recs[a], &w.recs[b]
+func (w *Run) sameClass(a, b Lid) bool {
+	ra, rb := &w.Records[a], &w.Records[b]
 	if !ra.Client.Info.SameInstance(rb.Client.Info) || ra.Name != rb.Name {
 		return false
 	}
 	return ra.Client.ContentOnly() || w.firstTS(a) == w.firstTS(b)
 }
 
-func (w *world) firstTS(l Lid) int64 { return recIn(w.reqs[w.recs[l].Sends[0]-1], l).ts }
+func (w *Run) firstTS(l Lid) int64 { return recIn(w.Requests[w.Records[l].Sends[0]-1], l).ts }
 
 // Report is a failing run's account.
 func (res *Result) Report() string {

@@ -2,12 +2,11 @@ package sim
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-
-	"github.com/dedupproxy/dedupproxy/decide"
 )
 
 // Client models. Each stands for a real client (docs/clients.md) and
@@ -15,6 +14,49 @@ import (
 // the proxy about itself (client id, host, principal, the software name of
 // its ApiVersions v3+ request), how it writes a batch without a producer
 // id, and how it sends records again after a failure.
+
+// Info is what a connection's client tells the proxy about itself.
+type Info struct {
+	Principal uint32
+	ID        string
+	Host      netip.Addr
+	Software  string // ApiVersions v3+ client software name, "" for none
+}
+
+// SameInstance: the core takes a and b for one client instance
+// (docs/legacy.md, "Scope: the client instance"): the same principal,
+// client id and host. The software a client names is not part of it: two
+// processes of different libraries behind one address, sharing a client
+// id, are one instance.
+func (a Info) SameInstance(b Info) bool {
+	return a.Principal == b.Principal && a.ID == b.ID && a.Host == b.Host
+}
+
+// Env is the run a client lives in: its virtual clock and seeded source,
+// the cluster's metadata, and the proxy's listeners.
+type Env interface {
+	// Now is the virtual clock; Wall the same instant as the core and the
+	// clients' clocks read it.
+	Now() time.Duration
+	Wall() time.Time
+	// At schedules fn at t (not before Now), After d from Now. Events of
+	// one instant run in the order they were scheduled.
+	At(t time.Duration, fn func())
+	After(d time.Duration, fn func())
+	// Between and Intn draw from the run's seeded source; Latency is one
+	// hop on the network.
+	Between(lo, hi time.Duration) time.Duration
+	Intn(n int) int
+	Latency() time.Duration
+	// Nodes is the number of broker nodes, Leaders which node leads each
+	// partition (what a metadata request tells).
+	Nodes() int
+	Leaders() [MaxPartitions]int
+	// Serving is the replica serving node; Dial opens a connection of c
+	// to node at that replica, nil while it is down.
+	Serving(node int) int
+	Dial(c *Client, node int) *Conn
+}
 
 // Style is how a client sends records again.
 type Style uint8
@@ -109,9 +151,10 @@ type partQueue struct {
 	flight  int // batches in flight
 }
 
-// Client is one Client process.
+// Client is one client process.
 type Client struct {
-	w        *world
+	env      Env
+	led      *Ledger
 	n        int
 	Name     string
 	Info     Info
@@ -177,29 +220,29 @@ type Request struct {
 	Resp     []PartResult  // the broker's answer, as the proxy stepped it
 }
 
-func (w *world) newClient(name string, info Info, lib Library, acks int16, workload string) *Client {
-	c := &Client{w: w, n: len(w.clients), Name: name, Info: info, Lib: lib, acks: acks, Workload: workload,
-		timeout: w.between(400*time.Millisecond, 2*time.Second), skew: int64(w.intn(5)) - 2, nparts: MaxPartitions,
-		conns: make([]*Conn, w.nodes), closeAfter: map[*Conn]bool{}, BornAt: w.now}
-	c.meta = w.broker.Leader
-	c.backoff = w.between(50*time.Millisecond, 250*time.Millisecond)
+func New(env Env, led *Ledger, n int, name string, info Info, lib Library, acks int16, workload string) *Client {
+	w := env
+	c := &Client{env: env, led: led, n: n, Name: name, Info: info, Lib: lib, acks: acks, Workload: workload,
+		timeout: w.Between(400*time.Millisecond, 2*time.Second), skew: int64(w.Intn(5)) - 2, nparts: MaxPartitions,
+		conns: make([]*Conn, w.Nodes()), closeAfter: map[*Conn]bool{}, BornAt: w.Now()}
+	c.meta = w.Leaders()
+	c.backoff = w.Between(50*time.Millisecond, 250*time.Millisecond)
 	c.epoch = 0
 	if lib.Idempotent {
 		c.pid = int64(1000 + c.n)
 	} else {
 		c.pid = -1
 	}
-	w.clients = append(w.clients, c)
 	return c
 }
 
 // clock is the client's clock in ms since the epoch.
-func (c *Client) clock() int64 { return c.w.wall().UnixMilli() + c.skew }
+func (c *Client) clock() int64 { return c.env.Wall().UnixMilli() + c.skew }
 
 // Produce is the application handing the client a new record.
 func (c *Client) Produce(name string, partition int32, keyed bool) Lid {
-	w := c.w
-	l := w.newLid(c, name)
+	w := c.env
+	l := c.led.newLid(c, name, w.Now())
 	c.open++
 	q := qrec{Rec: Rec{Lid: l, Name: name, TS: c.clock()}, why: "new", key: keyed}
 	if c.Lib.Style == JSSend {
@@ -222,7 +265,7 @@ func (c *Client) kick() {
 		return
 	}
 	c.flushOn = true
-	c.w.after(c.Lib.linger+time.Millisecond, func() {
+	c.env.After(c.Lib.linger+time.Millisecond, func() {
 		c.flushOn = false
 		c.flush()
 	})
@@ -231,9 +274,9 @@ func (c *Client) kick() {
 // connFor returns the connection to node, opening one to the replica that
 // serves it; nil while none can be opened.
 func (c *Client) connFor(node int) *Conn {
-	w := c.w
+	w := c.env
 	if cn := c.conns[node]; cn != nil && cn.usable() {
-		if w.owner[node] == cn.r.id || len(cn.inflight) > 0 {
+		if w.Serving(node) == cn.Replica || len(cn.inflight) > 0 {
 			return cn
 		}
 		// The node moved to another replica: a new connection there; the
@@ -241,18 +284,16 @@ func (c *Client) connFor(node int) *Conn {
 		cn.close()
 	}
 	c.conns[node] = nil
-	if w.now < c.retryAt {
+	if w.Now() < c.retryAt {
 		return nil
 	}
-	r := w.replicas[w.owner[node]]
-	if r.down {
-		c.retryAt = w.now + c.backoff
-		c.w.at(c.retryAt, c.flush)
+	cn := w.Dial(c, node)
+	if cn == nil {
+		// The replica serving node is down.
+		c.retryAt = w.Now() + c.backoff
+		c.env.At(c.retryAt, c.flush)
 		return nil
 	}
-	cn := &Conn{w: w, ID: decide.ConnID(len(w.conns)), Client: c, Node: node, r: r}
-	w.conns = append(w.conns, cn)
-	r.newSession(cn)
 	c.conns[node] = cn
 	return cn
 }
@@ -265,7 +306,7 @@ func (c *Client) flush() {
 	if c.Lib.Style == JSSend {
 		return // kafkajs sends from send()
 	}
-	for node := 0; node < c.w.nodes; node++ {
+	for node := 0; node < c.env.Nodes(); node++ {
 		for {
 			if !c.anyReady(node) {
 				break
@@ -295,8 +336,7 @@ func (c *Client) anyReady(node int) bool {
 
 // buildRequest takes one batch per partition led by node.
 func (c *Client) buildRequest(cn *Conn, node int) *Request {
-	w := c.w
-	req := &Request{ID: len(w.reqs) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, Node: node}
+	req := &Request{ID: len(c.led.Requests) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, Node: node}
 	for p := int32(0); p < int32(c.nparts); p++ {
 		q := &c.parts[p]
 		if c.meta[p] != node || q.flight >= c.Lib.maxInFlight {
@@ -351,7 +391,7 @@ func (c *Client) addPart(req *Request, b *cbatch) {
 	var whys []string
 	for i := range b.recs {
 		if b.recs[i].first == 0 {
-			b.recs[i].first = c.w.now
+			b.recs[i].first = c.env.Now()
 		}
 		b.recs[i].attempts++
 		spec.Recs = append(spec.Recs, b.recs[i].Rec)
@@ -365,12 +405,12 @@ func (c *Client) addPart(req *Request, b *cbatch) {
 
 // sendReq writes req on cn and arms its timeout.
 func (c *Client) sendReq(cn *Conn, req *Request) {
-	w := c.w
-	req.SentAt = w.now
-	w.reqs = append(w.reqs, req)
+	w := c.env
+	req.SentAt = w.Now()
+	c.led.Requests = append(c.led.Requests, req)
 	for _, s := range req.Parts {
 		for _, r := range s.Recs {
-			w.recs[r.Lid].Sends = append(w.recs[r.Lid].Sends, req.ID)
+			c.led.Records[r.Lid].Sends = append(c.led.Records[r.Lid].Sends, req.ID)
 		}
 	}
 	cn.send(req)
@@ -387,7 +427,7 @@ func (c *Client) sendReq(cn *Conn, req *Request) {
 		return
 	}
 	cn.inflight = append(cn.inflight, req)
-	w.after(req.Timeout, func() {
+	w.After(req.Timeout, func() {
 		if slices.Contains(cn.inflight, req) {
 			c.timedOut(cn, req)
 		}
@@ -395,7 +435,7 @@ func (c *Client) sendReq(cn *Conn, req *Request) {
 }
 
 func (c *Client) acked(l Lid) {
-	ri := &c.w.recs[l]
+	ri := &c.led.Records[l]
 	if !ri.Acked && ri.GaveUp == "" {
 		ri.Acked = true
 		c.open--
@@ -404,7 +444,7 @@ func (c *Client) acked(l Lid) {
 }
 
 func (c *Client) giveUp(l Lid, why string) {
-	ri := &c.w.recs[l]
+	ri := &c.led.Records[l]
 	if !ri.Acked && ri.GaveUp == "" {
 		ri.GaveUp = why
 		c.open--
@@ -479,14 +519,14 @@ func (c *Client) requeue(req *Request, i int, why string) {
 	q := &c.parts[b.part]
 	var keep []qrec
 	for _, r := range b.recs {
-		if c.w.recs[r.Lid].Acked || c.w.recs[r.Lid].GaveUp != "" {
+		if c.led.Records[r.Lid].Acked || c.led.Records[r.Lid].GaveUp != "" {
 			continue
 		}
 		if c.Lib.retries >= 0 && r.attempts > c.Lib.retries {
 			c.giveUp(r.Lid, "retries exhausted")
 			continue
 		}
-		if c.w.now-r.first >= deliveryTimeout {
+		if c.env.Now()-r.first >= deliveryTimeout {
 			c.giveUp(r.Lid, "delivery timeout")
 			continue
 		}
@@ -558,16 +598,16 @@ func (c *Client) abandon(cn *Conn, why string) {
 			c.requeue(req, i, why)
 		}
 	}
-	c.retryAt = c.w.now + c.backoff
-	c.w.at(c.retryAt, c.flush)
+	c.retryAt = c.env.Now() + c.backoff
+	c.env.At(c.retryAt, c.flush)
 	c.refreshMeta()
 }
 
 // refreshMeta learns the partitions' leaders, after a round trip.
 func (c *Client) refreshMeta() {
-	w := c.w
-	w.after(w.between(10*time.Millisecond, 100*time.Millisecond), func() {
-		c.meta = w.broker.Leader
+	w := c.env
+	w.After(w.Between(10*time.Millisecond, 100*time.Millisecond), func() {
+		c.meta = w.Leaders()
 		c.kick()
 		if c.Lib.Style == JSSend {
 			c.jsNext()
@@ -579,7 +619,7 @@ func (c *Client) refreshMeta() {
 // cleanly.
 func (c *Client) End() {
 	c.onIdle = func() {
-		c.ended, c.DiedAt = true, c.w.now
+		c.ended, c.DiedAt = true, c.env.Now()
 		for _, cn := range c.conns {
 			if cn != nil && cn.usable() {
 				cn.close()

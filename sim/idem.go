@@ -14,6 +14,45 @@ import (
 // is forwarded, so nothing is written twice either way: this counts the
 // batches that reach it all the same.
 
+// Idem follows the idempotent batches of a run as each request is
+// decided (invariants 4 and 6).
+type Idem struct {
+	failures  []string
+	sent      map[idemKey][]*Request
+	resent    int            // idempotent resends decided
+	forwarded map[string]int // of them, forwarded, per shape
+}
+
+// Decided looks at a request just decided Ready, plan pl, against the
+// broker as it is now.
+func (x *Idem) Decided(req *Request, pl *decide.Plan, broker *Broker) {
+	x.checkIdempotent(req, pl, broker)
+	x.noteIdempotent(req, pl, broker)
+}
+
+// checkIdempotent compares every idempotent part the proxy answered itself
+// with what the broker would answer it now (invariant 4). Deliberate
+// differences are not failures: a sequence reused for other records is
+// answered OUT_OF_ORDER_SEQUENCE_NUMBER where Kafka would drop the
+// records (docs/kafka-rules.md §12.2), and a wait past its deadline
+// REQUEST_TIMED_OUT.
+func (x *Idem) checkIdempotent(req *Request, pl *decide.Plan, broker *Broker) {
+	for i, b := range req.Parts {
+		pp := &pl.Parts[i]
+		if b.PID < 0 || pp.Act != decide.Answer {
+			continue
+		}
+		ref, appended := broker.Idempotent(b, HeaderOf(req.Raws[i]).MaxTimestamp)
+		got := PartResult{Partition: b.Partition, Code: pp.Local.ErrorCode, Offset: pp.Local.BaseOffset, AppendTime: pp.Local.LogAppendTime}
+		switch {
+		case pp.Verdict.Rule == decide.RuleSequenceReuse, got.Code == kerr.RequestTimedOut.Code:
+		case appended || got != ref:
+			x.failures = append(x.failures, fmt.Sprintf("req %d p%d (pid %d seq %d): the proxy answered %+v, the broker would answer %+v (append %v)",
+				req.ID, b.Partition, b.PID, b.Seq, got, ref, appended))
+		}
+	}
+}
+
 // idemKey is one idempotent batch: its producer, partition, epoch and
 // first sequence.
 type idemKey struct {
@@ -27,33 +66,32 @@ type idemKey struct {
 // decided: a batch whose earlier copy went upstream and is in the log or
 // still on its way there is a resend, and forwarded, it is counted under
 // the reason the proxy could not answer it (a shape), or fails the run.
-func (w *world) noteIdempotent(d *deciding) {
-	req := d.req
+func (x *Idem) noteIdempotent(req *Request, pl *decide.Plan, broker *Broker) {
 	if req.Acks == 0 {
 		return
 	}
-	if w.idemSent == nil {
-		w.idemSent, w.idemForwarded = map[idemKey][]*Request{}, map[string]int{}
+	if x.sent == nil {
+		x.sent, x.forwarded = map[idemKey][]*Request{}, map[string]int{}
 	}
 	for i, b := range req.Parts {
 		if b.PID < 0 {
 			continue
 		}
-		pp := &d.pl.Parts[i]
+		pp := &pl.Parts[i]
 		k := idemKey{b.PID, b.Partition, b.Epoch, b.Seq}
-		ref, ok := w.broker.Idempotent(b, 0)
+		ref, ok := broker.Idempotent(b, 0)
 		appended := !ok && ref.Code == 0
 		var copies []*Request
-		for _, e := range w.idemSent[k] {
+		for _, e := range x.sent[k] {
 			// A copy the broker refused leaves nothing to answer with.
 			if appended || e.Handled == 0 {
 				copies = append(copies, e)
 			}
 		}
 		if len(copies) > 0 {
-			w.idemResent++
+			x.resent++
 			if pp.Act == decide.Forward {
-				sh := w.idemForwardShape(req, copies, b.Partition)
+				sh := idemForwardShape(req, copies, b.Partition)
 				if sh.Covered && ref.Code == kerr.OutOfOrderSequenceNumber.Code {
 					// The broker itself would refuse this resend now: it
 					// neither follows its producer's last batch nor is
@@ -61,16 +99,16 @@ func (w *world) noteIdempotent(d *deciding) {
 					// producer's batches are on their way than that.
 					sh = shIdemFwdBeyond
 				}
-				w.idemForwarded[sh.Name]++
+				x.forwarded[sh.Name]++
 				if sh.Covered {
 					e := copies[len(copies)-1]
-					w.idemFailures = append(w.idemFailures, fmt.Sprintf("req %d (conn %d) pid %d p%d epoch %d seq %d: %s; req %d (conn %d) sent it before (appended: %v; answered to the proxy: %v)",
+					x.failures = append(x.failures, fmt.Sprintf("req %d (conn %d) pid %d p%d epoch %d seq %d: %s; req %d (conn %d) sent it before (appended: %v; answered to the proxy: %v)",
 						req.ID, req.Conn.ID, b.PID, b.Partition, b.Epoch, b.Seq, sh.Name, e.ID, e.Conn.ID, appended, e.Settled > 0))
 				}
 			}
 		}
 		if pp.Act == decide.Forward {
-			w.idemSent[k] = append(w.idemSent[k], req)
+			x.sent[k] = append(x.sent[k], req)
 		}
 	}
 }
@@ -78,7 +116,7 @@ func (w *world) noteIdempotent(d *deciding) {
 // idemForwardShape says why resend s was forwarded, copies the earlier
 // copies of its batch in the log or on their way: a reason one of them
 // gives, or none.
-func (w *world) idemForwardShape(s *Request, copies []*Request, p int32) Shape {
+func idemForwardShape(s *Request, copies []*Request, p int32) Shape {
 	sh := shIdemForwarded
 	for _, e := range copies {
 		switch {

@@ -42,14 +42,14 @@ func (c *Client) jsNext() {
 
 // jsAttempt is one attempt of the send in progress.
 func (c *Client) jsAttempt() {
-	w, js := c.w, c.js
+	w, js := c.env, c.js
 	js.failed, js.why = false, ""
 	js.attempt++
 	now := c.clock()
 	byNode := map[int]map[int32][]int{} // node → partition → message indexes
 	for i := range js.msgs {
 		m := &js.msgs[i]
-		if w.recs[m.Lid].Acked || w.recs[m.Lid].GaveUp != "" {
+		if c.led.Records[m.Lid].Acked || c.led.Records[m.Lid].GaveUp != "" {
 			continue
 		}
 		p := int32(c.rr % c.nparts)
@@ -71,7 +71,7 @@ func (c *Client) jsAttempt() {
 		}
 		byNode[node][p] = append(byNode[node][p], i)
 	}
-	for node := 0; node < w.nodes; node++ {
+	for node := 0; node < w.Nodes(); node++ {
 		parts := byNode[node]
 		if parts == nil {
 			continue
@@ -81,7 +81,7 @@ func (c *Client) jsAttempt() {
 			js.failed, js.why = true, "connect"
 			continue
 		}
-		req := &Request{ID: len(w.reqs) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, js: js, Node: node}
+		req := &Request{ID: len(c.led.Requests) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, js: js, Node: node}
 		for p := int32(0); p < int32(c.nparts); p++ {
 			idx := parts[p]
 			if len(idx) == 0 {
@@ -92,7 +92,7 @@ func (c *Client) jsAttempt() {
 				m := &js.msgs[i]
 				m.TS = now
 				if m.first == 0 {
-					m.first = w.now
+					m.first = w.Now()
 				}
 				m.attempts++
 				b.recs = append(b.recs, *m)
@@ -151,7 +151,7 @@ func (c *Client) jsSettle() {
 	if js == nil || js.pending > 0 {
 		return
 	}
-	w := c.w
+	w := c.env
 	if !js.failed {
 		for _, m := range js.msgs {
 			c.acked(m.Lid)
@@ -173,7 +173,7 @@ func (c *Client) jsSettle() {
 	}
 	// kafkajs's retrier: 300 ms, doubling, with jitter.
 	d := time.Duration(300<<min(js.attempt-1, 4)) * time.Millisecond
-	w.after(w.between(d*8/10, d*12/10), func() {
+	w.After(w.Between(d*8/10, d*12/10), func() {
 		if c.js == js {
 			c.jsAttempt()
 		}

@@ -2,20 +2,19 @@ package sim
 
 import (
 	"time"
-
-	"github.com/dedupproxy/dedupproxy/decide"
 )
 
 // Conn is one client connection through the proxy: a FIFO of requests
 // from the client and one of answers back, each hop taking the network's
 // latency, and the faults that end it.
 type Conn struct {
-	w      *world
-	ID     decide.ConnID
-	Client *Client
-	Node   int      // the broker node the client addressed
-	r      *replica // the replica whose listener it reached
-	s      *session
+	env     Env
+	ID      int
+	Client  *Client
+	Node    int // the broker node the client addressed
+	Replica int // the replica whose listener it reached
+	// Proxy is the proxy's end: the session that reads it.
+	Proxy Proxy
 
 	// The client's side.
 	inflight     []*Request // sent, not answered, in order
@@ -32,14 +31,41 @@ type Conn struct {
 	loseNext  bool          // the next answer is lost, and the connection with it
 	toProxy   time.Duration // FIFO: the last arrival scheduled at the proxy
 	toClient  time.Duration
+
+	// What the proxy's end recorded, for the checks.
+	//
 	// FinAt: when its end (the client's, or a reset) reached the proxy.
 	FinAt time.Duration
 	// ToldAt: when the core was told it ended (0: not yet).
 	ToldAt time.Duration
-	// Answers the proxy wrote, and those the client's TCP stack Received
+	// Answers the proxy wrote, and those the client's TCP stack received
 	// before it closed (a clean close has them equal).
 	Written, Received int
 }
+
+// Proxy is the proxy's end of a connection, as the network reaches it.
+type Proxy interface {
+	// Arrive hands the proxy a request that reached it; false if the
+	// proxy reads no more (its process is gone, the connection reset, or
+	// its reader returned): the request is lost.
+	Arrive(req *Request) bool
+	// Fin: the client's end of stream reached the proxy.
+	Fin()
+	// Reset: a reset reached the proxy.
+	Reset()
+}
+
+// NewConn is a new connection of c to node, reaching replica's listener;
+// the replica's session sets its Proxy.
+func NewConn(c *Client, id, node, replica int) *Conn {
+	return &Conn{env: c.env, ID: id, Client: c, Node: node, Replica: replica}
+}
+
+// Up reports whether the connection is whole and neither end closed it.
+func (cn *Conn) Up() bool { return cn.cutAt == 0 && !cn.clientClosed && !cn.broken }
+
+// Busy reports whether the client has requests in flight on it.
+func (cn *Conn) Busy() bool { return len(cn.inflight) > 0 }
 
 func (cn *Conn) isCut(at time.Duration) bool { return cn.cutAt > 0 && at >= cn.cutAt }
 
@@ -48,16 +74,15 @@ func (cn *Conn) usable() bool { return !cn.clientClosed && !cn.broken }
 
 // send carries a request to the proxy.
 func (cn *Conn) send(req *Request) {
-	w := cn.w
-	cn.lastUse = w.now
-	arrive := max(w.now+w.latency(), cn.toProxy)
+	w := cn.env
+	cn.lastUse = w.Now()
+	arrive := max(w.Now()+w.Latency(), cn.toProxy)
 	cn.toProxy = arrive
-	w.at(arrive, func() {
-		if cn.isCut(arrive) || cn.s == nil || cn.s.gone || cn.s.rstIn || cn.s.readEnded {
-			w.lostAcks0(req, "lost with its connection")
+	w.At(arrive, func() {
+		if cn.isCut(arrive) || cn.Proxy == nil || !cn.Proxy.Arrive(req) {
+			cn.Client.led.LostAcks0(req, "lost with its connection")
 			return // lost on the way: the proxy never reads it
 		}
-		cn.s.arrive(req)
 	})
 }
 
@@ -67,47 +92,46 @@ func (cn *Conn) close() {
 	if cn.clientClosed || cn.broken {
 		return
 	}
-	w := cn.w
-	cn.clientClosed, cn.closedAt = true, w.now
-	arrive := max(w.now+w.latency(), cn.toProxy)
+	w := cn.env
+	cn.clientClosed, cn.closedAt = true, w.Now()
+	arrive := max(w.Now()+w.Latency(), cn.toProxy)
 	cn.toProxy = arrive
-	w.at(arrive, func() {
-		if cn.isCut(arrive) || cn.s == nil || cn.s.gone {
+	w.At(arrive, func() {
+		if cn.isCut(arrive) || cn.Proxy == nil {
 			return
 		}
-		cn.s.fin()
+		cn.Proxy.Fin()
 	})
 }
 
 // Cut breaks cn: nothing more gets through either way. The proxy sees a
-// reset at once unless the Cut is silent; the client notices at once
+// reset at once unless the cut is silent; the client notices at once
 // (reset) or only by its request timeouts (silent).
 func (cn *Conn) Cut(silent bool) {
-	w := cn.w
+	w := cn.env
 	if cn.cutAt > 0 {
 		return
 	}
-	cn.cutAt, cn.Silent = w.now, silent
-	if s := cn.s; s != nil && !silent {
-		w.after(w.latency(), s.reset)
+	cn.cutAt, cn.Silent = w.Now(), silent
+	if cn.Proxy != nil && !silent {
+		w.After(w.Latency(), cn.Proxy.Reset)
 	}
 	if !silent {
-		w.after(w.latency(), func() { cn.Client.connBroken(cn) })
+		w.After(w.Latency(), func() { cn.Client.connBroken(cn) })
 	}
 }
 
-// Answer carries an Answer to the client. It reports whether the write
-// succeeded at the proxy.
+// Answer carries an answer the proxy wrote to the client.
 func (cn *Conn) Answer(req *Request, res []PartResult) {
-	w := cn.w
+	w := cn.env
 	cn.Written++
-	arrive := max(w.now+w.latency(), cn.toClient)
+	arrive := max(w.Now()+w.Latency(), cn.toClient)
 	cn.toClient = arrive
 	if cn.loseNext {
 		cn.loseNext = false
 		cn.Cut(false)
 	}
-	w.at(arrive, func() {
+	w.At(arrive, func() {
 		if cn.isCut(arrive) || cn.clientClosed || cn.broken {
 			return // lost with the connection, or its client left
 		}
@@ -122,13 +146,41 @@ func (cn *Conn) Answer(req *Request, res []PartResult) {
 // ProxyClosed is the proxy closing cn (its session ended): the client
 // reads the end after the answers before it.
 func (cn *Conn) ProxyClosed() {
-	w := cn.w
-	arrive := max(w.now+w.latency(), cn.toClient)
+	w := cn.env
+	arrive := max(w.Now()+w.Latency(), cn.toClient)
 	cn.toClient = arrive
-	w.at(arrive, func() {
+	w.At(arrive, func() {
 		if cn.isCut(arrive) || cn.clientClosed || cn.broken {
 			return
 		}
 		cn.Client.connBroken(cn)
 	})
+}
+
+// LoseNextAnswer: the next answer written on cn is lost, and the
+// connection with it (a lost acknowledgement).
+func (cn *Conn) LoseNextAnswer() { cn.loseNext = true }
+
+// MiddleboxCloses: something between client and proxy acknowledges the
+// answers of cn and passes none on, then closes it: to the proxy a clean
+// close, to the client a reset.
+func (cn *Conn) MiddleboxCloses() {
+	w := cn.env
+	cn.Middlebox = true
+	w.After(w.Between(time.Millisecond, 50*time.Millisecond), func() {
+		if cn.Proxy != nil {
+			cn.Proxy.Fin()
+		}
+		cn.cutAt = w.Now()
+		w.After(w.Latency(), func() { cn.Client.connBroken(cn) })
+	})
+}
+
+// ProxyCrashed: the proxy's process died; the client sees a reset.
+func (cn *Conn) ProxyCrashed() {
+	w := cn.env
+	if cn.cutAt == 0 {
+		cn.cutAt = w.Now()
+		w.After(w.Latency(), func() { cn.Client.connBroken(cn) })
+	}
 }

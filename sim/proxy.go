@@ -110,22 +110,26 @@ type sentPart struct {
 
 func (r *replica) newSession(cn *Conn) *session {
 	s := &session{w: r.w, r: r, k: r.core, cn: cn}
-	cn.s = s
+	cn.Proxy = s
 	r.sessions = append(r.sessions, s)
 	return s
 }
 
-// arrive: a request reached the proxy.
-func (s *session) arrive(req *Request) {
-	if s.rstIn || s.readEnded {
-		return
+// Arrive: a request reached the proxy.
+func (s *session) Arrive(req *Request) bool {
+	if s.gone || s.rstIn || s.readEnded {
+		return false
 	}
 	s.inbox = append(s.inbox, req)
 	s.pumpRead()
+	return true
 }
 
-// fin: the client's end of stream reached the proxy.
-func (s *session) fin() {
+// Fin: the client's end of stream reached the proxy.
+func (s *session) Fin() {
+	if s.gone {
+		return
+	}
 	s.finIn = true
 	if s.cn.FinAt == 0 {
 		s.cn.FinAt = s.w.now
@@ -133,9 +137,9 @@ func (s *session) fin() {
 	s.pumpRead()
 }
 
-// reset: the connection was reset. Unread requests are lost; the next
+// Reset: the connection was reset. Unread requests are lost; the next
 // read, and every write from now on, fails.
-func (s *session) reset() {
+func (s *session) Reset() {
 	if s.gone {
 		return
 	}
@@ -144,7 +148,7 @@ func (s *session) reset() {
 		s.cn.FinAt = s.w.now
 	}
 	for _, req := range s.inbox {
-		s.w.lostAcks0(req, "lost with its connection")
+		s.w.led.LostAcks0(req, "lost with its connection")
 	}
 	s.inbox = nil
 	s.pumpRead()
@@ -213,18 +217,18 @@ func (s *session) coreConn() *decide.Conn {
 	}
 	w, cn := s.w, s.cn
 	info := cn.Client.Info
-	s.dconn = s.k.connect(cn.ID, info, w.wall())
+	s.dconn = s.k.connect(decide.ConnID(cn.ID), info, w.Wall())
 	w.script.connect(s)
 	for _, id := range s.k.siblings(s.dconn) {
-		sib := w.conns[id]
-		if sib.s != nil && (sib.s.finIn || sib.s.rstIn) && !sib.s.disconnected && !sib.s.readEnded {
+		sib := sessionOf(w.conns[id])
+		if sib != nil && (sib.finIn || sib.rstIn) && !sib.disconnected && !sib.readEnded {
 			w.script.comment("conn %d's first produce finds sibling conn %d closed by its client", cn.ID, id)
-			clean := sib.s.clean()
-			w.script.close(sib.s, "sibling", clean)
-			if sib.ToldAt == 0 {
-				sib.ToldAt = w.now
+			clean := sib.clean()
+			w.script.close(sib, "sibling", clean)
+			if sib.cn.ToldAt == 0 {
+				sib.cn.ToldAt = w.now
 			}
-			s.k.disconnectSibling(s.dconn, id, clean, w.wall())
+			s.k.disconnectSibling(s.dconn, id, clean, w.Wall())
 		}
 	}
 	return s.dconn
@@ -255,7 +259,7 @@ func (s *session) step(d *deciding) {
 		if d.round == maxDecideRounds {
 			d.dreq.GiveUp = true
 		}
-		s.k.decide(&d.dreq, d.pl, w.wall())
+		s.k.decide(&d.dreq, d.pl, w.Wall())
 		w.script.decide(s, d)
 		w.script.expect(d)
 		d.round++
@@ -279,7 +283,7 @@ func (s *session) step(d *deciding) {
 			d.waiting = true
 			d.token++
 			tok := d.token
-			w.at(d.until(), func() {
+			w.At(d.until(), func() {
 				if s.cur == d && d.waiting && d.token == tok {
 					d.waiting = false
 					d.dreq.GiveUp = true
@@ -295,15 +299,14 @@ func (s *session) step(d *deciding) {
 		// Its client gave up on this connection: not forwarded
 		// (docs/produce-path.md, "Deliver").
 		w.script.unsent(s, d.req)
-		s.w.wake(s.k.unsent(pl, w.wall()), s.k)
+		s.w.wake(s.k.unsent(pl, w.Wall()), s.k)
 		s.cur = nil
 		s.endRead()
 		return
 	}
 	s.cur = nil
 	d.req.Decided, d.req.CoreName, d.req.Replica = w.now, s.k.name, s.r.id
-	w.checkIdempotent(d)
-	w.noteIdempotent(d)
+	w.idem.Decided(d.req, d.pl, &w.broker)
 	s.sendDecided(d)
 	s.pumpRead()
 }
@@ -351,7 +354,7 @@ func (s *session) readTails(d *deciding) {
 	for _, t := range d.pl.Tails {
 		p := t.Partition
 		k := s.k
-		w.after(w.between(time.Millisecond, 20*time.Millisecond), func() {
+		w.After(w.Between(time.Millisecond, 20*time.Millisecond), func() {
 			if s.gone {
 				return // the process is gone, the read with it
 			}
@@ -364,7 +367,7 @@ func (s *session) readTails(d *deciding) {
 			}
 		})
 	}
-	w.at(d.tailsUntil, func() {
+	w.At(d.tailsUntil, func() {
 		if s.cur == d && d.token == tok && d.tails > 0 {
 			d.token++
 			s.step(d)
@@ -390,7 +393,7 @@ func (s *session) sendDecided(d *deciding) {
 	}
 	for _, sp := range p.sent {
 		for _, r := range sp.recs {
-			w.recs[r.Lid].Upstream = true
+			w.led.Records[r.Lid].Upstream = true
 		}
 	}
 	if req.Acks == 0 {
@@ -417,30 +420,30 @@ func (s *session) enqueue(p *pending) {
 // requests in order, each after the one before.
 func (s *session) forward(p *pending) {
 	w := s.w
-	arrive := w.now + w.latency()
+	arrive := w.now + w.Latency()
 	if s.upCutAt > 0 {
 		// Written to a broken connection: the write fails and readLoop
 		// returns (proxy session.forward).
-		w.lostAcks0(p.req, "its broker connection broke")
+		w.led.LostAcks0(p.req, "its broker connection broke")
 		s.endRead()
 		return
 	}
-	start := max(arrive, s.upFree) + w.between(200*time.Microsecond, 3*time.Millisecond)
+	start := max(arrive, s.upFree) + w.Between(200*time.Microsecond, 3*time.Millisecond)
 	hold := w.brokerHold(s.cn.Node)
 	start += hold
 	s.upFree = start
-	w.at(start, func() {
+	w.At(start, func() {
 		if s.upCutAt > 0 && s.upCutAt <= arrive {
-			w.lostAcks0(p.req, "its broker connection broke")
+			w.led.LostAcks0(p.req, "its broker connection broke")
 			return
 		}
 		res, lag := w.handleProduce(s.cn.Node, p)
 		if p.req.Acks == 0 {
 			return
 		}
-		at := max(w.now+lag+w.latency(), s.upResp)
+		at := max(w.now+lag+w.Latency(), s.upResp)
 		s.upResp = at
-		w.at(at, func() {
+		w.At(at, func() {
 			if s.gone || (s.upCutAt > 0 && s.upCutAt <= at) {
 				return
 			}
@@ -481,7 +484,7 @@ func (s *session) pumpResp() {
 		default:
 			w.script.answer(s, p)
 			p.req.Settled, p.req.Resp = w.now, p.resp
-			w.wake(s.k.outcome(p.pl, requestVersion, p.resp, w.wall()), s.k)
+			w.wake(s.k.outcome(p.pl, requestVersion, p.resp, w.Wall()), s.k)
 		}
 		if p.failed && !s.dead {
 			s.dead = true
@@ -498,7 +501,7 @@ func (s *session) pumpResp() {
 			told = true
 			p.req.DelivAt = w.now
 			w.script.deliver(s, p.req, true)
-			s.k.delivered(pl, true, w.wall())
+			s.k.delivered(pl, true, w.Wall())
 		}
 		if !s.dead {
 			s.dead = !s.write(p)
@@ -509,18 +512,18 @@ func (s *session) pumpResp() {
 				clean := s.clean()
 				w.script.close(s, "write failed", clean)
 				s.told()
-				s.k.disconnect(s.dconn, clean, w.wall())
+				s.k.disconnect(s.dconn, clean, w.Wall())
 			}
 		}
 		if pl := p.pl; pl != nil && !told {
 			ok := !s.dead && !p.failed && !s.clientLeft
 			w.script.deliver(s, p.req, ok)
-			s.k.delivered(pl, ok, w.wall())
+			s.k.delivered(pl, ok, w.Wall())
 		}
 		s.queue = s.queue[1:]
 		if s.blocked && len(s.queue) < maxInflight {
 			s.blocked = false
-			w.after(0, s.pumpRead)
+			w.After(0, s.pumpRead)
 		}
 	}
 	if len(s.queue) == 0 && s.readEnded && !s.respEnded {
@@ -534,7 +537,7 @@ func (s *session) fail(p *pending) {
 	if p.pl != nil && !p.failed {
 		p.req.Lost, p.req.LostAt = true, s.w.now
 		s.w.script.lost(s, p.req)
-		s.w.wake(s.k.lost(p.pl, s.w.wall()), s.k)
+		s.w.wake(s.k.lost(p.pl, s.w.Wall()), s.k)
 	}
 	p.failed = true
 }
@@ -604,7 +607,7 @@ func (s *session) endRead() {
 	s.readEnded, s.clientLeft = true, true
 	s.cur = nil
 	for _, req := range s.inbox {
-		w.lostAcks0(req, "never read: its connection ended")
+		w.led.LostAcks0(req, "never read: its connection ended")
 	}
 	s.inbox = nil
 	if s.dconn != nil && !s.disconnected {
@@ -612,11 +615,11 @@ func (s *session) endRead() {
 		clean := s.clean()
 		w.script.close(s, "read ended", clean)
 		s.told()
-		s.k.disconnect(s.dconn, clean, w.wall())
+		s.k.disconnect(s.dconn, clean, w.Wall())
 	}
 	s.drainTick++
 	tick := s.drainTick
-	w.after(drainTimeout, func() {
+	w.After(drainTimeout, func() {
 		if s.drainTick == tick && !s.respEnded && !s.gone {
 			s.upFailed = true
 			s.pumpResp()

@@ -13,10 +13,10 @@ func (w *world) restart(r *replica, crash bool) {
 		return
 	}
 	r.down = true
-	downtime := w.between(50*time.Millisecond, time.Second)
+	downtime := w.Between(50*time.Millisecond, time.Second)
 	if crash {
 		w.crash(r)
-		w.after(downtime, func() { w.restarted(r) })
+		w.After(downtime, func() { w.restarted(r) })
 		return
 	}
 	r.stopping = true
@@ -31,11 +31,11 @@ func (w *world) restart(r *replica, crash bool) {
 			busy = busy || !s.gone && !s.respEnded
 		}
 		if busy && w.now < deadline {
-			w.after(5*time.Millisecond, poll)
+			w.After(5*time.Millisecond, poll)
 			return
 		}
 		w.crash(r) // what is left is cut
-		w.after(downtime, func() { w.restarted(r) })
+		w.After(downtime, func() { w.restarted(r) })
 	}
 	poll()
 }
@@ -49,13 +49,9 @@ func (w *world) crash(r *replica) {
 		}
 		s.gone = true
 		for _, req := range s.inbox {
-			w.lostAcks0(req, "never read: the proxy crashed")
+			w.led.LostAcks0(req, "never read: the proxy crashed")
 		}
-		cn := s.cn
-		if cn.cutAt == 0 {
-			cn.cutAt = w.now
-			w.after(w.latency(), func() { cn.Client.connBroken(cn) })
-		}
+		s.cn.ProxyCrashed()
 	}
 	r.sessions = nil
 }
@@ -98,7 +94,7 @@ func (w *world) handOver(node int) {
 	var poll func()
 	poll = func() {
 		if from.nodeBusy(node) && w.now < deadline {
-			w.after(5*time.Millisecond, poll)
+			w.After(5*time.Millisecond, poll)
 			return
 		}
 		var parts []int32
@@ -113,7 +109,7 @@ func (w *world) handOver(node int) {
 		}
 		w.handovers = append(w.handovers, w.now)
 		w.script.handoff(from.core, to.core, parts)
-		from.core.handOff(to.core, parts, w.wall())
+		from.core.handOff(to.core, parts, w.Wall())
 		w.owner[node] = to.id
 		from.releasing[node], from.released[node] = false, true
 		to.released[node] = false

@@ -33,7 +33,7 @@ func newWorld(seed uint64, cfg coreConfig, rec bool) *world {
 		w.script = &recorder{w: w}
 	}
 	w.cfg = cfg
-	w.nodes = 1 + w.intn(3)
+	w.nodes = 1 + w.Intn(3)
 	for p := range w.broker.Leader {
 		w.broker.Leader[p] = p % w.nodes
 	}
@@ -50,7 +50,7 @@ func newWorld(seed uint64, cfg coreConfig, rec bool) *world {
 	for n := range w.owner {
 		w.owner[n] = n % nrep
 	}
-	w.endAt = w.between(1500*time.Millisecond, 5*time.Second)
+	w.endAt = w.Between(1500*time.Millisecond, 5*time.Second)
 	w.script.header()
 	w.addClients()
 	w.addFaults(nrep)
@@ -67,13 +67,13 @@ func hostN(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, 1, byte(n)}
 // streamLibs are the clients whose retries the rule is for.
 var streamLibs = []Library{FranzGo, Java, KafkaPython, Sarama, Rdkafka, KafkaGo, KafkaJS}
 
-func (w *world) pickLib(libs []Library) Library { return libs[w.intn(len(libs))] }
+func (w *world) pickLib(libs []Library) Library { return libs[w.Intn(len(libs))] }
 
 // addClients adds two to four workloads.
 func (w *world) addClients() {
-	n := 2 + w.intn(3)
+	n := 2 + w.Intn(3)
 	for i := 0; i < n; i++ {
-		switch k := w.intn(100); {
+		switch k := w.Intn(100); {
 		case k < 40:
 			w.streamClient(i, -1)
 		case k < 55:
@@ -105,7 +105,7 @@ func (w *world) streamClient(i int, acks int16) {
 	lib := w.pickLib(streamLibs)
 	name := fmt.Sprintf("c%d", i)
 	c := w.newClient(name, w.info(name, hostN(i), lib), lib, acks, fmt.Sprintf("stream %s acks=%d", lib.Name, acks))
-	every := w.between(10*time.Millisecond, 80*time.Millisecond)
+	every := w.Between(10*time.Millisecond, 80*time.Millisecond)
 	keyed := lib.Style != JSSend && w.chance(0.5)
 	n := 0
 	var tick func()
@@ -114,12 +114,12 @@ func (w *world) streamClient(i int, acks int16) {
 			c.End()
 			return
 		}
-		p := int32(w.intn(MaxPartitions))
+		p := int32(w.Intn(MaxPartitions))
 		c.Produce(fmt.Sprintf("%sr%d", name, n), p, keyed)
 		n++
-		w.after(w.between(every/2, every*3/2), tick)
+		w.After(w.Between(every/2, every*3/2), tick)
 	}
-	w.after(w.between(0, 50*time.Millisecond), tick)
+	w.After(w.Between(0, 50*time.Millisecond), tick)
 }
 
 // heartbeatClient sends the same record on a timer, and closes its
@@ -128,9 +128,9 @@ func (w *world) heartbeatClient(i int) {
 	lib := w.pickLib(streamLibs)
 	name := fmt.Sprintf("hb%d", i)
 	c := w.newClient(name, w.info(name, hostN(i), lib), lib, -1, "heartbeat "+lib.Name)
-	period := w.between(10*time.Millisecond, 300*time.Millisecond)
-	reconnect := 2 + w.intn(8)
-	p := int32(w.intn(MaxPartitions))
+	period := w.Between(10*time.Millisecond, 300*time.Millisecond)
+	reconnect := 2 + w.Intn(8)
+	p := int32(w.Intn(MaxPartitions))
 	beats := 0
 	var tick func()
 	tick = func() {
@@ -143,9 +143,9 @@ func (w *world) heartbeatClient(i int) {
 		if beats%reconnect == 0 {
 			c.CloseConns()
 		}
-		w.after(w.between(period*9/10, period*11/10), tick)
+		w.After(w.Between(period*9/10, period*11/10), tick)
 	}
-	w.after(w.between(0, 50*time.Millisecond), tick)
+	w.After(w.Between(0, 50*time.Millisecond), tick)
 }
 
 // oneShotJobs runs a job again and again as the same client instance:
@@ -155,8 +155,8 @@ func (w *world) oneShotJobs(i int) {
 	lib := w.pickLib(streamLibs)
 	name := fmt.Sprintf("job%d", i)
 	info := w.info(name, hostN(i), lib)
-	period := w.between(20*time.Millisecond, time.Second)
-	p := int32(w.intn(MaxPartitions))
+	period := w.Between(20*time.Millisecond, time.Second)
+	p := int32(w.Intn(MaxPartitions))
 	run := 0
 	var start func()
 	start = func() {
@@ -167,9 +167,9 @@ func (w *world) oneShotJobs(i int) {
 		run++
 		c.Produce("job", p, true)
 		c.End()
-		w.after(w.between(period*9/10, period*11/10), start)
+		w.After(w.Between(period*9/10, period*11/10), start)
 	}
-	w.after(w.between(0, 50*time.Millisecond), start)
+	w.After(w.Between(0, 50*time.Millisecond), start)
 }
 
 // twins are several instances sending the same records at the same pace:
@@ -177,9 +177,9 @@ func (w *world) oneShotJobs(i int) {
 func (w *world) twins(i int) {
 	lib := w.pickLib(streamLibs)
 	sameID := w.chance(0.5)
-	period := w.between(10*time.Millisecond, 150*time.Millisecond)
-	p := int32(w.intn(MaxPartitions))
-	for j := 0; j < 2+w.intn(2); j++ {
+	period := w.Between(10*time.Millisecond, 150*time.Millisecond)
+	p := int32(w.Intn(MaxPartitions))
+	for j := 0; j < 2+w.Intn(2); j++ {
 		name := fmt.Sprintf("tw%d.%d", i, j)
 		id := name
 		if sameID {
@@ -195,9 +195,9 @@ func (w *world) twins(i int) {
 			}
 			c.Produce(fmt.Sprintf("reading%d", n%3), p, true)
 			n++
-			w.after(period, tick)
+			w.After(period, tick)
 		}
-		w.at(w.now+period/2, tick)
+		w.At(w.now+period/2, tick)
 	}
 }
 
@@ -207,8 +207,8 @@ func (w *world) twins(i int) {
 func (w *world) sharedIdentity(i int) {
 	lib := w.pickLib(streamLibs)
 	id := "rdkafka"
-	period := w.between(10*time.Millisecond, 300*time.Millisecond)
-	p := int32(w.intn(MaxPartitions))
+	period := w.Between(10*time.Millisecond, 300*time.Millisecond)
+	p := int32(w.Intn(MaxPartitions))
 	for j := 0; j < 2; j++ {
 		name := fmt.Sprintf("nat%d.%d", i, j)
 		c := w.newClient(name, w.info(id, nat, lib), lib, -1, "shared identity "+lib.Name)
@@ -219,9 +219,9 @@ func (w *world) sharedIdentity(i int) {
 				return
 			}
 			c.Produce("hb", p, true)
-			w.after(w.between(period*9/10, period*11/10), tick)
+			w.After(w.Between(period*9/10, period*11/10), tick)
 		}
-		w.after(w.between(0, period), tick)
+		w.After(w.Between(0, period), tick)
 	}
 }
 
@@ -233,7 +233,7 @@ func (w *world) idempotentClient(i int) {
 	}
 	name := fmt.Sprintf("id%d", i)
 	c := w.newClient(name, w.info(name, hostN(i), lib), lib, -1, "idempotent "+lib.Name)
-	every := w.between(10*time.Millisecond, 80*time.Millisecond)
+	every := w.Between(10*time.Millisecond, 80*time.Millisecond)
 	n := 0
 	var tick func()
 	tick = func() {
@@ -241,63 +241,63 @@ func (w *world) idempotentClient(i int) {
 			c.End()
 			return
 		}
-		c.Produce(fmt.Sprintf("%sr%d", name, n), int32(w.intn(MaxPartitions)), true)
+		c.Produce(fmt.Sprintf("%sr%d", name, n), int32(w.Intn(MaxPartitions)), true)
 		n++
-		w.after(w.between(every/2, every*3/2), tick)
+		w.After(w.Between(every/2, every*3/2), tick)
 	}
-	w.after(w.between(0, 50*time.Millisecond), tick)
+	w.After(w.Between(0, 50*time.Millisecond), tick)
 }
 
 // addFaults schedules the scenario's faults, all before endAt.
 func (w *world) addFaults(nrep int) {
-	n := w.intn(5)
+	n := w.Intn(5)
 	for i := 0; i < n; i++ {
-		at := w.between(100*time.Millisecond, w.endAt)
-		switch k := w.intn(100); {
+		at := w.Between(100*time.Millisecond, w.endAt)
+		switch k := w.Intn(100); {
 		case k < 20:
 			w.note("answer lost with its connection at %v", at)
-			w.at(at, w.loseAnswer)
+			w.At(at, w.loseAnswer)
 		case k < 32:
 			w.note("connection cut with requests in flight at %v", at)
-			w.at(at, func() { w.cutSome(false) })
+			w.At(at, func() { w.cutSome(false) })
 		case k < 36:
 			w.note("connection cut silently at %v", at)
-			w.at(at, func() { w.cutSome(true) })
+			w.At(at, func() { w.cutSome(true) })
 		case k < 50:
-			node := w.intn(w.nodes)
-			d := w.between(200*time.Millisecond, 3*time.Second)
+			node := w.Intn(w.nodes)
+			d := w.Between(200*time.Millisecond, 3*time.Second)
 			f := brokerFault{node: node, from: at, to: at + d}
 			if w.chance(0.5) {
-				f.hold = w.between(time.Second, 4*time.Second)
+				f.hold = w.Between(time.Second, 4*time.Second)
 			} else {
-				f.late = w.between(time.Second, 4*time.Second)
+				f.late = w.Between(time.Second, 4*time.Second)
 			}
 			w.note("broker %d slower than the clients' timeout from %v for %v (hold %v, late %v)", node, at, d, f.hold, f.late)
-			w.broker.faults = append(w.broker.faults, f)
+			w.brokerFaults = append(w.brokerFaults, f)
 		case k < 62:
-			node := w.intn(w.nodes)
-			d := w.between(100*time.Millisecond, 2*time.Second)
+			node := w.Intn(w.nodes)
+			d := w.Between(100*time.Millisecond, 2*time.Second)
 			w.note("broker %d answers REQUEST_TIMED_OUT after appending from %v for %v", node, at, d)
-			w.broker.faults = append(w.broker.faults, brokerFault{node: node, from: at, to: at + d, timeout: 0.5})
+			w.brokerFaults = append(w.brokerFaults, brokerFault{node: node, from: at, to: at + d, timeout: 0.5})
 		case k < 72:
 			if w.nodes > 1 {
-				w.at(at, w.moveLeader)
+				w.At(at, w.moveLeader)
 			}
 		case k < 78:
 			w.note("broker connection cut at %v", at)
-			w.at(at, w.cutUpstream)
+			w.At(at, w.cutUpstream)
 		case k < 84:
 			w.note("middlebox reads answers and closes at %v", at)
-			w.at(at, w.middlebox)
+			w.At(at, w.middlebox)
 		case k < 94:
 			if nrep == 1 {
 				crash := w.chance(0.5)
 				w.note("proxy restart (crash %v) at %v", crash, at)
-				w.at(at, func() { w.restart(w.replicas[0], crash) })
+				w.At(at, func() { w.restart(w.replicas[0], crash) })
 			} else {
-				node := w.intn(w.nodes)
+				node := w.Intn(w.nodes)
 				w.note("node %d handed over at %v", node, at)
-				w.at(at, func() { w.handOver(node) })
+				w.At(at, func() { w.handOver(node) })
 			}
 		default:
 			w.tailFail = 0.3
@@ -312,7 +312,7 @@ func (w *world) note(format string, a ...any) { w.faults = append(w.faults, fmt.
 func (w *world) openConns(pred func(*Conn) bool) []*Conn {
 	var out []*Conn
 	for _, cn := range w.conns {
-		if cn.cutAt == 0 && !cn.clientClosed && !cn.broken && cn.s != nil && !cn.s.gone && !cn.s.closed && pred(cn) {
+		if s := sessionOf(cn); cn.Up() && s != nil && !s.gone && !s.closed && pred(cn) {
 			out = append(out, cn)
 		}
 	}
@@ -322,54 +322,45 @@ func (w *world) openConns(pred func(*Conn) bool) []*Conn {
 // loseAnswer: the next answer written on a connection with requests in
 // flight is lost, and the connection with it (a lost acknowledgement).
 func (w *world) loseAnswer() {
-	cs := w.openConns(func(cn *Conn) bool { return len(cn.inflight) > 0 })
+	cs := w.openConns((*Conn).Busy)
 	if len(cs) == 0 {
 		return
 	}
-	cs[w.intn(len(cs))].loseNext = true
+	cs[w.Intn(len(cs))].LoseNextAnswer()
 }
 
 func (w *world) cutSome(silent bool) {
-	cs := w.openConns(func(cn *Conn) bool { return len(cn.inflight) > 0 })
+	cs := w.openConns((*Conn).Busy)
 	if len(cs) == 0 {
 		return
 	}
-	cs[w.intn(len(cs))].Cut(silent)
+	cs[w.Intn(len(cs))].Cut(silent)
 }
 
 // middlebox: something between client and proxy acknowledges the answers
-// of a connection and passes none on, then closes it: to the proxy a
-// clean close, to the client a reset.
+// of a connection and passes none on, then closes it.
 func (w *world) middlebox() {
-	cs := w.openConns(func(cn *Conn) bool { return len(cn.inflight) > 0 })
+	cs := w.openConns((*Conn).Busy)
 	if len(cs) == 0 {
 		return
 	}
-	cn := cs[w.intn(len(cs))]
-	cn.Middlebox = true
-	w.after(w.between(time.Millisecond, 50*time.Millisecond), func() {
-		if cn.s != nil && !cn.s.gone {
-			cn.s.fin()
-		}
-		cn.cutAt = w.now
-		w.after(w.latency(), func() { cn.Client.connBroken(cn) })
-	})
+	cs[w.Intn(len(cs))].MiddleboxCloses()
 }
 
 func (w *world) cutUpstream() {
-	cs := w.openConns(func(cn *Conn) bool { return len(cn.inflight) > 0 })
+	cs := w.openConns((*Conn).Busy)
 	if len(cs) == 0 {
 		return
 	}
-	cs[w.intn(len(cs))].s.cutUpstream()
+	sessionOf(cs[w.Intn(len(cs))]).cutUpstream()
 }
 
 // moveLeader moves a partition's leadership to another node: its requests
 // to the old one are answered NOT_LEADER_OR_FOLLOWER from now on.
 func (w *world) moveLeader() {
-	p := int32(w.intn(MaxPartitions))
+	p := int32(w.Intn(MaxPartitions))
 	from := w.broker.Leader[p]
-	to := (from + 1 + w.intn(w.nodes-1)) % w.nodes
+	to := (from + 1 + w.Intn(w.nodes-1)) % w.nodes
 	w.broker.Leader[p] = to
 	w.note("partition %d's leader moved from node %d to %d at %v", p, from, to, w.now)
 	if w.owner[from] != w.owner[to] {
@@ -385,7 +376,7 @@ func (w *world) moveLeader() {
 
 // brokerHold is how long node holds a request before appending it.
 func (w *world) brokerHold(node int) time.Duration {
-	for _, f := range w.broker.faults {
+	for _, f := range w.brokerFaults {
 		if f.node == node && w.now >= f.from && w.now < f.to && f.hold > 0 {
 			return f.hold
 		}
@@ -401,11 +392,11 @@ func (w *world) handleProduce(node int, p *pending) ([]PartResult, time.Duration
 	refused := false
 	defer func() {
 		if refused {
-			w.after(0, func() { w.conns[p.req.Conn.ID].s.cutUpstream() })
+			w.After(0, func() { sessionOf(p.req.Conn).cutUpstream() })
 		}
 	}()
 	timeoutChance := 0.0
-	for _, f := range w.broker.faults {
+	for _, f := range w.brokerFaults {
 		if f.node == node && w.now >= f.from && w.now < f.to {
 			late = max(late, f.late)
 			timeoutChance = max(timeoutChance, f.timeout)
@@ -416,12 +407,12 @@ func (w *world) handleProduce(node int, p *pending) ([]PartResult, time.Duration
 		res, ok := w.broker.Produce(node, sp.spec, sp.recs, sp.raw, p.req.ID)
 		if !ok && p.req.Acks == 0 {
 			// Kafka closes the connection of a failed acks=0 write.
-			w.lostAcks0(p.req, "refused by the broker (acks=0)")
+			w.led.LostAcks0(p.req, "refused by the broker (acks=0)")
 			refused = true
 		}
 		if ok {
 			for _, r := range sp.recs {
-				w.recs[r.Lid].Written = append(w.recs[r.Lid].Written, p.req.ID)
+				w.led.Records[r.Lid].Written = append(w.led.Records[r.Lid].Written, p.req.ID)
 			}
 			if p.req.Acks != 0 && w.chance(timeoutChance) {
 				res.Code, res.Offset = kerr.RequestTimedOut.Code, -1
@@ -433,27 +424,27 @@ func (w *world) handleProduce(node int, p *pending) ([]PartResult, time.Duration
 }
 
 // everWritten reports whether a record is in the log.
-func (w *world) everWritten(l Lid) bool { return len(w.recs[l].Written) > 0 }
+func (w *world) everWritten(l Lid) bool { return len(w.led.Records[l].Written) > 0 }
 
 // readTail is a read of partition p's tail for core k: its log, or a
 // failure.
 func (w *world) readTail(k *core, p int32) {
 	if w.chance(w.tailFail) {
-		w.tailFails = append(w.tailFails, tailFail{k.name, p, w.now})
+		w.tailFails = append(w.tailFails, TailRead{k.name, p, w.now})
 		w.script.tail(k, p, true)
-		w.wake(k.tailFailed(p, w.wall()), k)
+		w.wake(k.tailFailed(p, w.Wall()), k)
 		return
 	}
-	w.tailReads = append(w.tailReads, tailFail{k.name, p, w.now})
+	w.tailReads = append(w.tailReads, TailRead{k.name, p, w.now})
 	w.script.tail(k, p, false)
-	w.wake(k.tailRead(p, w.broker.Tail(p), w.wall()), k)
+	w.wake(k.tailRead(p, w.broker.Tail(p), w.Wall()), k)
 }
 
 // wake signals the sessions of core k the core named.
 func (w *world) wake(ids []decide.ConnID, k *core) {
 	for _, id := range ids {
 		if int(id) < len(w.conns) {
-			if s := w.conns[id].s; s != nil && s.k == k {
+			if s := sessionOf(w.conns[id]); s != nil && s.k == k {
 				s.woken()
 			}
 		}

@@ -11,5 +11,8 @@ var defaultConfig = coreConfig{window: decide.DefaultWindow, scope: decide.Scope
 func runSeed(seed uint64, cfg coreConfig, record bool) (*Result, *world) {
 	w := newWorld(seed, cfg, record)
 	ended := w.run()
-	return w.check(ended), w
+	return Invariants(&Run{Seed: w.seed, Ended: ended, MaxSteps: w.maxSteps, Window: w.cfg.window, Faults: w.faults,
+		Records: w.led.Records, Requests: w.led.Requests, Clients: w.clients, Broker: &w.broker,
+		TailReads: w.tailReads, TailFails: w.tailFails, Restarts: w.restarts, Handovers: w.handovers, Rewarms: w.rewarms,
+		Idem: &w.idem}), w
 }

@@ -30,58 +30,22 @@ type world struct {
 	owner    []int // node → replica serving it
 	clients  []*Client
 
-	recs     []Record // by lid
-	reqs     []*Request
-	conns    []*Conn
-	script   *recorder
-	faults   []string // what the scenario injected, for the report
-	tailFail float64  // the chance a tail read fails
+	// led: every record the clients made and every request they sent.
+	led    Ledger
+	conns  []*Conn
+	script *recorder
+	faults []string // what the scenario injected, for the report
+	// brokerFaults: windows of broker trouble (scenario.go).
+	brokerFaults []brokerFault
+	tailFail     float64 // the chance a tail read fails
 	// restarts and handovers: when each happened.
 	restarts, handovers  []time.Duration
-	idemFailures         []string
-	idemSent             map[idemKey][]*Request
-	idemResent           int            // idempotent resends decided (invariant 6)
-	idemForwarded        map[string]int // of them, forwarded, per shape
+	idem                 Idem
 	rewarms              int
-	tailFails, tailReads []tailFail
+	tailFails, tailReads []TailRead
 	// endAt: no new records, faults or reconnects after it; the run then
 	// drains until every client is done.
 	endAt time.Duration
-}
-
-// Record is what the simulation knows of one logical record.
-type Record struct {
-	Client   *Client
-	Name     string
-	fresh    time.Duration // when the client made it
-	Acked    bool          // the client was told it is written
-	GaveUp   string        // why the client gave up on it, "" if it did not
-	Lost     string        // acks=0: lost where the client cannot know (the network, the broker)
-	Sends    []int         // requests that carried it
-	Written  []int         // requests whose batch put it in the log
-	Upstream bool          // the proxy forwarded it at least once
-	// keyless: kafkajs partitions it afresh on each attempt.
-}
-
-type tailFail struct {
-	core string
-	p    int32
-	at   time.Duration
-}
-
-// lostAcks0 marks the records of an acks=0 request lost on the way: its
-// client cannot know, and no one claims they are written.
-func (w *world) lostAcks0(req *Request, why string) {
-	if req.Acks != 0 {
-		return
-	}
-	for _, b := range req.Parts {
-		for _, r := range b.Recs {
-			if w.recs[r.Lid].Lost == "" {
-				w.recs[r.Lid].Lost = why
-			}
-		}
-	}
 }
 
 type event struct {
@@ -108,8 +72,8 @@ func (h *eventHeap) Pop() any {
 	return e
 }
 
-// at schedules fn at virtual time t (not before now).
-func (w *world) at(t time.Duration, fn func()) {
+// At schedules fn At virtual time t (not before now).
+func (w *world) At(t time.Duration, fn func()) {
 	if t < w.now {
 		t = w.now
 	}
@@ -117,11 +81,11 @@ func (w *world) at(t time.Duration, fn func()) {
 	heap.Push(&w.events, event{at: t, seq: w.seq, fn: fn})
 }
 
-// after schedules fn d from now.
-func (w *world) after(d time.Duration, fn func()) { w.at(w.now+d, fn) }
+// After schedules fn d from now.
+func (w *world) After(d time.Duration, fn func()) { w.At(w.now+d, fn) }
 
-// wall is the virtual clock as the core takes it.
-func (w *world) wall() time.Time { return base.Add(w.now) }
+// Wall is the virtual clock as the core takes it.
+func (w *world) Wall() time.Time { return base.Add(w.now) }
 
 // run processes events until none is left or the step bound is reached
 // (reported as false: a run that does not end is a finding too).
@@ -141,19 +105,54 @@ func (w *world) run() bool {
 
 func (w *world) chance(p float64) bool { return w.rng.Float64() < p }
 
-func (w *world) between(lo, hi time.Duration) time.Duration {
+func (w *world) Between(lo, hi time.Duration) time.Duration {
 	if hi <= lo {
 		return lo
 	}
 	return lo + time.Duration(w.rng.Int64N(int64(hi-lo)))
 }
 
-func (w *world) intn(n int) int { return w.rng.IntN(n) }
+func (w *world) Intn(n int) int { return w.rng.IntN(n) }
 
-// latency is one hop on the network.
-func (w *world) latency() time.Duration { return w.between(100*time.Microsecond, 2*time.Millisecond) }
+// Latency is one hop on the network.
+func (w *world) Latency() time.Duration { return w.Between(100*time.Microsecond, 2*time.Millisecond) }
 
-func (w *world) newLid(c *Client, name string) Lid {
-	w.recs = append(w.recs, Record{Client: c, Name: name, fresh: w.now})
-	return Lid(len(w.recs) - 1)
+// The world as the client models see it (client.Env).
+
+// Now is the virtual clock.
+func (w *world) Now() time.Duration { return w.now }
+
+// Nodes is the number of broker nodes.
+func (w *world) Nodes() int { return w.nodes }
+
+// Leaders says which node leads each partition, as metadata tells it.
+func (w *world) Leaders() [MaxPartitions]int { return w.broker.Leader }
+
+// Serving is the replica serving node.
+func (w *world) Serving(node int) int { return w.owner[node] }
+
+// Dial opens a connection of c to node at the replica serving it, nil
+// while that replica is down.
+func (w *world) Dial(c *Client, node int) *Conn {
+	r := w.replicas[w.owner[node]]
+	if r.down {
+		return nil
+	}
+	cn := NewConn(c, len(w.conns), node, r.id)
+	w.conns = append(w.conns, cn)
+	r.newSession(cn)
+	return cn
+}
+
+// newClient adds a client process to the run.
+func (w *world) newClient(name string, info Info, lib Library, acks int16, workload string) *Client {
+	c := New(w, &w.led, len(w.clients), name, info, lib, acks, workload)
+	w.clients = append(w.clients, c)
+	return c
+}
+
+// sessionOf is the session at the proxy's end of cn.
+func sessionOf(cn *Conn) *session {
+	s, _ := cn.Proxy.(*session)
+	return s
 }
