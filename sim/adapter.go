@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -37,8 +39,8 @@ func newCore(name string, cfg coreConfig) *core {
 	if err != nil {
 		panic(err) // the default config is valid
 	}
-	tab.InternTopics([]seqstate.TopicRef{{Name: Topic, Partitions: MaxPartitions}})
-	topic, _ := tab.LookupTopic([]byte(Topic))
+	tab.InternTopics([]seqstate.TopicRef{{Name: kafka.Topic, Partitions: kafka.MaxPartitions}})
+	topic, _ := tab.LookupTopic([]byte(kafka.Topic))
 	c := decide.New(decide.Config{Table: tab, Window: cfg.window, Scope: cfg.scope, Warm: true},
 		&decide.Settings{Mode: decide.Enforce, Match: cfg.match})
 	return &core{name: name, c: c, table: tab, topic: topic}
@@ -52,7 +54,7 @@ func (k *core) step(ev decide.Event, now time.Time) decide.Effects {
 	return fx
 }
 
-func (k *core) connect(id decide.ConnID, cl Info, now time.Time) *decide.Conn {
+func (k *core) connect(id decide.ConnID, cl client.Info, now time.Time) *decide.Conn {
 	return k.step(decide.Event{Kind: decide.EvConnect, ID: id,
 		Client: decide.Client{Principal: cl.Principal, ID: cl.ID, Host: cl.Host, Software: cl.Software}}, now).Conn
 }
@@ -83,21 +85,13 @@ func (k *core) decide(req *decide.Request, pl *decide.Plan, now time.Time) {
 	k.step(decide.Event{Kind: decide.EvRequest, Req: req, Plan: pl}, now)
 }
 
-// PartResult is the broker's answer for one partition.
-type PartResult struct {
-	Partition  int32
-	Code       int16
-	Offset     int64
-	AppendTime int64 // log append time, -1 for CreateTime
-}
-
 // outcome hands the broker's answer to the core, as a Produce response
 // body of the request's version.
-func (k *core) outcome(pl *decide.Plan, version int16, res []PartResult, now time.Time) []decide.ConnID {
+func (k *core) outcome(pl *decide.Plan, version int16, res []kafka.PartResult, now time.Time) []decide.ConnID {
 	resp := kmsg.NewPtrProduceResponse()
 	resp.SetVersion(version)
 	rt := kmsg.NewProduceResponseTopic()
-	rt.Topic = Topic
+	rt.Topic = kafka.Topic
 	for _, r := range res {
 		rp := kmsg.NewProduceResponseTopicPartition()
 		rp.Partition, rp.ErrorCode, rp.BaseOffset, rp.LogAppendTime, rp.LogStartOffset = r.Partition, r.Code, r.Offset, r.AppendTime, 0

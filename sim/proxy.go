@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -41,12 +43,12 @@ type session struct {
 	w     *world
 	r     *replica
 	k     *core
-	cn    *Conn
+	cn    *client.Conn
 	gone  bool // its process is gone (a crash): nothing of it runs again
 	dconn *decide.Conn
 
 	// readLoop
-	inbox      []*Request
+	inbox      []*client.Request
 	finIn      bool // the client's end of stream is behind the inbox
 	rstIn      bool // reset: reads fail
 	cur        *deciding
@@ -75,7 +77,7 @@ type session struct {
 
 // deciding is a request in decideProduce's loop.
 type deciding struct {
-	req        *Request
+	req        *client.Request
 	dreq       decide.Request
 	pl         *decide.Plan
 	round      int
@@ -90,12 +92,12 @@ type deciding struct {
 
 // pending is a request queued for its answer.
 type pending struct {
-	req     *Request
-	pl      *decide.Plan // nil for an answer the replica gate gave
-	local   []PartResult // the gate's answer
-	up      bool         // something went upstream
-	sent    []sentPart   // what went upstream
-	resp    []PartResult
+	req     *client.Request
+	pl      *decide.Plan       // nil for an answer the replica gate gave
+	local   []kafka.PartResult // the gate's answer
+	up      bool               // something went upstream
+	sent    []sentPart         // what went upstream
+	resp    []kafka.PartResult
 	arrived bool
 	failed  bool
 	held    bool // its decision waited (producePlan.held)
@@ -103,12 +105,12 @@ type pending struct {
 
 // sentPart is one batch as it went upstream.
 type sentPart struct {
-	spec *Batch
+	spec *kafka.Batch
 	raw  []byte
-	recs []Rec // the records it carries (lids), as far as the bytes tell
+	recs []kafka.Rec // the records it carries (lids), as far as the bytes tell
 }
 
-func (r *replica) newSession(cn *Conn) *session {
+func (r *replica) newSession(cn *client.Conn) *session {
 	s := &session{w: r.w, r: r, k: r.core, cn: cn}
 	cn.Proxy = s
 	r.sessions = append(r.sessions, s)
@@ -116,7 +118,7 @@ func (r *replica) newSession(cn *Conn) *session {
 }
 
 // Arrive: a request reached the proxy.
-func (s *session) Arrive(req *Request) bool {
+func (s *session) Arrive(req *client.Request) bool {
 	if s.gone || s.rstIn || s.readEnded {
 		return false
 	}
@@ -180,7 +182,7 @@ func (s *session) pumpRead() {
 }
 
 // handle is readLoop's work on one Produce request.
-func (s *session) handle(req *Request) {
+func (s *session) handle(req *client.Request) {
 	d := &deciding{req: req}
 	s.cur = d
 	if req.Acks != 0 && (s.r.releasing[s.cn.Node] || s.r.released[s.cn.Node]) {
@@ -199,7 +201,7 @@ func (s *session) handle(req *Request) {
 func (s *session) redirect(d *deciding) {
 	p := &pending{req: d.req}
 	for _, b := range d.req.Parts {
-		p.local = append(p.local, PartResult{Partition: b.Partition, Code: kerr.NotLeaderForPartition.Code, Offset: -1, AppendTime: -1})
+		p.local = append(p.local, kafka.PartResult{Partition: b.Partition, Code: kerr.NotLeaderForPartition.Code, Offset: -1, AppendTime: -1})
 	}
 	s.w.script.comment("replica %d redirects req=%d: node %d moved", s.r.id, d.req.ID, s.cn.Node)
 	s.cur = nil
@@ -238,7 +240,7 @@ func (s *session) decideProduce(d *deciding) {
 	req := d.req
 	d.dreq = decide.Request{Conn: s.coreConn(), Version: requestVersion, Acks: req.Acks, Timeout: req.Timeout}
 	for i, b := range req.Parts {
-		var h = HeaderOf(req.Raws[i])
+		var h = kafka.HeaderOf(req.Raws[i])
 		d.dreq.Parts = append(d.dreq.Parts, decide.Part{TI: 0, PI: i, Topic: s.k.topic, Partition: b.Partition, Header: h, Records: req.Raws[i]})
 	}
 	d.pl = &decide.Plan{}
@@ -387,7 +389,7 @@ func (s *session) sendDecided(d *deciding) {
 				p.sent = append(p.sent, sentPart{spec: b, raw: req.Raws[i], recs: b.Recs})
 			case decide.Rebuild:
 				raw := pl.Rebuilt[pp.At:pp.End]
-				p.sent = append(p.sent, sentPart{spec: b, raw: append([]byte(nil), raw...), recs: KeptRecords(b.Recs, raw, w.everWritten)})
+				p.sent = append(p.sent, sentPart{spec: b, raw: append([]byte(nil), raw...), recs: kafka.KeptRecords(b.Recs, raw, w.everWritten)})
 			}
 		}
 	}
@@ -568,15 +570,15 @@ func (s *session) write(p *pending) bool {
 
 // answerOf is the answer the client gets (proxy finishProduce): each part
 // from the broker, or from the proxy (Answer, Rebuild).
-func (s *session) answerOf(p *pending) []PartResult {
-	var out []PartResult
+func (s *session) answerOf(p *pending) []kafka.PartResult {
+	var out []kafka.PartResult
 	for i, b := range p.req.Parts {
 		pp := &p.pl.Parts[i]
 		switch pp.Act {
 		case decide.Answer, decide.Rebuild:
-			out = append(out, PartResult{Partition: b.Partition, Code: pp.Local.ErrorCode, Offset: pp.Local.BaseOffset, AppendTime: pp.Local.LogAppendTime})
+			out = append(out, kafka.PartResult{Partition: b.Partition, Code: pp.Local.ErrorCode, Offset: pp.Local.BaseOffset, AppendTime: pp.Local.LogAppendTime})
 		default:
-			r := PartResult{Partition: b.Partition, Code: kerr.RequestTimedOut.Code, Offset: -1, AppendTime: -1}
+			r := kafka.PartResult{Partition: b.Partition, Code: kerr.RequestTimedOut.Code, Offset: -1, AppendTime: -1}
 			for _, x := range p.resp {
 				if x.Partition == b.Partition {
 					r = x

@@ -2,6 +2,9 @@ package sim
 
 import (
 	"fmt"
+	"github.com/dedupproxy/dedupproxy/sim/check"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"math/rand/v2"
 	"net/netip"
 	"time"
@@ -9,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/dedupproxy/dedupproxy/decide"
-	"github.com/dedupproxy/dedupproxy/protocol"
 )
 
 // A scenario is what one seed generates: a cluster of a few broker nodes
@@ -65,9 +67,9 @@ var nat = netip.MustParseAddr("192.0.2.1")
 func hostN(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, 1, byte(n)}) }
 
 // streamLibs are the clients whose retries the rule is for.
-var streamLibs = []Library{FranzGo, Java, KafkaPython, Sarama, Rdkafka, KafkaGo, KafkaJS}
+var streamLibs = []client.Library{client.FranzGo, client.Java, client.KafkaPython, client.Sarama, client.Rdkafka, client.KafkaGo, client.KafkaJS}
 
-func (w *world) pickLib(libs []Library) Library { return libs[w.Intn(len(libs))] }
+func (w *world) pickLib(libs []client.Library) client.Library { return libs[w.Intn(len(libs))] }
 
 // addClients adds two to four workloads.
 func (w *world) addClients() {
@@ -96,8 +98,8 @@ func (w *world) addClients() {
 	}
 }
 
-func (w *world) info(id string, host netip.Addr, lib Library) Info {
-	return Info{ID: id, Host: host, Software: lib.Software}
+func (w *world) info(id string, host netip.Addr, lib client.Library) client.Info {
+	return client.Info{ID: id, Host: host, Software: lib.Software}
 }
 
 // streamClient sends unique records at a steady pace.
@@ -106,7 +108,7 @@ func (w *world) streamClient(i int, acks int16) {
 	name := fmt.Sprintf("c%d", i)
 	c := w.newClient(name, w.info(name, hostN(i), lib), lib, acks, fmt.Sprintf("stream %s acks=%d", lib.Name, acks))
 	every := w.Between(10*time.Millisecond, 80*time.Millisecond)
-	keyed := lib.Style != JSSend && w.chance(0.5)
+	keyed := lib.Style != client.JSSend && w.chance(0.5)
 	n := 0
 	var tick func()
 	tick = func() {
@@ -114,7 +116,7 @@ func (w *world) streamClient(i int, acks int16) {
 			c.End()
 			return
 		}
-		p := int32(w.Intn(MaxPartitions))
+		p := int32(w.Intn(kafka.MaxPartitions))
 		c.Produce(fmt.Sprintf("%sr%d", name, n), p, keyed)
 		n++
 		w.After(w.Between(every/2, every*3/2), tick)
@@ -130,7 +132,7 @@ func (w *world) heartbeatClient(i int) {
 	c := w.newClient(name, w.info(name, hostN(i), lib), lib, -1, "heartbeat "+lib.Name)
 	period := w.Between(10*time.Millisecond, 300*time.Millisecond)
 	reconnect := 2 + w.Intn(8)
-	p := int32(w.Intn(MaxPartitions))
+	p := int32(w.Intn(kafka.MaxPartitions))
 	beats := 0
 	var tick func()
 	tick = func() {
@@ -156,7 +158,7 @@ func (w *world) oneShotJobs(i int) {
 	name := fmt.Sprintf("job%d", i)
 	info := w.info(name, hostN(i), lib)
 	period := w.Between(20*time.Millisecond, time.Second)
-	p := int32(w.Intn(MaxPartitions))
+	p := int32(w.Intn(kafka.MaxPartitions))
 	run := 0
 	var start func()
 	start = func() {
@@ -178,7 +180,7 @@ func (w *world) twins(i int) {
 	lib := w.pickLib(streamLibs)
 	sameID := w.chance(0.5)
 	period := w.Between(10*time.Millisecond, 150*time.Millisecond)
-	p := int32(w.Intn(MaxPartitions))
+	p := int32(w.Intn(kafka.MaxPartitions))
 	for j := 0; j < 2+w.Intn(2); j++ {
 		name := fmt.Sprintf("tw%d.%d", i, j)
 		id := name
@@ -208,7 +210,7 @@ func (w *world) sharedIdentity(i int) {
 	lib := w.pickLib(streamLibs)
 	id := "rdkafka"
 	period := w.Between(10*time.Millisecond, 300*time.Millisecond)
-	p := int32(w.Intn(MaxPartitions))
+	p := int32(w.Intn(kafka.MaxPartitions))
 	for j := 0; j < 2; j++ {
 		name := fmt.Sprintf("nat%d.%d", i, j)
 		c := w.newClient(name, w.info(id, nat, lib), lib, -1, "shared identity "+lib.Name)
@@ -227,9 +229,9 @@ func (w *world) sharedIdentity(i int) {
 
 // idempotentClient streams unique records with idempotence on.
 func (w *world) idempotentClient(i int) {
-	lib := FranzGoIdempotent
+	lib := client.FranzGoIdempotent
 	if w.chance(0.5) {
-		lib = RdkafkaIdempotent
+		lib = client.RdkafkaIdempotent
 	}
 	name := fmt.Sprintf("id%d", i)
 	c := w.newClient(name, w.info(name, hostN(i), lib), lib, -1, "idempotent "+lib.Name)
@@ -241,7 +243,7 @@ func (w *world) idempotentClient(i int) {
 			c.End()
 			return
 		}
-		c.Produce(fmt.Sprintf("%sr%d", name, n), int32(w.Intn(MaxPartitions)), true)
+		c.Produce(fmt.Sprintf("%sr%d", name, n), int32(w.Intn(kafka.MaxPartitions)), true)
 		n++
 		w.After(w.Between(every/2, every*3/2), tick)
 	}
@@ -309,8 +311,8 @@ func (w *world) addFaults(nrep int) {
 func (w *world) note(format string, a ...any) { w.faults = append(w.faults, fmt.Sprintf(format, a...)) }
 
 // openConns lists the connections the proxy still serves, in id order.
-func (w *world) openConns(pred func(*Conn) bool) []*Conn {
-	var out []*Conn
+func (w *world) openConns(pred func(*client.Conn) bool) []*client.Conn {
+	var out []*client.Conn
 	for _, cn := range w.conns {
 		if s := sessionOf(cn); cn.Up() && s != nil && !s.gone && !s.closed && pred(cn) {
 			out = append(out, cn)
@@ -322,7 +324,7 @@ func (w *world) openConns(pred func(*Conn) bool) []*Conn {
 // loseAnswer: the next answer written on a connection with requests in
 // flight is lost, and the connection with it (a lost acknowledgement).
 func (w *world) loseAnswer() {
-	cs := w.openConns((*Conn).Busy)
+	cs := w.openConns((*client.Conn).Busy)
 	if len(cs) == 0 {
 		return
 	}
@@ -330,7 +332,7 @@ func (w *world) loseAnswer() {
 }
 
 func (w *world) cutSome(silent bool) {
-	cs := w.openConns((*Conn).Busy)
+	cs := w.openConns((*client.Conn).Busy)
 	if len(cs) == 0 {
 		return
 	}
@@ -340,7 +342,7 @@ func (w *world) cutSome(silent bool) {
 // middlebox: something between client and proxy acknowledges the answers
 // of a connection and passes none on, then closes it.
 func (w *world) middlebox() {
-	cs := w.openConns((*Conn).Busy)
+	cs := w.openConns((*client.Conn).Busy)
 	if len(cs) == 0 {
 		return
 	}
@@ -348,7 +350,7 @@ func (w *world) middlebox() {
 }
 
 func (w *world) cutUpstream() {
-	cs := w.openConns((*Conn).Busy)
+	cs := w.openConns((*client.Conn).Busy)
 	if len(cs) == 0 {
 		return
 	}
@@ -358,7 +360,7 @@ func (w *world) cutUpstream() {
 // moveLeader moves a partition's leadership to another node: its requests
 // to the old one are answered NOT_LEADER_OR_FOLLOWER from now on.
 func (w *world) moveLeader() {
-	p := int32(w.Intn(MaxPartitions))
+	p := int32(w.Intn(kafka.MaxPartitions))
 	from := w.broker.Leader[p]
 	to := (from + 1 + w.Intn(w.nodes-1)) % w.nodes
 	w.broker.Leader[p] = to
@@ -386,8 +388,8 @@ func (w *world) brokerHold(node int) time.Duration {
 
 // handleProduce is the broker node handling one forwarded request: each
 // batch appended or refused, and how late it answers.
-func (w *world) handleProduce(node int, p *pending) ([]PartResult, time.Duration) {
-	var out []PartResult
+func (w *world) handleProduce(node int, p *pending) ([]kafka.PartResult, time.Duration) {
+	var out []kafka.PartResult
 	var late time.Duration
 	refused := false
 	defer func() {
@@ -424,18 +426,18 @@ func (w *world) handleProduce(node int, p *pending) ([]PartResult, time.Duration
 }
 
 // everWritten reports whether a record is in the log.
-func (w *world) everWritten(l Lid) bool { return len(w.led.Records[l].Written) > 0 }
+func (w *world) everWritten(l kafka.Lid) bool { return len(w.led.Records[l].Written) > 0 }
 
 // readTail is a read of partition p's tail for core k: its log, or a
 // failure.
 func (w *world) readTail(k *core, p int32) {
 	if w.chance(w.tailFail) {
-		w.tailFails = append(w.tailFails, TailRead{k.name, p, w.now})
+		w.tailFails = append(w.tailFails, check.TailRead{Core: k.name, Partition: p, At: w.now})
 		w.script.tail(k, p, true)
 		w.wake(k.tailFailed(p, w.Wall()), k)
 		return
 	}
-	w.tailReads = append(w.tailReads, TailRead{k.name, p, w.now})
+	w.tailReads = append(w.tailReads, check.TailRead{Core: k.name, Partition: p, At: w.now})
 	w.script.tail(k, p, false)
 	w.wake(k.tailRead(p, w.broker.Tail(p), w.Wall()), k)
 }
@@ -449,12 +451,4 @@ func (w *world) wake(ids []decide.ConnID, k *core) {
 			}
 		}
 	}
-}
-
-func HeaderOf(raw []byte) protocol.BatchHeader {
-	var h protocol.BatchHeader
-	if _, err := protocol.ReadBatch(raw, &h); err != nil {
-		panic(err)
-	}
-	return h
 }

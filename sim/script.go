@@ -2,6 +2,8 @@ package sim
 
 import (
 	"fmt"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"strconv"
 	"strings"
 
@@ -62,7 +64,7 @@ func (r *recorder) connect(s *session) {
 
 // specPart writes one batch as a part or tail batch: NAME,...|ts=...
 // (ms after the base time), and its producer fields if it has some.
-func specPart(prefix string, b *Batch) string {
+func specPart(prefix string, b *kafka.Batch) string {
 	var sb strings.Builder
 	sb.WriteString(prefix)
 	ts := make([]string, len(b.Recs))
@@ -141,7 +143,7 @@ func (r *recorder) decide(s *session, d *deciding) {
 }
 
 // whyOf says why each record of req is sent.
-func whyOf(req *Request) string {
+func whyOf(req *client.Request) string {
 	var out []string
 	for i, b := range req.Parts {
 		for j, x := range b.Recs {
@@ -156,7 +158,7 @@ func whyOf(req *Request) string {
 	return strings.Join(out, ", ")
 }
 
-func (r *recorder) unsent(s *session, req *Request) {
+func (r *recorder) unsent(s *session, req *client.Request) {
 	if r == nil {
 		return
 	}
@@ -181,14 +183,14 @@ func (r *recorder) answer(s *session, p *pending) {
 	r.line(cmd)
 }
 
-func (r *recorder) lost(s *session, req *Request) {
+func (r *recorder) lost(s *session, req *client.Request) {
 	if r == nil {
 		return
 	}
 	r.line(fmt.Sprintf("lost req=%d", req.ID))
 }
 
-func (r *recorder) deliver(s *session, req *Request, ok bool) {
+func (r *recorder) deliver(s *session, req *client.Request, ok bool) {
 	if r == nil {
 		return
 	}
@@ -222,10 +224,10 @@ func (r *recorder) tail(k *core, p int32, failed bool) {
 	}
 	var bs []string
 	for _, lb := range r.w.broker.Logs[p].Batches {
-		h := HeaderOf(lb.Raw)
-		spec := Batch{Recs: lb.Recs, PID: h.ProducerID, Epoch: h.ProducerEpoch, Seq: h.BaseSequence}
+		h := kafka.HeaderOf(lb.Raw)
+		spec := kafka.Batch{Recs: lb.Recs, PID: h.ProducerID, Epoch: h.ProducerEpoch, Seq: h.BaseSequence}
 		if h.ProducerID < 0 {
-			spec.W = Writer{LegacyEpoch: -1} // a log batch's writer does not matter to the core
+			spec.W = kafka.Writer{LegacyEpoch: -1} // a log batch's writer does not matter to the core
 		}
 		bs = append(bs, specPart(fmt.Sprintf("%d:", lb.Base), &spec))
 	}

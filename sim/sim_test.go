@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/sim/check"
 )
 
 var (
@@ -72,11 +73,11 @@ var bounds = map[string]int{
 // core (decide/testdata's format).
 func TestSimulation(t *testing.T) {
 	start := time.Now()
-	var tab Table
+	var tab check.Table
 	failed := 0
 	// Seeds are independent: they run on every core, and are reported in
 	// order.
-	results := make([]*Result, *seeds)
+	results := make([]*check.Result, *seeds)
 	var wg sync.WaitGroup
 	next := make(chan int)
 	for range runtime.GOMAXPROCS(0) {
@@ -116,11 +117,11 @@ func TestSimulation(t *testing.T) {
 }
 
 // checkBounds holds each documented miss to its bound.
-func checkBounds(t *testing.T, tab *Table) {
+func checkBounds(t *testing.T, tab *check.Table) {
 	t.Helper()
 	def := *first == 1 && *seeds == defaultSeeds
 	var over []string
-	for _, sh := range Shapes {
+	for _, sh := range check.Shapes {
 		if sh.Covered {
 			continue
 		}
@@ -144,7 +145,7 @@ func checkBounds(t *testing.T, tab *Table) {
 		// What the bounds would be now, to paste once the change is
 		// understood.
 		var names []string
-		for _, sh := range Shapes {
+		for _, sh := range check.Shapes {
 			if !sh.Covered {
 				names = append(names, sh.Name)
 			}

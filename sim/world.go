@@ -2,6 +2,9 @@ package sim
 
 import (
 	"container/heap"
+	"github.com/dedupproxy/dedupproxy/sim/check"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"math/rand/v2"
 	"time"
 )
@@ -24,15 +27,15 @@ type world struct {
 	maxSteps int
 
 	cfg      coreConfig
-	broker   Broker
+	broker   kafka.Broker
 	nodes    int
 	replicas []*replica
 	owner    []int // node → replica serving it
-	clients  []*Client
+	clients  []*client.Client
 
 	// led: every record the clients made and every request they sent.
-	led    Ledger
-	conns  []*Conn
+	led    client.Ledger
+	conns  []*client.Conn
 	script *recorder
 	faults []string // what the scenario injected, for the report
 	// brokerFaults: windows of broker trouble (scenario.go).
@@ -40,9 +43,9 @@ type world struct {
 	tailFail     float64 // the chance a tail read fails
 	// restarts and handovers: when each happened.
 	restarts, handovers  []time.Duration
-	idem                 Idem
+	idem                 check.Idem
 	rewarms              int
-	tailFails, tailReads []TailRead
+	tailFails, tailReads []check.TailRead
 	// endAt: no new records, faults or reconnects after it; the run then
 	// drains until every client is done.
 	endAt time.Duration
@@ -126,33 +129,33 @@ func (w *world) Now() time.Duration { return w.now }
 func (w *world) Nodes() int { return w.nodes }
 
 // Leaders says which node leads each partition, as metadata tells it.
-func (w *world) Leaders() [MaxPartitions]int { return w.broker.Leader }
+func (w *world) Leaders() [kafka.MaxPartitions]int { return w.broker.Leader }
 
 // Serving is the replica serving node.
 func (w *world) Serving(node int) int { return w.owner[node] }
 
 // Dial opens a connection of c to node at the replica serving it, nil
 // while that replica is down.
-func (w *world) Dial(c *Client, node int) *Conn {
+func (w *world) Dial(c *client.Client, node int) *client.Conn {
 	r := w.replicas[w.owner[node]]
 	if r.down {
 		return nil
 	}
-	cn := NewConn(c, len(w.conns), node, r.id)
+	cn := client.NewConn(c, len(w.conns), node, r.id)
 	w.conns = append(w.conns, cn)
 	r.newSession(cn)
 	return cn
 }
 
 // newClient adds a client process to the run.
-func (w *world) newClient(name string, info Info, lib Library, acks int16, workload string) *Client {
-	c := New(w, &w.led, len(w.clients), name, info, lib, acks, workload)
+func (w *world) newClient(name string, info client.Info, lib client.Library, acks int16, workload string) *client.Client {
+	c := client.New(w, &w.led, len(w.clients), name, info, lib, acks, workload)
 	w.clients = append(w.clients, c)
 	return c
 }
 
 // sessionOf is the session at the proxy's end of cn.
-func sessionOf(cn *Conn) *session {
+func sessionOf(cn *client.Conn) *session {
 	s, _ := cn.Proxy.(*session)
 	return s
 }

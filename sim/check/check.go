@@ -1,7 +1,9 @@
-package sim
+package check
 
 import (
 	"fmt"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"slices"
 	"strings"
 	"time"
@@ -111,12 +113,12 @@ type Run struct {
 	Seed     uint64
 	Ended    bool // false: the run did not end within MaxSteps
 	MaxSteps int
-	Window   time.Duration // the legacy rule's window
-	Faults   []string      // what the scenario injected, for the report
-	Records  []Record      // by lid
-	Requests []*Request    // by id - 1
-	Clients  []*Client
-	Broker   *Broker // the cluster as the run left it
+	Window   time.Duration     // the legacy rule's window
+	Faults   []string          // what the scenario injected, for the report
+	Records  []client.Record   // by lid
+	Requests []*client.Request // by id - 1
+	Clients  []*client.Client
+	Broker   *kafka.Broker // the cluster as the run left it
 	// TailReads and TailFails: each read of a partition's tail, by core.
 	TailReads, TailFails []TailRead
 	// Restarts and Handovers: when each happened; Rewarms: how many
@@ -155,11 +157,11 @@ func Invariants(w *Run) *Result {
 	// does not matter among them; the per-record analysis below only says
 	// which shape a drop or a duplicate is.
 	type classKey struct {
-		info Info
+		info client.Info
 		name string
 		ts   int64
 	}
-	classes := map[classKey][]Lid{}
+	classes := map[classKey][]kafka.Lid{}
 	var order []classKey
 	for l := range w.Records {
 		ri := &w.Records[l]
@@ -171,17 +173,17 @@ func Invariants(w *Run) *Result {
 		}
 		k := classKey{info: ri.Client.Info, name: ri.Name}
 		if !ri.Client.ContentOnly() {
-			k.ts = recIn(w.Requests[ri.Sends[0]-1], Lid(l)).ts
+			k.ts = recIn(w.Requests[ri.Sends[0]-1], kafka.Lid(l)).ts
 		}
 		if _, ok := classes[k]; !ok {
 			order = append(order, k)
 		}
-		classes[k] = append(classes[k], Lid(l))
+		classes[k] = append(classes[k], kafka.Lid(l))
 	}
 	for _, k := range order {
 		lids := classes[k]
 		copies, need, up := 0, 0, 0
-		var dropped []Lid
+		var dropped []kafka.Lid
 		type copyOf struct {
 			sh  Shape
 			msg string
@@ -242,17 +244,9 @@ func Invariants(w *Run) *Result {
 	return res
 }
 
-// ContentOnly: the core leaves the timestamp out of this client's record
-// identities (decide/rule.go, restamps): sarama names itself and restamps
-// its retries; kafkajs writes producer epoch 0 into a legacy batch;
-// kafka-go names no software and writes partition leader epoch -1.
-func (c *Client) ContentOnly() bool {
-	return c.Info.Software == "sarama" || c.Lib.W.LegacyEpoch == 0 || c.Info.Software == "" && c.Lib.W.LeaderEpoch == -1
-}
-
 // earlierCopy returns the first request that wrote l to the log before s
 // was decided, or nil.
-func (w *Run) earlierCopy(l Lid, s *Request) *Request {
+func (w *Run) earlierCopy(l kafka.Lid, s *client.Request) *client.Request {
 	for _, id := range w.Records[l].Written {
 		e := w.Requests[id-1]
 		if e.ID != s.ID && e.Handled > 0 && e.Handled <= s.Decided {
@@ -262,13 +256,9 @@ func (w *Run) earlierCopy(l Lid, s *Request) *Request {
 	return nil
 }
 
-func (cn *Conn) Describe() string {
-	return fmt.Sprintf("conn %d to node %d via replica %d", cn.ID, cn.Node, cn.Replica)
-}
-
 // resendShape says which shape resend s of record l is, e the request
 // whose copy was in the log when s was decided.
-func (w *Run) resendShape(l Lid, s, e *Request) Shape {
+func (w *Run) resendShape(l kafka.Lid, s, e *client.Request) Shape {
 	c := s.Client
 	rs, re := recIn(s, l), recIn(e, l)
 	switch {
@@ -348,7 +338,7 @@ func (w *Run) resendShape(l Lid, s, e *Request) Shape {
 		return shMoved
 	case rs.ts != re.ts:
 		return shRestamped
-	case c.Lib.Style == Resplit:
+	case c.Lib.Style == client.Resplit:
 		return shResplit
 	}
 	return shIdentical
@@ -357,7 +347,7 @@ func (w *Run) resendShape(l Lid, s, e *Request) Shape {
 // overtook: when s was decided, the proxy had written a successful answer
 // carrying l on a connection whose client never read it, and the core had
 // not heard that connection end: to the core the client held it.
-func (w *Run) overtook(l Lid, s *Request) *Request {
+func (w *Run) overtook(l kafka.Lid, s *client.Request) *client.Request {
 	for _, id := range w.Records[l].Sends {
 		x := w.Requests[id-1]
 		if x == s || x.DelivAt == 0 || x.DelivAt > s.Decided || x.Answered != nil {
@@ -372,7 +362,7 @@ func (w *Run) overtook(l Lid, s *Request) *Request {
 
 // tailFailedBetween: a read of partition p's tail for the core that
 // decided s failed after from and before s was decided.
-func (w *Run) tailFailedBetween(s *Request, p int32, from time.Duration) bool {
+func (w *Run) tailFailedBetween(s *client.Request, p int32, from time.Duration) bool {
 	for _, f := range w.TailFails {
 		if f.Core == s.CoreName && f.Partition == p && f.At >= from && f.At <= s.Decided {
 			return true
@@ -386,7 +376,7 @@ func (w *Run) tailFailedBetween(s *Request, p int32, from time.Duration) bool {
 // the broker handled e: the read, which settles such an outcome, could not
 // find it, and the core took it as not written (docs/warm.md, "Unknown
 // outcomes").
-func (w *Run) readBeforeAppend(e *Request, p int32) bool {
+func (w *Run) readBeforeAppend(e *client.Request, p int32) bool {
 	if !e.Lost {
 		return false
 	}
@@ -401,7 +391,7 @@ func (w *Run) readBeforeAppend(e *Request, p int32) bool {
 // otherInstanceCopy: another client instance sent a record identical to
 // l, with timestamp ts, before t: after a restart the log cannot tell
 // their copies apart (docs/legacy.md, "After a restart").
-func (w *Run) otherInstanceCopy(l Lid, ts int64, t time.Duration) bool {
+func (w *Run) otherInstanceCopy(l kafka.Lid, ts int64, t time.Duration) bool {
 	ri := &w.Records[l]
 	for m := range w.Records {
 		o := &w.Records[m]
@@ -410,7 +400,7 @@ func (w *Run) otherInstanceCopy(l Lid, ts int64, t time.Duration) bool {
 		}
 		for _, id := range o.Sends {
 			x := w.Requests[id-1]
-			if x.SentAt <= t && recIn(x, Lid(m)).ts == ts {
+			if x.SentAt <= t && recIn(x, kafka.Lid(m)).ts == ts {
 				return true
 			}
 		}
@@ -419,7 +409,7 @@ func (w *Run) otherInstanceCopy(l Lid, ts int64, t time.Duration) bool {
 }
 
 // offsetOf is the offset the answer to r gave record l, -1 if none.
-func offsetOf(r *Request, l Lid) int64 {
+func offsetOf(r *client.Request, l kafka.Lid) int64 {
 	for i, b := range r.Parts {
 		for j, x := range b.Recs {
 			if x.Lid == l && i < len(r.Answered) && r.Answered[i].Offset >= 0 {
@@ -446,7 +436,7 @@ func (w *Run) readBefore(core string, p int32, t time.Duration) bool {
 func (w *Run) logRead() bool { return len(w.Restarts)+len(w.Handovers)+w.Rewarms > 0 }
 
 // handedOver: a node was handed over between e and s.
-func (w *Run) handedOver(e, s *Request) bool {
+func (w *Run) handedOver(e, s *client.Request) bool {
 	for _, at := range w.Handovers {
 		if at >= e.Decided && at <= s.Decided {
 			return true
@@ -461,7 +451,7 @@ type recAt struct {
 }
 
 // recIn finds record l in request r.
-func recIn(r *Request, l Lid) recAt {
+func recIn(r *client.Request, l kafka.Lid) recAt {
 	for _, b := range r.Parts {
 		for _, x := range b.Recs {
 			if x.Lid == l {
@@ -475,7 +465,7 @@ func recIn(r *Request, l Lid) recAt {
 // shared: another process is the same client instance as c and ran at
 // the same time (runs of a one-shot job that do not overlap are one
 // instance on fresh connections, not two processes).
-func (w *Run) shared(c *Client) bool {
+func (w *Run) shared(c *client.Client) bool {
 	for _, o := range w.Clients {
 		if o != c && o.Info.SameInstance(c.Info) && overlap(o, c) {
 			return true
@@ -484,7 +474,7 @@ func (w *Run) shared(c *Client) bool {
 	return false
 }
 
-func overlap(a, b *Client) bool {
+func overlap(a, b *client.Client) bool {
 	aEnd, bEnd := a.DiedAt, b.DiedAt
 	if aEnd == 0 {
 		aEnd = 1 << 62
@@ -496,7 +486,7 @@ func overlap(a, b *Client) bool {
 }
 
 // sameNameTwice: request r carries another record with l's content.
-func sameNameTwice(r *Request, l Lid) bool {
+func sameNameTwice(r *client.Request, l kafka.Lid) bool {
 	name, n := "", 0
 	for _, b := range r.Parts {
 		for _, x := range b.Recs {
@@ -517,7 +507,7 @@ func sameNameTwice(r *Request, l Lid) bool {
 
 // behindMiddlebox: an answer carrying l went to a middlebox that
 // acknowledged it and passed nothing on, before s.
-func (w *Run) behindMiddlebox(l Lid, s *Request) bool {
+func (w *Run) behindMiddlebox(l kafka.Lid, s *client.Request) bool {
 	for _, id := range w.Records[l].Sends {
 		x := w.Requests[id-1]
 		if x != s && x.DelivAt > 0 && x.DelivAt <= s.Decided && x.Conn.Middlebox {
@@ -530,11 +520,11 @@ func (w *Run) behindMiddlebox(l Lid, s *Request) bool {
 // identicalBetween: l's instance sent another record with l's content
 // between from and to: a client whose identity is content only cannot
 // have them told apart.
-func (w *Run) identicalBetween(l Lid, from, to time.Duration) bool {
+func (w *Run) identicalBetween(l kafka.Lid, from, to time.Duration) bool {
 	ri := &w.Records[l]
 	for m := range w.Records {
 		o := &w.Records[m]
-		if Lid(m) == l || o.Name != ri.Name || !o.Client.Info.SameInstance(ri.Client.Info) {
+		if kafka.Lid(m) == l || o.Name != ri.Name || !o.Client.Info.SameInstance(ri.Client.Info) {
 			continue
 		}
 		for _, id := range o.Sends {
@@ -548,7 +538,7 @@ func (w *Run) identicalBetween(l Lid, from, to time.Duration) bool {
 
 // ackedBefore: an answer its client read before sending s said l was
 // written.
-func (w *Run) ackedBefore(l Lid, s *Request) bool {
+func (w *Run) ackedBefore(l kafka.Lid, s *client.Request) bool {
 	for _, id := range w.Records[l].Sends {
 		x := w.Requests[id-1]
 		if x != s && x.SentAt < s.SentAt && x.Answered != nil && codeFor(x.Answered, x, recIn(x, l).partition) == 0 {
@@ -559,7 +549,7 @@ func (w *Run) ackedBefore(l Lid, s *Request) bool {
 }
 
 // epochIn is the producer epoch of the batch of r that carries l.
-func epochIn(r *Request, l Lid) int16 {
+func epochIn(r *client.Request, l kafka.Lid) int16 {
 	for _, b := range r.Parts {
 		for _, x := range b.Recs {
 			if x.Lid == l {
@@ -571,7 +561,7 @@ func epochIn(r *Request, l Lid) int16 {
 }
 
 // codeFor is the error code of partition p in answer a to r, -1 if none.
-func codeFor(a []PartResult, r *Request, p int32) int16 {
+func codeFor(a []kafka.PartResult, r *client.Request, p int32) int16 {
 	for i, b := range r.Parts {
 		if b.Partition == p && i < len(a) {
 			return a[i].Code
@@ -581,7 +571,7 @@ func codeFor(a []PartResult, r *Request, p int32) int16 {
 }
 
 // dropShape says why record l, acknowledged, is not in the log.
-func (w *Run) dropShape(l Lid) (Shape, string) {
+func (w *Run) dropShape(l kafka.Lid) (Shape, string) {
 	ri := &w.Records[l]
 	c := ri.Client
 	r := w.Requests[ri.Sends[len(ri.Sends)-1]-1]
@@ -591,7 +581,7 @@ func (w *Run) dropShape(l Lid) (Shape, string) {
 	var sameInst, sameExact, otherProc, otherAnon, otherInst bool
 	for m := range w.Records {
 		o := &w.Records[m]
-		if Lid(m) == l || o.Name != ri.Name {
+		if kafka.Lid(m) == l || o.Name != ri.Name {
 			continue
 		}
 		for _, id := range o.Sends {
@@ -599,7 +589,7 @@ func (w *Run) dropShape(l Lid) (Shape, string) {
 			if x.SentAt > last {
 				break
 			}
-			ots := recIn(x, Lid(m)).ts
+			ots := recIn(x, kafka.Lid(m)).ts
 			if o.Client.Info.SameInstance(c.Info) {
 				sameInst = true
 				sameExact = sameExact || ots == ts
@@ -690,7 +680,7 @@ func (w *Run) checkOffsets(res *Result) {
 // sameClass: the rule cannot tell records a and b apart: one client
 // instance, the same content, and the same first timestamp unless the
 // core leaves timestamps out for the client.
-func (w *Run) sameClass(a, b Lid) bool {
+func (w *Run) sameClass(a, b kafka.Lid) bool {
 	ra, rb := &w.Records[a], &w.Records[b]
 	if !ra.Client.Info.SameInstance(rb.Client.Info) || ra.Name != rb.Name {
 		return false
@@ -698,7 +688,7 @@ func (w *Run) sameClass(a, b Lid) bool {
 	return ra.Client.ContentOnly() || w.firstTS(a) == w.firstTS(b)
 }
 
-func (w *Run) firstTS(l Lid) int64 { return recIn(w.Requests[w.Records[l].Sends[0]-1], l).ts }
+func (w *Run) firstTS(l kafka.Lid) int64 { return recIn(w.Requests[w.Records[l].Sends[0]-1], l).ts }
 
 // Report is a failing run's account.
 func (res *Result) Report() string {

@@ -1,7 +1,9 @@
-package sim
+package check
 
 import (
 	"fmt"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -18,14 +20,14 @@ import (
 // decided (invariants 4 and 6).
 type Idem struct {
 	failures  []string
-	sent      map[idemKey][]*Request
+	sent      map[idemKey][]*client.Request
 	resent    int            // idempotent resends decided
 	forwarded map[string]int // of them, forwarded, per shape
 }
 
 // Decided looks at a request just decided Ready, plan pl, against the
 // broker as it is now.
-func (x *Idem) Decided(req *Request, pl *decide.Plan, broker *Broker) {
+func (x *Idem) Decided(req *client.Request, pl *decide.Plan, broker *kafka.Broker) {
 	x.checkIdempotent(req, pl, broker)
 	x.noteIdempotent(req, pl, broker)
 }
@@ -36,14 +38,14 @@ func (x *Idem) Decided(req *Request, pl *decide.Plan, broker *Broker) {
 // answered OUT_OF_ORDER_SEQUENCE_NUMBER where Kafka would drop the
 // records (docs/kafka-rules.md §12.2), and a wait past its deadline
 // REQUEST_TIMED_OUT.
-func (x *Idem) checkIdempotent(req *Request, pl *decide.Plan, broker *Broker) {
+func (x *Idem) checkIdempotent(req *client.Request, pl *decide.Plan, broker *kafka.Broker) {
 	for i, b := range req.Parts {
 		pp := &pl.Parts[i]
 		if b.PID < 0 || pp.Act != decide.Answer {
 			continue
 		}
-		ref, appended := broker.Idempotent(b, HeaderOf(req.Raws[i]).MaxTimestamp)
-		got := PartResult{Partition: b.Partition, Code: pp.Local.ErrorCode, Offset: pp.Local.BaseOffset, AppendTime: pp.Local.LogAppendTime}
+		ref, appended := broker.Idempotent(b, kafka.HeaderOf(req.Raws[i]).MaxTimestamp)
+		got := kafka.PartResult{Partition: b.Partition, Code: pp.Local.ErrorCode, Offset: pp.Local.BaseOffset, AppendTime: pp.Local.LogAppendTime}
 		switch {
 		case pp.Verdict.Rule == decide.RuleSequenceReuse, got.Code == kerr.RequestTimedOut.Code:
 		case appended || got != ref:
@@ -66,12 +68,12 @@ type idemKey struct {
 // decided: a batch whose earlier copy went upstream and is in the log or
 // still on its way there is a resend, and forwarded, it is counted under
 // the reason the proxy could not answer it (a shape), or fails the run.
-func (x *Idem) noteIdempotent(req *Request, pl *decide.Plan, broker *Broker) {
+func (x *Idem) noteIdempotent(req *client.Request, pl *decide.Plan, broker *kafka.Broker) {
 	if req.Acks == 0 {
 		return
 	}
 	if x.sent == nil {
-		x.sent, x.forwarded = map[idemKey][]*Request{}, map[string]int{}
+		x.sent, x.forwarded = map[idemKey][]*client.Request{}, map[string]int{}
 	}
 	for i, b := range req.Parts {
 		if b.PID < 0 {
@@ -81,7 +83,7 @@ func (x *Idem) noteIdempotent(req *Request, pl *decide.Plan, broker *Broker) {
 		k := idemKey{b.PID, b.Partition, b.Epoch, b.Seq}
 		ref, ok := broker.Idempotent(b, 0)
 		appended := !ok && ref.Code == 0
-		var copies []*Request
+		var copies []*client.Request
 		for _, e := range x.sent[k] {
 			// A copy the broker refused leaves nothing to answer with.
 			if appended || e.Handled == 0 {
@@ -116,7 +118,7 @@ func (x *Idem) noteIdempotent(req *Request, pl *decide.Plan, broker *Broker) {
 // idemForwardShape says why resend s was forwarded, copies the earlier
 // copies of its batch in the log or on their way: a reason one of them
 // gives, or none.
-func idemForwardShape(s *Request, copies []*Request, p int32) Shape {
+func idemForwardShape(s *client.Request, copies []*client.Request, p int32) Shape {
 	sh := shIdemForwarded
 	for _, e := range copies {
 		switch {
@@ -124,7 +126,7 @@ func idemForwardShape(s *Request, copies []*Request, p int32) Shape {
 			return shIdemFwdRestart
 		case e.Lost:
 			sh = shIdemFwdLost
-		case e.Acks != -1 || s.Acks != -1 || e.settledCode(p) == kerr.RequestTimedOut.Code:
+		case e.Acks != -1 || s.Acks != -1 || settledCode(e, p) == kerr.RequestTimedOut.Code:
 			if sh != shIdemFwdLost {
 				sh = shIdemFwdNoOffset
 			}
@@ -135,7 +137,7 @@ func idemForwardShape(s *Request, copies []*Request, p int32) Shape {
 
 // settledCode is the error code of the broker's answer for partition p of
 // e as the proxy stepped it, -1 if none.
-func (e *Request) settledCode(p int32) int16 {
+func settledCode(e *client.Request, p int32) int16 {
 	for _, r := range e.Resp {
 		if r.Partition == p {
 			return r.Code

@@ -1,6 +1,7 @@
-package sim
+package client
 
 import (
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"slices"
 	"time"
 
@@ -59,8 +60,8 @@ func (c *Client) jsAttempt() {
 			// responsePerBroker: this broker answered the send already, so
 			// nothing more goes to it; a message partitioned onto it now
 			// that it did not carry is never sent (a loss of kafkajs's own).
-			if !slices.ContainsFunc(r.Parts, func(s *Batch) bool {
-				return slices.ContainsFunc(s.Recs, func(x Rec) bool { return x.Lid == m.Lid })
+			if !slices.ContainsFunc(r.Parts, func(s *kafka.Batch) bool {
+				return slices.ContainsFunc(s.Recs, func(x kafka.Rec) bool { return x.Lid == m.Lid })
 			}) {
 				c.giveUp(m.Lid, "kafkajs: partitioned onto a broker that had answered the send")
 			}
@@ -97,7 +98,7 @@ func (c *Client) jsAttempt() {
 				m.attempts++
 				b.recs = append(b.recs, *m)
 			}
-			spec := &Batch{Partition: p, PID: -1, Seq: -1, W: c.Lib.W}
+			spec := &kafka.Batch{Partition: p, PID: -1, Seq: -1, W: c.Lib.W}
 			var whys []string
 			for _, m := range b.recs {
 				spec.Recs = append(spec.Recs, m.Rec)
@@ -118,7 +119,7 @@ func (c *Client) jsAttempt() {
 }
 
 // jsAnswer: a broker answered one request of the send.
-func (c *Client) jsAnswer(req *Request, res []PartResult) {
+func (c *Client) jsAnswer(req *Request, res []kafka.PartResult) {
 	js := req.js
 	js.pending--
 	ok := true

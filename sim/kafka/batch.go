@@ -1,4 +1,4 @@
-package sim
+package kafka
 
 import (
 	"encoding/binary"
@@ -47,6 +47,14 @@ type Batch struct {
 	Epoch     int16
 	Seq       int32
 	W         Writer
+}
+
+// PartResult is the broker's answer for one partition.
+type PartResult struct {
+	Partition  int32
+	Code       int16
+	Offset     int64
+	AppendTime int64 // log append time, -1 for CreateTime
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -141,4 +149,13 @@ func KeptRecords(sent []Rec, rebuilt []byte, written func(Lid) bool) []Rec {
 		return slices.IndexFunc(sent, func(x Rec) bool { return x.Lid == a.Lid }) - slices.IndexFunc(sent, func(x Rec) bool { return x.Lid == b.Lid })
 	})
 	return kept
+}
+
+// HeaderOf reads the header of batch raw.
+func HeaderOf(raw []byte) protocol.BatchHeader {
+	var h protocol.BatchHeader
+	if _, err := protocol.ReadBatch(raw, &h); err != nil {
+		panic(err)
+	}
+	return h
 }

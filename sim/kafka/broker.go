@@ -1,4 +1,4 @@
-package sim
+package kafka
 
 import (
 	"encoding/binary"

@@ -1,6 +1,8 @@
-package sim
+package client
 
 import (
+	"fmt"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"time"
 )
 
@@ -122,7 +124,7 @@ func (cn *Conn) Cut(silent bool) {
 }
 
 // Answer carries an answer the proxy wrote to the client.
-func (cn *Conn) Answer(req *Request, res []PartResult) {
+func (cn *Conn) Answer(req *Request, res []kafka.PartResult) {
 	w := cn.env
 	cn.Written++
 	arrive := max(w.Now()+w.Latency(), cn.toClient)
@@ -183,4 +185,9 @@ func (cn *Conn) ProxyCrashed() {
 		cn.cutAt = w.Now()
 		w.After(w.Latency(), func() { cn.Client.connBroken(cn) })
 	}
+}
+
+// Describe names cn in a failure's account.
+func (cn *Conn) Describe() string {
+	return fmt.Sprintf("conn %d to node %d via replica %d", cn.ID, cn.Node, cn.Replica)
 }

@@ -1,6 +1,10 @@
-package sim
+package client
 
-import "time"
+import (
+	"time"
+
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
+)
 
 // Ledger is what a run's clients made and sent: every logical record (by
 // lid) and every request (by id - 1), with what became of each, written
@@ -24,9 +28,9 @@ type Record struct {
 	Upstream bool          // the proxy forwarded it at least once
 }
 
-func (led *Ledger) newLid(c *Client, name string, now time.Duration) Lid {
+func (led *Ledger) newLid(c *Client, name string, now time.Duration) kafka.Lid {
 	led.Records = append(led.Records, Record{Client: c, Name: name, fresh: now})
-	return Lid(len(led.Records) - 1)
+	return kafka.Lid(len(led.Records) - 1)
 }
 
 // LostAcks0 marks the records of an acks=0 request lost on the way: its

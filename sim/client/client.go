@@ -1,7 +1,8 @@
-package sim
+package client
 
 import (
 	"fmt"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"net/netip"
 	"slices"
 	"time"
@@ -51,7 +52,7 @@ type Env interface {
 	// Nodes is the number of broker nodes, Leaders which node leads each
 	// partition (what a metadata request tells).
 	Nodes() int
-	Leaders() [MaxPartitions]int
+	Leaders() [kafka.MaxPartitions]int
 	// Serving is the replica serving node; Dial opens a connection of c
 	// to node at that replica, nil while it is down.
 	Serving(node int) int
@@ -87,7 +88,7 @@ const (
 type Library struct {
 	Name     string
 	Software string // ApiVersions v3+ client software name; "" when it sends none
-	W        Writer
+	W        kafka.Writer
 	Style    Style
 	// KeepConn: a request timeout keeps the connection, and the retry goes
 	// down it behind the original (kafkajs).
@@ -100,22 +101,22 @@ type Library struct {
 }
 
 var (
-	FranzGo = Library{Name: "franz-go", Software: "kgo", W: Writer{LeaderEpoch: -1, LegacyEpoch: -1},
+	FranzGo = Library{Name: "franz-go", Software: "kgo", W: kafka.Writer{LeaderEpoch: -1, LegacyEpoch: -1},
 		Style: SameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1}
-	Java = Library{Name: "java", Software: "apache-kafka-java", W: Writer{LeaderEpoch: -1, LegacyEpoch: -1},
+	Java = Library{Name: "java", Software: "apache-kafka-java", W: kafka.Writer{LeaderEpoch: -1, LegacyEpoch: -1},
 		Style: SameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1}
-	KafkaPython = Library{Name: "kafka-python", W: Writer{LegacyEpoch: -1},
+	KafkaPython = Library{Name: "kafka-python", W: kafka.Writer{LegacyEpoch: -1},
 		Style: SameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: 3}
-	Sarama = Library{Name: "sarama", Software: "sarama", W: Writer{LegacyEpoch: -1},
+	Sarama = Library{Name: "sarama", Software: "sarama", W: kafka.Writer{LegacyEpoch: -1},
 		Style: RequeueRestamp, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: 10}
-	Rdkafka = Library{Name: "librdkafka", Software: "librdkafka", W: Writer{LegacyEpoch: -1},
+	Rdkafka = Library{Name: "librdkafka", Software: "librdkafka", W: kafka.Writer{LegacyEpoch: -1},
 		Style: Resplit, maxInFlight: 5, maxBatch: 6, linger: 5 * time.Millisecond, retries: -1}
-	KafkaGo = Library{Name: "kafka-go", W: Writer{LeaderEpoch: -1, LegacyEpoch: -1},
+	KafkaGo = Library{Name: "kafka-go", W: kafka.Writer{LeaderEpoch: -1, LegacyEpoch: -1},
 		Style: RestampBatch, maxInFlight: 1, maxBatch: 8, linger: 5 * time.Millisecond, retries: 10}
-	KafkaJS = Library{Name: "kafkajs", W: Writer{LegacyEpoch: 0},
+	KafkaJS = Library{Name: "kafkajs", W: kafka.Writer{LegacyEpoch: 0},
 		Style: JSSend, KeepConn: true, maxInFlight: 5, maxBatch: 8, retries: 5}
 	// Idempotent producers: the same batch, the same sequence numbers.
-	FranzGoIdempotent = Library{Name: "franz-go-idempotent", Software: "kgo", W: Writer{LeaderEpoch: -1},
+	FranzGoIdempotent = Library{Name: "franz-go-idempotent", Software: "kgo", W: kafka.Writer{LeaderEpoch: -1},
 		Style: SameBatch, maxInFlight: 5, maxBatch: 8, linger: 5 * time.Millisecond, retries: -1, Idempotent: true}
 	RdkafkaIdempotent = Library{Name: "librdkafka-idempotent", Software: "librdkafka",
 		Style: SameBatch, maxInFlight: 5, maxBatch: 6, linger: 5 * time.Millisecond, retries: -1, Idempotent: true}
@@ -127,7 +128,7 @@ const deliveryTimeout = 2 * time.Minute
 
 // qrec is a record waiting in a client's queue.
 type qrec struct {
-	Rec
+	kafka.Rec
 	first    time.Duration // first sent (0: never)
 	why      string        // why it is (re)sent: "new", or what became of its last send
 	attempts int
@@ -165,8 +166,8 @@ type Client struct {
 	Workload string
 	// conns: the connection per node in use.
 	conns   []*Conn
-	parts   [MaxPartitions]partQueue
-	meta    [MaxPartitions]int // the leader it believes in
+	parts   [kafka.MaxPartitions]partQueue
+	meta    [kafka.MaxPartitions]int // the leader it believes in
 	nparts  int
 	rr      int // keyless round robin
 	batchN  int
@@ -179,7 +180,7 @@ type Client struct {
 	// Idempotent state.
 	pid     int64
 	epoch   int16
-	nextSeq [MaxPartitions]int32
+	nextSeq [kafka.MaxPartitions]int32
 	// kafkajs: the send in progress and those queued behind it.
 	js      *jsSendState
 	jsQueue [][]qrec
@@ -198,7 +199,7 @@ type Request struct {
 	Conn    *Conn
 	Acks    int16
 	Timeout time.Duration
-	Parts   []*Batch
+	Parts   []*kafka.Batch
 	Raws    [][]byte
 	Whys    [][]string
 	batches []*cbatch // fixed styles: the batch of each part
@@ -206,24 +207,24 @@ type Request struct {
 	// The proxy's side, for the checks.
 	Replica  int
 	CoreName string
-	Decided  time.Duration // when it was decided Ready (0: never)
-	DelivAt  time.Duration // when the core was told its answer was written (0: never)
-	Handled  time.Duration // when the broker handled it (0: never)
-	Written  []PartResult  // the answer the proxy wrote
-	Answered []PartResult  // what the client got, nil if nothing
+	Decided  time.Duration      // when it was decided Ready (0: never)
+	DelivAt  time.Duration      // when the core was told its answer was written (0: never)
+	Handled  time.Duration      // when the broker handled it (0: never)
+	Written  []kafka.PartResult // the answer the proxy wrote
+	Answered []kafka.PartResult // what the client got, nil if nothing
 	js       *jsSendState
 	Node     int
-	TimedOut bool          // the client gave up waiting for its answer
-	Lost     bool          // the proxy told the core its answer will never come
-	LostAt   time.Duration // when it did
-	Settled  time.Duration // when the proxy stepped its broker answer (0: never)
-	Resp     []PartResult  // the broker's answer, as the proxy stepped it
+	TimedOut bool               // the client gave up waiting for its answer
+	Lost     bool               // the proxy told the core its answer will never come
+	LostAt   time.Duration      // when it did
+	Settled  time.Duration      // when the proxy stepped its broker answer (0: never)
+	Resp     []kafka.PartResult // the broker's answer, as the proxy stepped it
 }
 
 func New(env Env, led *Ledger, n int, name string, info Info, lib Library, acks int16, workload string) *Client {
 	w := env
 	c := &Client{env: env, led: led, n: n, Name: name, Info: info, Lib: lib, acks: acks, Workload: workload,
-		timeout: w.Between(400*time.Millisecond, 2*time.Second), skew: int64(w.Intn(5)) - 2, nparts: MaxPartitions,
+		timeout: w.Between(400*time.Millisecond, 2*time.Second), skew: int64(w.Intn(5)) - 2, nparts: kafka.MaxPartitions,
 		conns: make([]*Conn, w.Nodes()), closeAfter: map[*Conn]bool{}, BornAt: w.Now()}
 	c.meta = w.Leaders()
 	c.backoff = w.Between(50*time.Millisecond, 250*time.Millisecond)
@@ -240,11 +241,11 @@ func New(env Env, led *Ledger, n int, name string, info Info, lib Library, acks 
 func (c *Client) clock() int64 { return c.env.Wall().UnixMilli() + c.skew }
 
 // Produce is the application handing the client a new record.
-func (c *Client) Produce(name string, partition int32, keyed bool) Lid {
+func (c *Client) Produce(name string, partition int32, keyed bool) kafka.Lid {
 	w := c.env
 	l := c.led.newLid(c, name, w.Now())
 	c.open++
-	q := qrec{Rec: Rec{Lid: l, Name: name, TS: c.clock()}, why: "new", key: keyed}
+	q := qrec{Rec: kafka.Rec{Lid: l, Name: name, TS: c.clock()}, why: "new", key: keyed}
 	if c.Lib.Style == JSSend {
 		c.jsQueue = append(c.jsQueue, []qrec{q})
 		c.jsNext()
@@ -387,7 +388,7 @@ func (c *Client) addPart(req *Request, b *cbatch) {
 			b.recs[i].TS = now
 		}
 	}
-	spec := &Batch{Partition: b.part, PID: c.pid, Epoch: b.epoch, Seq: b.seq, W: c.Lib.W}
+	spec := &kafka.Batch{Partition: b.part, PID: c.pid, Epoch: b.epoch, Seq: b.seq, W: c.Lib.W}
 	var whys []string
 	for i := range b.recs {
 		if b.recs[i].first == 0 {
@@ -434,7 +435,7 @@ func (c *Client) sendReq(cn *Conn, req *Request) {
 	})
 }
 
-func (c *Client) acked(l Lid) {
+func (c *Client) acked(l kafka.Lid) {
 	ri := &c.led.Records[l]
 	if !ri.Acked && ri.GaveUp == "" {
 		ri.Acked = true
@@ -443,7 +444,7 @@ func (c *Client) acked(l Lid) {
 	}
 }
 
-func (c *Client) giveUp(l Lid, why string) {
+func (c *Client) giveUp(l kafka.Lid, why string) {
 	ri := &c.led.Records[l]
 	if !ri.Acked && ri.GaveUp == "" {
 		ri.GaveUp = why
@@ -461,7 +462,7 @@ func (c *Client) idle() {
 }
 
 // onAnswer: an answer reached the client.
-func (c *Client) onAnswer(cn *Conn, req *Request, res []PartResult) {
+func (c *Client) onAnswer(cn *Conn, req *Request, res []kafka.PartResult) {
 	i := slices.Index(cn.inflight, req)
 	if i < 0 {
 		return // timed out already (kafkajs), or its connection abandoned
@@ -490,7 +491,7 @@ func (c *Client) onAnswer(cn *Conn, req *Request, res []PartResult) {
 				// franz-go: the producer id is failed and its epoch bumped;
 				// every partition's sequences start again at 0.
 				c.epoch++
-				c.nextSeq = [MaxPartitions]int32{}
+				c.nextSeq = [kafka.MaxPartitions]int32{}
 			}
 			c.requeue(req, i, fmt.Sprintf("error %d", r.Code))
 		}
@@ -643,4 +644,12 @@ func (c *Client) CloseConns() {
 			c.closeAfter[cn] = true
 		}
 	}
+}
+
+// ContentOnly: the core leaves the timestamp out of this client's record
+// identities (decide/rule.go, restamps): sarama names itself and restamps
+// its retries; kafkajs writes producer epoch 0 into a legacy batch;
+// kafka-go names no software and writes partition leader epoch -1.
+func (c *Client) ContentOnly() bool {
+	return c.Info.Software == "sarama" || c.Lib.W.LegacyEpoch == 0 || c.Info.Software == "" && c.Lib.W.LeaderEpoch == -1
 }
