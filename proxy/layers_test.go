@@ -25,6 +25,12 @@ var layers = [][]string{
 	{"metrics"},
 	{"nodes"},
 	{"proxy"},
+	// The simulation (a tool nothing imports): the world above the checks,
+	// above the client models, above the cluster.
+	{"sim/kafka"},
+	{"sim/client"},
+	{"sim/check"},
+	{"sim"},
 }
 
 const module = "github.com/dedupproxy/dedupproxy/"

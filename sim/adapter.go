@@ -1,8 +1,6 @@
 package sim
 
 import (
-	"github.com/dedupproxy/dedupproxy/sim/client"
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -10,6 +8,8 @@ import (
 	"github.com/dedupproxy/dedupproxy/decide"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 )
 
 // This file is the simulation's only caller of decide.Core: every event

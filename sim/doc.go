@@ -6,6 +6,18 @@
 // rules, one or two proxy replicas and a schedule of faults; then it checks
 // invariants over the log and what each client was told.
 //
+// Package sim is the world a run happens in: the scenario a seed generates
+// (scenario.go), the virtual clock and the seeded source (world.go), the
+// proxy's replicas and their sessions stepping the core (proxy.go,
+// replica.go, adapter.go) and the script a run writes (script.go). What it
+// drives lives in packages below it, each importing only those listed
+// under it (and decide, protocol, seqstate):
+//
+//	sim         the world: scenario, clock, replicas and sessions, the core adapter, the script
+//	sim/check   the invariants and shapes, over a finished run
+//	sim/client  client models, their connections through the network, the ledger
+//	sim/kafka   batches as clients write them, the broker and Kafka's rules
+//
 // # Contract
 //
 //   - One seed is one scenario, and the same seed the same run, bit for bit

@@ -1,13 +1,13 @@
 package sim
 
 import (
-	"github.com/dedupproxy/dedupproxy/sim/client"
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 )
 
 // The proxy, as proxy/session.go and proxy/produce.go carry out the core's

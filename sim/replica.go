@@ -1,8 +1,6 @@
 package sim
 
-import (
-	"time"
-)
+import "time"
 
 // restart stops replica r and starts it again with a new core: memory
 // lost, the log kept. A crash loses every answer not yet written; a

@@ -2,9 +2,6 @@ package sim
 
 import (
 	"fmt"
-	"github.com/dedupproxy/dedupproxy/sim/check"
-	"github.com/dedupproxy/dedupproxy/sim/client"
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"math/rand/v2"
 	"net/netip"
 	"time"
@@ -12,6 +9,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/sim/check"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 )
 
 // A scenario is what one seed generates: a cluster of a few broker nodes

@@ -2,12 +2,12 @@ package sim
 
 import (
 	"fmt"
-	"github.com/dedupproxy/dedupproxy/sim/client"
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"strconv"
 	"strings"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 )
 
 // recorder writes what the core was told, in the datadriven format of

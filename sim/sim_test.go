@@ -32,7 +32,7 @@ const defaultSeeds = 2000
 // plus 3. A shape the rule
 // covers has no bound: any count fails.
 //
-// NOTE: a new shape in check.go needs its bound here.
+// NOTE: a new shape in check/check.go needs its bound here.
 var bounds = map[string]int{
 	"acks=0/1 resend": 1494,
 	"answered with the offset of another record of the same content (an unknown outcome settled from the log)":                                  422,

@@ -2,11 +2,12 @@ package sim
 
 import (
 	"container/heap"
+	"math/rand/v2"
+	"time"
+
 	"github.com/dedupproxy/dedupproxy/sim/check"
 	"github.com/dedupproxy/dedupproxy/sim/client"
 	"github.com/dedupproxy/dedupproxy/sim/kafka"
-	"math/rand/v2"
-	"time"
 )
 
 // base is the virtual clock's zero: the decide scripts' base time, so

@@ -2,13 +2,14 @@ package check
 
 import (
 	"fmt"
-	"github.com/dedupproxy/dedupproxy/sim/client"
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 )
 
 // The invariants checked after every run (docs/simulation.md):
@@ -36,7 +37,7 @@ type Shape struct {
 }
 
 // The shapes. NOTE: a new shape needs its row in docs/simulation.md and a
-// bound in sim_test.go.
+// bound in sim/sim_test.go.
 var (
 	// Resent records the rule covers.
 	shIdentical  = Shape{Name: "identical resend on a new connection", Covered: true}

@@ -2,12 +2,12 @@ package check
 
 import (
 	"fmt"
-	"github.com/dedupproxy/dedupproxy/sim/client"
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/dedupproxy/dedupproxy/decide"
+	"github.com/dedupproxy/dedupproxy/sim/client"
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 )
 
 // Invariant 6 (docs/simulation.md): an idempotent resend is answered by

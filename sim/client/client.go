@@ -2,19 +2,14 @@ package client
 
 import (
 	"fmt"
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-)
 
-// Client models. Each stands for a real client (docs/clients.md) and
-// models only what decides how the proxy sees its retries: what it tells
-// the proxy about itself (client id, host, principal, the software name of
-// its ApiVersions v3+ request), how it writes a batch without a producer
-// id, and how it sends records again after a failure.
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
+)
 
 // Info is what a connection's client tells the proxy about itself.
 type Info struct {
@@ -213,7 +208,7 @@ type Request struct {
 	Written  []kafka.PartResult // the answer the proxy wrote
 	Answered []kafka.PartResult // what the client got, nil if nothing
 	js       *jsSendState
-	Node     int
+	node     int
 	TimedOut bool               // the client gave up waiting for its answer
 	Lost     bool               // the proxy told the core its answer will never come
 	LostAt   time.Duration      // when it did
@@ -337,7 +332,7 @@ func (c *Client) anyReady(node int) bool {
 
 // buildRequest takes one batch per partition led by node.
 func (c *Client) buildRequest(cn *Conn, node int) *Request {
-	req := &Request{ID: len(c.led.Requests) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, Node: node}
+	req := &Request{ID: len(c.led.Requests) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, node: node}
 	for p := int32(0); p < int32(c.nparts); p++ {
 		q := &c.parts[p]
 		if c.meta[p] != node || q.flight >= c.Lib.maxInFlight {

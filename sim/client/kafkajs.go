@@ -1,11 +1,12 @@
 package client
 
 import (
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 )
 
 // kafkajs's producer.send (producer/sendMessages.js), as far as it decides
@@ -82,7 +83,7 @@ func (c *Client) jsAttempt() {
 			js.failed, js.why = true, "connect"
 			continue
 		}
-		req := &Request{ID: len(c.led.Requests) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, js: js, Node: node}
+		req := &Request{ID: len(c.led.Requests) + 1, Client: c, Conn: cn, Acks: c.acks, Timeout: c.timeout, js: js, node: node}
 		for p := int32(0); p < int32(c.nparts); p++ {
 			idx := parts[p]
 			if len(idx) == 0 {
@@ -133,7 +134,7 @@ func (c *Client) jsAnswer(req *Request, res []kafka.PartResult) {
 		}
 	}
 	if ok {
-		js.responded[req.Node] = req
+		js.responded[req.node] = req
 	}
 	c.jsSettle()
 }

@@ -2,8 +2,9 @@ package client
 
 import (
 	"fmt"
-	"github.com/dedupproxy/dedupproxy/sim/kafka"
 	"time"
+
+	"github.com/dedupproxy/dedupproxy/sim/kafka"
 )
 
 // Conn is one client connection through the proxy: a FIFO of requests
