@@ -137,16 +137,16 @@ type TailRead struct {
 }
 
 // Invariants checks a finished run.
-func Invariants(w *Run) *Result {
-	ended := w.Ended
-	res := &Result{seed: w.Seed, ended: ended, counts: map[string]int{}, resent: map[string]int{},
-		records: len(w.Records), requests: len(w.Requests), faults: w.Faults}
+func Invariants(run *Run) *Result {
+	ended := run.Ended
+	res := &Result{seed: run.Seed, ended: ended, counts: map[string]int{}, resent: map[string]int{},
+		records: len(run.Records), requests: len(run.Requests), faults: run.Faults}
 	if !ended {
-		res.failf("the run did not end within %d steps", w.MaxSteps)
+		res.failf("the run did not end within %d steps", run.MaxSteps)
 	}
-	res.Failures = append(res.Failures, w.Idem.failures...)
-	res.resent[shIdemForwarded.Name] = w.Idem.resent
-	for name, n := range w.Idem.forwarded {
+	res.Failures = append(res.Failures, run.Idem.failures...)
+	res.resent[shIdemForwarded.Name] = run.Idem.resent
+	for name, n := range run.Idem.forwarded {
 		res.counts[name] += n
 	}
 	// Records the rule cannot tell apart (one client instance, the same
@@ -164,8 +164,8 @@ func Invariants(w *Run) *Result {
 	}
 	classes := map[classKey][]kafka.Lid{}
 	var order []classKey
-	for l := range w.Records {
-		ri := &w.Records[l]
+	for l := range run.Records {
+		ri := &run.Records[l]
 		if len(ri.Sends) == 0 {
 			if ri.Acked && ri.Lost == "" {
 				res.failf("%s record %s (lid %d) acknowledged, never sent", ri.Client.Name, ri.Name, l)
@@ -174,7 +174,7 @@ func Invariants(w *Run) *Result {
 		}
 		k := classKey{info: ri.Client.Info, name: ri.Name}
 		if !ri.Client.ContentOnly() {
-			k.ts = recIn(w.Requests[ri.Sends[0]-1], kafka.Lid(l)).ts
+			k.ts = recIn(run.Requests[ri.Sends[0]-1], kafka.Lid(l)).ts
 		}
 		if _, ok := classes[k]; !ok {
 			order = append(order, k)
@@ -191,7 +191,7 @@ func Invariants(w *Run) *Result {
 		}
 		var extra []copyOf // the shape of each extra copy, per record
 		for _, l := range lids {
-			ri := &w.Records[l]
+			ri := &run.Records[l]
 			copies += len(ri.Written)
 			if ri.Upstream || ri.Acked && ri.Lost == "" {
 				up++ // a copy may stand for it
@@ -208,15 +208,15 @@ func Invariants(w *Run) *Result {
 			// Every send decided after a copy reached the log is a resend
 			// the proxy had to catch.
 			for _, sid := range ri.Sends {
-				s := w.Requests[sid-1]
+				s := run.Requests[sid-1]
 				if s.Decided == 0 {
 					continue
 				}
-				e := w.earlierCopy(l, s)
+				e := run.earlierCopy(l, s)
 				if e == nil {
 					continue
 				}
-				sh := w.resendShape(l, s, e)
+				sh := run.resendShape(l, s, e)
 				res.resent[sh.Name]++
 				if slices.Contains(ri.Written, sid) {
 					extra = append(extra, copyOf{sh, fmt.Sprintf("%s (%s) record %s (lid %d) written twice: req %d (%s) repeats req %d: %s",
@@ -233,23 +233,23 @@ func Invariants(w *Run) *Result {
 		}
 		drops := min(max(need-copies, 0), len(dropped))
 		for _, l := range dropped[:drops] {
-			sh, why := w.dropShape(l)
+			sh, why := run.dropShape(l)
 			res.counts[sh.Name]++
 			if sh.Covered {
-				ri := &w.Records[l]
+				ri := &run.Records[l]
 				res.failf("%s (%s) record %s (lid %d) was acknowledged and never written: %s", ri.Client.Name, ri.Client.Workload, ri.Name, l, why)
 			}
 		}
 	}
-	w.checkOffsets(res)
+	run.checkOffsets(res)
 	return res
 }
 
 // earlierCopy returns the first request that wrote l to the log before s
 // was decided, or nil.
-func (w *Run) earlierCopy(l kafka.Lid, s *client.Request) *client.Request {
-	for _, id := range w.Records[l].Written {
-		e := w.Requests[id-1]
+func (run *Run) earlierCopy(l kafka.Lid, s *client.Request) *client.Request {
+	for _, id := range run.Records[l].Written {
+		e := run.Requests[id-1]
 		if e.ID != s.ID && e.Handled > 0 && e.Handled <= s.Decided {
 			return e
 		}
@@ -259,7 +259,7 @@ func (w *Run) earlierCopy(l kafka.Lid, s *client.Request) *client.Request {
 
 // resendShape says which shape resend s of record l is, e the request
 // whose copy was in the log when s was decided.
-func (w *Run) resendShape(l kafka.Lid, s, e *client.Request) Shape {
+func (run *Run) resendShape(l kafka.Lid, s, e *client.Request) Shape {
 	c := s.Client
 	rs, re := recIn(s, l), recIn(e, l)
 	switch {
@@ -270,15 +270,15 @@ func (w *Run) resendShape(l kafka.Lid, s, e *client.Request) Shape {
 		return shIdempotent
 	case s.Acks != -1 || e.Acks != -1:
 		return shAcks
-	case s.Decided-e.Handled >= w.Window:
+	case s.Decided-e.Handled >= run.Window:
 		return shAfterWindow
-	case w.shared(c):
+	case run.shared(c):
 		return shSharedResend
-	case w.tailFailedBetween(s, rs.partition, e.Handled):
+	case run.tailFailedBetween(s, rs.partition, e.Handled):
 		return shTailFailed
-	case w.readBeforeAppend(e, re.partition):
+	case run.readBeforeAppend(e, re.partition):
 		return shTailBeforeAppend
-	case w.behindMiddlebox(l, s):
+	case run.behindMiddlebox(l, s):
 		return shMiddlebox
 	case s.SentAt < e.SentAt:
 		// s is the older copy, decided after a resend of it was written
@@ -291,7 +291,7 @@ func (w *Run) resendShape(l kafka.Lid, s, e *client.Request) Shape {
 			return shAfterFin
 		}
 		return shOvertook
-	case w.ackedBefore(l, s):
+	case run.ackedBefore(l, s):
 		// Its client read an acknowledgement of it and sent it again all
 		// the same: kafkajs's send retried for another part.
 		return shRepartitioned
@@ -301,13 +301,13 @@ func (w *Run) resendShape(l kafka.Lid, s, e *client.Request) Shape {
 		return shUnrecognised
 	case c.ContentOnly() && sameNameTwice(s, l):
 		return shIdenticalInResend
-	case c.ContentOnly() && w.identicalBetween(l, e.SentAt, s.Decided):
+	case c.ContentOnly() && run.identicalBetween(l, e.SentAt, s.Decided):
 		return shContentOnlyTaken
 	case s.Replica != e.Replica:
 		if rs.partition != re.partition {
 			return shMovedAcrossRep
 		}
-		if w.handedOver(e, s) {
+		if run.handedOver(e, s) {
 			if e.Lost || codeFor(e.Answered, e, re.partition) == kerr.RequestTimedOut.Code || codeFor(e.Written, e, re.partition) == kerr.RequestTimedOut.Code {
 				// HandOff leaves a batch whose outcome the log must still
 				// settle with the core that decided it.
@@ -320,14 +320,14 @@ func (w *Run) resendShape(l kafka.Lid, s, e *client.Request) Shape {
 		switch {
 		case rs.ts != re.ts:
 			return shRestartRestamp
-		case w.otherInstanceCopy(l, rs.ts, s.Decided):
+		case run.otherInstanceCopy(l, rs.ts, s.Decided):
 			return shRestartExposure
-		case w.readBefore(s.CoreName, rs.partition, e.Handled):
+		case run.readBefore(s.CoreName, rs.partition, e.Handled):
 			return shRestartLate
 		}
 		return shRestartID
-	case w.overtook(l, s) != nil:
-		x := w.overtook(l, s)
+	case run.overtook(l, s) != nil:
+		x := run.overtook(l, s)
 		switch {
 		case x.Conn.Silent:
 			return shSilentCut
@@ -348,9 +348,9 @@ func (w *Run) resendShape(l kafka.Lid, s, e *client.Request) Shape {
 // overtook: when s was decided, the proxy had written a successful answer
 // carrying l on a connection whose client never read it, and the core had
 // not heard that connection end: to the core the client held it.
-func (w *Run) overtook(l kafka.Lid, s *client.Request) *client.Request {
-	for _, id := range w.Records[l].Sends {
-		x := w.Requests[id-1]
+func (run *Run) overtook(l kafka.Lid, s *client.Request) *client.Request {
+	for _, id := range run.Records[l].Sends {
+		x := run.Requests[id-1]
 		if x == s || x.DelivAt == 0 || x.DelivAt > s.Decided || x.Answered != nil {
 			continue
 		}
@@ -363,8 +363,8 @@ func (w *Run) overtook(l kafka.Lid, s *client.Request) *client.Request {
 
 // tailFailedBetween: a read of partition p's tail for the core that
 // decided s failed after from and before s was decided.
-func (w *Run) tailFailedBetween(s *client.Request, p int32, from time.Duration) bool {
-	for _, f := range w.TailFails {
+func (run *Run) tailFailedBetween(s *client.Request, p int32, from time.Duration) bool {
+	for _, f := range run.TailFails {
 		if f.Core == s.CoreName && f.Partition == p && f.At >= from && f.At <= s.Decided {
 			return true
 		}
@@ -377,11 +377,11 @@ func (w *Run) tailFailedBetween(s *client.Request, p int32, from time.Duration) 
 // the broker handled e: the read, which settles such an outcome, could not
 // find it, and the core took it as not written (docs/warm.md, "Unknown
 // outcomes").
-func (w *Run) readBeforeAppend(e *client.Request, p int32) bool {
+func (run *Run) readBeforeAppend(e *client.Request, p int32) bool {
 	if !e.Lost {
 		return false
 	}
-	for _, f := range w.TailReads {
+	for _, f := range run.TailReads {
 		if f.Core == e.CoreName && f.Partition == p && f.At >= e.LostAt && f.At < e.Handled {
 			return true
 		}
@@ -392,15 +392,15 @@ func (w *Run) readBeforeAppend(e *client.Request, p int32) bool {
 // otherInstanceCopy: another client instance sent a record identical to
 // l, with timestamp ts, before t: after a restart the log cannot tell
 // their copies apart (docs/legacy.md, "After a restart").
-func (w *Run) otherInstanceCopy(l kafka.Lid, ts int64, t time.Duration) bool {
-	ri := &w.Records[l]
-	for m := range w.Records {
-		o := &w.Records[m]
+func (run *Run) otherInstanceCopy(l kafka.Lid, ts int64, t time.Duration) bool {
+	ri := &run.Records[l]
+	for m := range run.Records {
+		o := &run.Records[m]
 		if o.Name != ri.Name || o.Client.Info.SameInstance(ri.Client.Info) {
 			continue
 		}
 		for _, id := range o.Sends {
-			x := w.Requests[id-1]
+			x := run.Requests[id-1]
 			if x.SentAt <= t && recIn(x, kafka.Lid(m)).ts == ts {
 				return true
 			}
@@ -423,8 +423,8 @@ func offsetOf(r *client.Request, l kafka.Lid) int64 {
 
 // readBefore: core read partition p's tail before t (its first read,
 // whose records a resend after a restart may match).
-func (w *Run) readBefore(core string, p int32, t time.Duration) bool {
-	for _, f := range w.TailReads {
+func (run *Run) readBefore(core string, p int32, t time.Duration) bool {
+	for _, f := range run.TailReads {
 		if f.Core == core && f.Partition == p {
 			return f.At < t
 		}
@@ -434,11 +434,11 @@ func (w *Run) readBefore(core string, p int32, t time.Duration) bool {
 
 // logRead: some core kept the legacy records of a tail it read (after a
 // restart, a takeover, or a leader that moved away and back).
-func (w *Run) logRead() bool { return len(w.Restarts)+len(w.Handovers)+w.Rewarms > 0 }
+func (run *Run) logRead() bool { return len(run.Restarts)+len(run.Handovers)+run.Rewarms > 0 }
 
 // handedOver: a node was handed over between e and s.
-func (w *Run) handedOver(e, s *client.Request) bool {
-	for _, at := range w.Handovers {
+func (run *Run) handedOver(e, s *client.Request) bool {
+	for _, at := range run.Handovers {
 		if at >= e.Decided && at <= s.Decided {
 			return true
 		}
@@ -466,8 +466,8 @@ func recIn(r *client.Request, l kafka.Lid) recAt {
 // shared: another process is the same client instance as c and ran at
 // the same time (runs of a one-shot job that do not overlap are one
 // instance on fresh connections, not two processes).
-func (w *Run) shared(c *client.Client) bool {
-	for _, o := range w.Clients {
+func (run *Run) shared(c *client.Client) bool {
+	for _, o := range run.Clients {
 		if o != c && o.Info.SameInstance(c.Info) && overlap(o, c) {
 			return true
 		}
@@ -508,9 +508,9 @@ func sameNameTwice(r *client.Request, l kafka.Lid) bool {
 
 // behindMiddlebox: an answer carrying l went to a middlebox that
 // acknowledged it and passed nothing on, before s.
-func (w *Run) behindMiddlebox(l kafka.Lid, s *client.Request) bool {
-	for _, id := range w.Records[l].Sends {
-		x := w.Requests[id-1]
+func (run *Run) behindMiddlebox(l kafka.Lid, s *client.Request) bool {
+	for _, id := range run.Records[l].Sends {
+		x := run.Requests[id-1]
 		if x != s && x.DelivAt > 0 && x.DelivAt <= s.Decided && x.Conn.Middlebox {
 			return true
 		}
@@ -521,15 +521,15 @@ func (w *Run) behindMiddlebox(l kafka.Lid, s *client.Request) bool {
 // identicalBetween: l's instance sent another record with l's content
 // between from and to: a client whose identity is content only cannot
 // have them told apart.
-func (w *Run) identicalBetween(l kafka.Lid, from, to time.Duration) bool {
-	ri := &w.Records[l]
-	for m := range w.Records {
-		o := &w.Records[m]
+func (run *Run) identicalBetween(l kafka.Lid, from, to time.Duration) bool {
+	ri := &run.Records[l]
+	for m := range run.Records {
+		o := &run.Records[m]
 		if kafka.Lid(m) == l || o.Name != ri.Name || !o.Client.Info.SameInstance(ri.Client.Info) {
 			continue
 		}
 		for _, id := range o.Sends {
-			if at := w.Requests[id-1].SentAt; at >= from && at < to {
+			if at := run.Requests[id-1].SentAt; at >= from && at < to {
 				return true
 			}
 		}
@@ -539,9 +539,9 @@ func (w *Run) identicalBetween(l kafka.Lid, from, to time.Duration) bool {
 
 // ackedBefore: an answer its client read before sending s said l was
 // written.
-func (w *Run) ackedBefore(l kafka.Lid, s *client.Request) bool {
-	for _, id := range w.Records[l].Sends {
-		x := w.Requests[id-1]
+func (run *Run) ackedBefore(l kafka.Lid, s *client.Request) bool {
+	for _, id := range run.Records[l].Sends {
+		x := run.Requests[id-1]
 		if x != s && x.SentAt < s.SentAt && x.Answered != nil && codeFor(x.Answered, x, recIn(x, l).partition) == 0 {
 			return true
 		}
@@ -572,21 +572,21 @@ func codeFor(a []kafka.PartResult, r *client.Request, p int32) int16 {
 }
 
 // dropShape says why record l, acknowledged, is not in the log.
-func (w *Run) dropShape(l kafka.Lid) (Shape, string) {
-	ri := &w.Records[l]
+func (run *Run) dropShape(l kafka.Lid) (Shape, string) {
+	ri := &run.Records[l]
 	c := ri.Client
-	r := w.Requests[ri.Sends[len(ri.Sends)-1]-1]
+	r := run.Requests[ri.Sends[len(ri.Sends)-1]-1]
 	ts := recIn(r, l).ts
 	restamps := c.ContentOnly()
-	last := w.Requests[ri.Sends[len(ri.Sends)-1]-1].Decided
+	last := run.Requests[ri.Sends[len(ri.Sends)-1]-1].Decided
 	var sameInst, sameExact, otherProc, otherAnon, otherInst bool
-	for m := range w.Records {
-		o := &w.Records[m]
+	for m := range run.Records {
+		o := &run.Records[m]
 		if kafka.Lid(m) == l || o.Name != ri.Name {
 			continue
 		}
 		for _, id := range o.Sends {
-			x := w.Requests[id-1]
+			x := run.Requests[id-1]
 			if x.SentAt > last {
 				break
 			}
@@ -610,13 +610,13 @@ func (w *Run) dropShape(l kafka.Lid) (Shape, string) {
 		return shDropOwn, "its instance sent the same record with the same timestamp before"
 	}
 	unknown := slices.ContainsFunc(ri.Sends, func(id int) bool {
-		x := w.Requests[id-1]
+		x := run.Requests[id-1]
 		return x.Lost || codeFor(x.Answered, x, recIn(x, l).partition) == kerr.RequestTimedOut.Code
 	})
 	// The answer that made its client take it as written: whose record is
 	// at the offset it names?
 	for i := len(ri.Sends) - 1; i >= 0; i-- {
-		x := w.Requests[ri.Sends[i]-1]
+		x := run.Requests[ri.Sends[i]-1]
 		at := recIn(x, l)
 		if x.Answered == nil || codeFor(x.Answered, x, at.partition) != 0 {
 			continue
@@ -625,22 +625,22 @@ func (w *Run) dropShape(l kafka.Lid) (Shape, string) {
 		if off < 0 {
 			break
 		}
-		got, ok := w.Broker.At(at.partition, off)
-		if !ok || w.Records[got.Lid].Client.Info.SameInstance(c.Info) {
+		got, ok := run.Broker.At(at.partition, off)
+		if !ok || run.Records[got.Lid].Client.Info.SameInstance(c.Info) {
 			break
 		}
 		switch {
 		case unknown:
-			return shDropUnknownOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, w.Records[got.Lid].Client.Name)
-		case w.logRead():
+			return shDropUnknownOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, run.Records[got.Lid].Client.Name)
+		case run.logRead():
 			return shDropRestart, "another producer's identical record was in the log read after a restart or a takeover"
 		}
-		return shDropOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, w.Records[got.Lid].Client.Name)
+		return shDropOther, fmt.Sprintf("req %d was answered offset %d, %s's record", x.ID, off, run.Records[got.Lid].Client.Name)
 	}
 	if unknown && otherInst {
 		return shDropUnknownOther, "an unknown outcome of it, and another instance's identical record and timestamp"
 	}
-	if otherAnon && w.logRead() {
+	if otherAnon && run.logRead() {
 		return shDropRestart, "another producer's identical record was in the log read after a restart or a takeover"
 	}
 	return shDropOther, fmt.Sprintf("last sent in req %d (%s)", r.ID, r.Conn.Describe())
@@ -651,8 +651,8 @@ func (w *Run) dropShape(l kafka.Lid) (Shape, string) {
 // restamped retry is answered with its original's offset). An offset
 // holding the same content from another client instance, or with another
 // timestamp where timestamps count, is counted under its shape.
-func (w *Run) checkOffsets(res *Result) {
-	for _, r := range w.Requests {
+func (run *Run) checkOffsets(res *Result) {
+	for _, r := range run.Requests {
 		for i, b := range r.Parts {
 			if i >= len(r.Answered) {
 				break
@@ -662,11 +662,11 @@ func (w *Run) checkOffsets(res *Result) {
 				continue
 			}
 			for j, x := range b.Recs {
-				got, ok := w.Broker.At(b.Partition, a.Offset+int64(j))
+				got, ok := run.Broker.At(b.Partition, a.Offset+int64(j))
 				switch {
 				case !ok || got.Name != x.Name:
 					res.failf("req %d p%d answered offset %d, but offset %d holds %q, not %q", r.ID, b.Partition, a.Offset, a.Offset+int64(j), got.Name, x.Name)
-				case !w.sameClass(got.Lid, x.Lid):
+				case !run.sameClass(got.Lid, x.Lid):
 					res.counts[shWrongOffset.Name]++
 					continue
 				default:
@@ -681,15 +681,17 @@ func (w *Run) checkOffsets(res *Result) {
 // sameClass: the rule cannot tell records a and b apart: one client
 // instance, the same content, and the same first timestamp unless the
 // core leaves timestamps out for the client.
-func (w *Run) sameClass(a, b kafka.Lid) bool {
-	ra, rb := &w.Records[a], &w.Records[b]
+func (run *Run) sameClass(a, b kafka.Lid) bool {
+	ra, rb := &run.Records[a], &run.Records[b]
 	if !ra.Client.Info.SameInstance(rb.Client.Info) || ra.Name != rb.Name {
 		return false
 	}
-	return ra.Client.ContentOnly() || w.firstTS(a) == w.firstTS(b)
+	return ra.Client.ContentOnly() || run.firstTS(a) == run.firstTS(b)
 }
 
-func (w *Run) firstTS(l kafka.Lid) int64 { return recIn(w.Requests[w.Records[l].Sends[0]-1], l).ts }
+func (run *Run) firstTS(l kafka.Lid) int64 {
+	return recIn(run.Requests[run.Records[l].Sends[0]-1], l).ts
+}
 
 // Report is a failing run's account.
 func (res *Result) Report() string {

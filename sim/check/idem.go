@@ -49,10 +49,15 @@ func (x *Idem) checkIdempotent(req *client.Request, pl *decide.Plan, broker *kaf
 		switch {
 		case pp.Verdict.Rule == decide.RuleSequenceReuse, got.Code == kerr.RequestTimedOut.Code:
 		case appended || got != ref:
-			x.failures = append(x.failures, fmt.Sprintf("req %d p%d (pid %d seq %d): the proxy answered %+v, the broker would answer %+v (append %v)",
-				req.ID, b.Partition, b.PID, b.Seq, got, ref, appended))
+			x.failures = append(x.failures, fmt.Sprintf("req %d p%d (pid %d seq %d): the proxy answered %s, the broker would answer %s (append %v)",
+				req.ID, b.Partition, b.PID, b.Seq, partString(got), partString(ref), appended))
 		}
 	}
+}
+
+// partString prints a partition's answer in a failure's account.
+func partString(r kafka.PartResult) string {
+	return fmt.Sprintf("{partition:%d code:%d offset:%d appendTime:%d}", r.Partition, r.Code, r.Offset, r.AppendTime)
 }
 
 // idemKey is one idempotent batch: its producer, partition, epoch and

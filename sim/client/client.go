@@ -217,12 +217,11 @@ type Request struct {
 }
 
 func New(env Env, led *Ledger, n int, name string, info Info, lib Library, acks int16, workload string) *Client {
-	w := env
 	c := &Client{env: env, led: led, n: n, Name: name, Info: info, Lib: lib, acks: acks, Workload: workload,
-		timeout: w.Between(400*time.Millisecond, 2*time.Second), skew: int64(w.Intn(5)) - 2, nparts: kafka.MaxPartitions,
-		conns: make([]*Conn, w.Nodes()), closeAfter: map[*Conn]bool{}, BornAt: w.Now()}
-	c.meta = w.Leaders()
-	c.backoff = w.Between(50*time.Millisecond, 250*time.Millisecond)
+		timeout: env.Between(400*time.Millisecond, 2*time.Second), skew: int64(env.Intn(5)) - 2, nparts: kafka.MaxPartitions,
+		conns: make([]*Conn, env.Nodes()), closeAfter: map[*Conn]bool{}, BornAt: env.Now()}
+	c.meta = env.Leaders()
+	c.backoff = env.Between(50*time.Millisecond, 250*time.Millisecond)
 	c.epoch = 0
 	if lib.Idempotent {
 		c.pid = int64(1000 + c.n)
@@ -237,8 +236,8 @@ func (c *Client) clock() int64 { return c.env.Wall().UnixMilli() + c.skew }
 
 // Produce is the application handing the client a new record.
 func (c *Client) Produce(name string, partition int32, keyed bool) kafka.Lid {
-	w := c.env
-	l := c.led.newLid(c, name, w.Now())
+	env := c.env
+	l := c.led.newLid(c, name, env.Now())
 	c.open++
 	q := qrec{Rec: kafka.Rec{Lid: l, Name: name, TS: c.clock()}, why: "new", key: keyed}
 	if c.Lib.Style == JSSend {
@@ -270,9 +269,9 @@ func (c *Client) kick() {
 // connFor returns the connection to node, opening one to the replica that
 // serves it; nil while none can be opened.
 func (c *Client) connFor(node int) *Conn {
-	w := c.env
+	env := c.env
 	if cn := c.conns[node]; cn != nil && cn.usable() {
-		if w.Serving(node) == cn.Replica || len(cn.inflight) > 0 {
+		if env.Serving(node) == cn.Replica || len(cn.inflight) > 0 {
 			return cn
 		}
 		// The node moved to another replica: a new connection there; the
@@ -280,13 +279,13 @@ func (c *Client) connFor(node int) *Conn {
 		cn.close()
 	}
 	c.conns[node] = nil
-	if w.Now() < c.retryAt {
+	if env.Now() < c.retryAt {
 		return nil
 	}
-	cn := w.Dial(c, node)
+	cn := env.Dial(c, node)
 	if cn == nil {
 		// The replica serving node is down.
-		c.retryAt = w.Now() + c.backoff
+		c.retryAt = env.Now() + c.backoff
 		c.env.At(c.retryAt, c.flush)
 		return nil
 	}
@@ -401,8 +400,8 @@ func (c *Client) addPart(req *Request, b *cbatch) {
 
 // sendReq writes req on cn and arms its timeout.
 func (c *Client) sendReq(cn *Conn, req *Request) {
-	w := c.env
-	req.SentAt = w.Now()
+	env := c.env
+	req.SentAt = env.Now()
 	c.led.Requests = append(c.led.Requests, req)
 	for _, s := range req.Parts {
 		for _, r := range s.Recs {
@@ -423,7 +422,7 @@ func (c *Client) sendReq(cn *Conn, req *Request) {
 		return
 	}
 	cn.inflight = append(cn.inflight, req)
-	w.After(req.Timeout, func() {
+	env.After(req.Timeout, func() {
 		if slices.Contains(cn.inflight, req) {
 			c.timedOut(cn, req)
 		}
@@ -601,9 +600,9 @@ func (c *Client) abandon(cn *Conn, why string) {
 
 // refreshMeta learns the partitions' leaders, after a round trip.
 func (c *Client) refreshMeta() {
-	w := c.env
-	w.After(w.Between(10*time.Millisecond, 100*time.Millisecond), func() {
-		c.meta = w.Leaders()
+	env := c.env
+	env.After(env.Between(10*time.Millisecond, 100*time.Millisecond), func() {
+		c.meta = env.Leaders()
 		c.kick()
 		if c.Lib.Style == JSSend {
 			c.jsNext()

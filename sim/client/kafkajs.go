@@ -44,7 +44,7 @@ func (c *Client) jsNext() {
 
 // jsAttempt is one attempt of the send in progress.
 func (c *Client) jsAttempt() {
-	w, js := c.env, c.js
+	env, js := c.env, c.js
 	js.failed, js.why = false, ""
 	js.attempt++
 	now := c.clock()
@@ -73,7 +73,7 @@ func (c *Client) jsAttempt() {
 		}
 		byNode[node][p] = append(byNode[node][p], i)
 	}
-	for node := 0; node < w.Nodes(); node++ {
+	for node := 0; node < env.Nodes(); node++ {
 		parts := byNode[node]
 		if parts == nil {
 			continue
@@ -94,7 +94,7 @@ func (c *Client) jsAttempt() {
 				m := &js.msgs[i]
 				m.TS = now
 				if m.first == 0 {
-					m.first = w.Now()
+					m.first = env.Now()
 				}
 				m.attempts++
 				b.recs = append(b.recs, *m)
@@ -153,7 +153,7 @@ func (c *Client) jsSettle() {
 	if js == nil || js.pending > 0 {
 		return
 	}
-	w := c.env
+	env := c.env
 	if !js.failed {
 		for _, m := range js.msgs {
 			c.acked(m.Lid)
@@ -175,7 +175,7 @@ func (c *Client) jsSettle() {
 	}
 	// kafkajs's retrier: 300 ms, doubling, with jitter.
 	d := time.Duration(300<<min(js.attempt-1, 4)) * time.Millisecond
-	w.After(w.Between(d*8/10, d*12/10), func() {
+	env.After(env.Between(d*8/10, d*12/10), func() {
 		if c.js == js {
 			c.jsAttempt()
 		}

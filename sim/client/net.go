@@ -77,11 +77,11 @@ func (cn *Conn) usable() bool { return !cn.clientClosed && !cn.broken }
 
 // send carries a request to the proxy.
 func (cn *Conn) send(req *Request) {
-	w := cn.env
-	cn.lastUse = w.Now()
-	arrive := max(w.Now()+w.Latency(), cn.toProxy)
+	env := cn.env
+	cn.lastUse = env.Now()
+	arrive := max(env.Now()+env.Latency(), cn.toProxy)
 	cn.toProxy = arrive
-	w.At(arrive, func() {
+	env.At(arrive, func() {
 		if cn.isCut(arrive) || cn.Proxy == nil || !cn.Proxy.Arrive(req) {
 			cn.Client.led.LostAcks0(req, "lost with its connection")
 			return // lost on the way: the proxy never reads it
@@ -95,11 +95,11 @@ func (cn *Conn) close() {
 	if cn.clientClosed || cn.broken {
 		return
 	}
-	w := cn.env
-	cn.clientClosed, cn.closedAt = true, w.Now()
-	arrive := max(w.Now()+w.Latency(), cn.toProxy)
+	env := cn.env
+	cn.clientClosed, cn.closedAt = true, env.Now()
+	arrive := max(env.Now()+env.Latency(), cn.toProxy)
 	cn.toProxy = arrive
-	w.At(arrive, func() {
+	env.At(arrive, func() {
 		if cn.isCut(arrive) || cn.Proxy == nil {
 			return
 		}
@@ -111,30 +111,30 @@ func (cn *Conn) close() {
 // reset at once unless the cut is silent; the client notices at once
 // (reset) or only by its request timeouts (silent).
 func (cn *Conn) Cut(silent bool) {
-	w := cn.env
+	env := cn.env
 	if cn.cutAt > 0 {
 		return
 	}
-	cn.cutAt, cn.Silent = w.Now(), silent
+	cn.cutAt, cn.Silent = env.Now(), silent
 	if cn.Proxy != nil && !silent {
-		w.After(w.Latency(), cn.Proxy.Reset)
+		env.After(env.Latency(), cn.Proxy.Reset)
 	}
 	if !silent {
-		w.After(w.Latency(), func() { cn.Client.connBroken(cn) })
+		env.After(env.Latency(), func() { cn.Client.connBroken(cn) })
 	}
 }
 
 // Answer carries an answer the proxy wrote to the client.
 func (cn *Conn) Answer(req *Request, res []kafka.PartResult) {
-	w := cn.env
+	env := cn.env
 	cn.Written++
-	arrive := max(w.Now()+w.Latency(), cn.toClient)
+	arrive := max(env.Now()+env.Latency(), cn.toClient)
 	cn.toClient = arrive
 	if cn.loseNext {
 		cn.loseNext = false
 		cn.Cut(false)
 	}
-	w.At(arrive, func() {
+	env.At(arrive, func() {
 		if cn.isCut(arrive) || cn.clientClosed || cn.broken {
 			return // lost with the connection, or its client left
 		}
@@ -149,10 +149,10 @@ func (cn *Conn) Answer(req *Request, res []kafka.PartResult) {
 // ProxyClosed is the proxy closing cn (its session ended): the client
 // reads the end after the answers before it.
 func (cn *Conn) ProxyClosed() {
-	w := cn.env
-	arrive := max(w.Now()+w.Latency(), cn.toClient)
+	env := cn.env
+	arrive := max(env.Now()+env.Latency(), cn.toClient)
 	cn.toClient = arrive
-	w.At(arrive, func() {
+	env.At(arrive, func() {
 		if cn.isCut(arrive) || cn.clientClosed || cn.broken {
 			return
 		}
@@ -168,23 +168,23 @@ func (cn *Conn) LoseNextAnswer() { cn.loseNext = true }
 // answers of cn and passes none on, then closes it: to the proxy a clean
 // close, to the client a reset.
 func (cn *Conn) MiddleboxCloses() {
-	w := cn.env
+	env := cn.env
 	cn.Middlebox = true
-	w.After(w.Between(time.Millisecond, 50*time.Millisecond), func() {
+	env.After(env.Between(time.Millisecond, 50*time.Millisecond), func() {
 		if cn.Proxy != nil {
 			cn.Proxy.Fin()
 		}
-		cn.cutAt = w.Now()
-		w.After(w.Latency(), func() { cn.Client.connBroken(cn) })
+		cn.cutAt = env.Now()
+		env.After(env.Latency(), func() { cn.Client.connBroken(cn) })
 	})
 }
 
 // ProxyCrashed: the proxy's process died; the client sees a reset.
 func (cn *Conn) ProxyCrashed() {
-	w := cn.env
+	env := cn.env
 	if cn.cutAt == 0 {
-		cn.cutAt = w.Now()
-		w.After(w.Latency(), func() { cn.Client.connBroken(cn) })
+		cn.cutAt = env.Now()
+		env.After(env.Latency(), func() { cn.Client.connBroken(cn) })
 	}
 }
 
