@@ -189,27 +189,29 @@ type Client struct {
 
 // Request is one Produce request a client sent.
 type Request struct {
-	ID      int
-	Client  *Client
-	Conn    *Conn
-	Acks    int16
-	Timeout time.Duration
-	Parts   []*kafka.Batch
-	Raws    [][]byte
-	Whys    [][]string
-	batches []*cbatch // fixed styles: the batch of each part
-	SentAt  time.Duration
-	// The proxy's side, for the checks.
-	Replica  int
-	CoreName string
+	ID       int
+	Client   *Client
+	Conn     *Conn
+	Acks     int16
+	Timeout  time.Duration
+	Parts    []*kafka.Batch
+	Raws     [][]byte
+	Whys     [][]string // why each record of each part is sent: "new", or what became of its last send
+	batches  []*cbatch  // fixed styles: the batch of each part
+	js       *jsSendState
+	node     int
+	SentAt   time.Duration
+	Answered []kafka.PartResult // what the client got, nil if nothing
+	TimedOut bool               // the client gave up waiting for its answer
+
+	// The proxy's and the broker's side, written by the world for the
+	// checks.
+	Replica  int                // the replica that decided it
+	CoreName string             // the core that decided it
 	Decided  time.Duration      // when it was decided Ready (0: never)
 	DelivAt  time.Duration      // when the core was told its answer was written (0: never)
 	Handled  time.Duration      // when the broker handled it (0: never)
 	Written  []kafka.PartResult // the answer the proxy wrote
-	Answered []kafka.PartResult // what the client got, nil if nothing
-	js       *jsSendState
-	node     int
-	TimedOut bool               // the client gave up waiting for its answer
 	Lost     bool               // the proxy told the core its answer will never come
 	LostAt   time.Duration      // when it did
 	Settled  time.Duration      // when the proxy stepped its broker answer (0: never)
