@@ -1,4 +1,4 @@
-.PHONY: run build test race fuzz bench lint kgo-suite
+.PHONY: run build test race fuzz bench lint kgo-suite lockcheck
 
 run:
 	go run ./cmd/dedupproxy
@@ -30,6 +30,11 @@ fuzz:
 	go test -run x -fuzz '^FuzzTailRead$$' -fuzztime $(FUZZTIME) ./decide
 	go test -run x -fuzz '^FuzzRecordIDs$$' -fuzztime $(FUZZTIME) ./protocol
 	go test -run x -fuzz '^FuzzPrincipalMappingRules$$' -fuzztime $(FUZZTIME) ./certprincipal
+
+# The decision core takes one lock at a time (docs/architecture.md, "Locks").
+lockcheck:
+	go test -tags lockcheck -count=1 ./decide/...
+	go test -tags lockcheck -count=1 -run 'TestSimulation$$' ./sim -args -seeds=300
 
 bench:
 	go test -run x -bench . -benchmem ./...

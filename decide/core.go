@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/dedupproxy/dedupproxy/decide/internal/lockcheck"
 	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -201,43 +202,86 @@ func (c *Core) decide(req *Request, pl *Plan, now time.Time, fx *Effects) {
 	if decided > 0 && c.warmOn && c.warmFirst(req, pl, now) {
 		return
 	}
-	var in *sent.Instance
-	if c.anyLegacy(pl) {
+	// Each step below holds one lock at a time (docs/architecture.md,
+	// "Locks"): what partitions say first, then the idempotent parts
+	// under the producers' table, then the legacy parts under their client
+	// instance's lock.
+	legacy := c.anyLegacy(pl)
+	if legacy {
 		c.identify(req, pl)
-		in = req.Conn.Inst
-		if req.Acks == -1 {
-			// Room for what this request may remember, made before its
-			// instance is locked: it may come from another instance.
-			c.legacy.MakeRoom(int64(len(pl.ids)), in)
-		}
-		in.Lock()
-		in.Seen(now.UnixNano())
-		in.Sweep(now.UnixNano(), c.legacy.Window)
-		c.matchLegacy(req, pl, now)
-	}
-	if len(pl.waitOn) > 0 || len(pl.Tails) > 0 {
-		c.rollback(pl)
-		c.await(req, pl, now)
-		if in != nil {
-			in.Unlock()
-		}
-		return
+		c.partFacts(req, pl, now)
 	}
 	if c.decideIdempotent(req, pl, now, fx) {
-		c.rollback(pl)
-		if in != nil {
-			in.Unlock()
-		}
 		return
 	}
-	if in != nil {
-		c.keysLegacy(req, pl, now)
-		c.registerLegacy(req, pl, now)
-		in.Unlock()
+	if legacy {
+		c.decideLegacy(req, pl, now)
+		if pl.Status != Ready {
+			return
+		}
 	}
 	c.rebuild(req, pl)
 	pl.account()
 	c.flyUnregistered(req, pl, now)
+}
+
+// decideLegacy decides the legacy parts of req, after its idempotent ones:
+// the rule applied under its client instance's lock; then, with it let go,
+// the records read back from partitions' logs and idempotency keys; then,
+// under it again, the batches remembered. If the request must wait, or a
+// partition's tail be read, it releases what the idempotent parts
+// registered and sets pl.Status.
+func (c *Core) decideLegacy(req *Request, pl *Plan, now time.Time) {
+	in, ns := req.Conn.Inst, now.UnixNano()
+	if req.Acks == -1 {
+		// Room for what this request may remember, made before its
+		// instance is locked: it may come from another instance.
+		c.legacy.MakeRoom(int64(len(pl.ids)), in)
+	}
+	in.Lock()
+	in.Seen(ns)
+	in.Sweep(ns, c.legacy.Window)
+	c.matchLegacy(req, pl, now)
+	if len(pl.waitFor) > 0 || len(pl.tailWant) > 0 {
+		c.rollback(pl)
+		for _, b := range pl.waitFor {
+			b.Await(req.Conn.ID())
+		}
+		clear(pl.waitFor)
+		in.Unlock()
+		c.releaseIdempotent(pl, now)
+		c.askTails(pl)
+		c.await(req, pl, now)
+		return
+	}
+	if c.anyUnlockedWork(pl) {
+		in.Unlock()
+		c.matchLogs(req, pl, now)
+		c.keysLegacy(req, pl, now)
+		in.Lock()
+	}
+	c.registerLegacy(req, pl, now)
+	in.Unlock()
+}
+
+// partFacts reads, for each legacy part, what its partition says that the
+// rule needs (records read back from its log, its log start offset, the
+// highest offset answered for it), each partition's lock taken alone.
+func (c *Core) partFacts(req *Request, pl *Plan, now time.Time) {
+	ns := now.UnixNano()
+	for i := range req.Parts {
+		p, st := &req.Parts[i], &pl.st[i]
+		if !st.legacy || st.pass >= 0 {
+			continue
+		}
+		part, sh := c.parts.get(partKeyOf(p.Topic, p.Partition))
+		if len(part.log) > 0 && part.logUntil <= ns {
+			part.log, part.logIdx = nil, nil // none may match any more
+		}
+		st.logged = req.Conn.Principal == 0 && len(part.log) > 0
+		st.logStart, st.seen = part.logStart, part.seen
+		sh.unlock()
+	}
 }
 
 // giveUp decides a request whose wait ran out: what it waited for is
@@ -294,7 +338,7 @@ func (c *Core) warmFirst(req *Request, pl *Plan, now time.Time) bool {
 			p.await(req.Conn.ID())
 			pl.waitOn = append(pl.waitOn, k)
 		}
-		sh.mu.Unlock()
+		sh.unlock()
 	}
 	if len(pl.Tails) == 0 && len(pl.waitOn) == 0 {
 		return false
@@ -315,7 +359,7 @@ func (c *Core) await(req *Request, pl *Plan, now time.Time) {
 	for _, k := range pl.waitOn {
 		p, sh := c.parts.get(k)
 		p.await(req.Conn.ID())
-		sh.mu.Unlock()
+		sh.unlock()
 	}
 }
 
@@ -358,9 +402,13 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 	}
 	// acks=0 has no response to commit from: consult the table only.
 	if req.Acks == 0 {
+		lockcheck.Take("producer table")
 		c.table.DecideBatches(pl.seqOps, now)
+		lockcheck.Drop()
 	} else {
+		lockcheck.Take("producer table")
 		c.table.CheckBatches(pl.seqOps, now)
+		lockcheck.Drop()
 	}
 	wait, unread := false, false
 	for j, op := range pl.seqOps {
@@ -444,15 +492,7 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 	}
 	// The request is decided afresh once it can be: release what this
 	// decision registered.
-	pl.seqOuts = pl.seqOuts[:0]
-	for j := range pl.seqOps {
-		if st := &pl.st[pl.seqIdx[j]]; st.pending {
-			pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: st.key, Batch: st.batch})
-			st.pending, st.commit = false, false
-		}
-	}
-	c.settleTable(pl, pl.seqOuts, now)
-	pl.seqOuts = pl.seqOuts[:0]
+	c.releaseIdempotent(pl, now)
 	if !wait {
 		// Its answer needs the records held in pipes: read them, then
 		// decide again.
@@ -467,20 +507,37 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 	for _, k := range pl.waitOn {
 		p, sh := c.parts.get(k)
 		p.await(req.Conn.ID())
-		sh.mu.Unlock()
+		sh.unlock()
 	}
 	for j := range pl.seqOps {
 		op := &pl.seqOps[j]
 		if op.Result.Decision != seqstate.InFlight {
 			continue
 		}
-		if c.table.Decide(op.Key, op.Batch, now).Decision != seqstate.InFlight {
+		lockcheck.Take("producer table")
+		r := c.table.Decide(op.Key, op.Batch, now)
+		lockcheck.Drop()
+		if r.Decision != seqstate.InFlight {
 			c.unwait(req.Conn.ID(), pl.waitOn)
 			fx.Wake = append(fx.Wake, req.Conn.ID())
 			break
 		}
 	}
 	return true
+}
+
+// releaseIdempotent releases the batches a decision that ends up waiting
+// registered in the producers' table.
+func (c *Core) releaseIdempotent(pl *Plan, now time.Time) {
+	pl.seqOuts = pl.seqOuts[:0]
+	for j := range pl.seqOps {
+		if st := &pl.st[pl.seqIdx[j]]; st.pending {
+			pl.seqOuts = append(pl.seqOuts, seqstate.Outcome{Key: st.key, Batch: st.batch})
+			st.pending, st.commit = false, false
+		}
+	}
+	c.settleTable(pl, pl.seqOuts, now)
+	pl.seqOuts = pl.seqOuts[:0]
 }
 
 // countKeys counts the repeated idempotency keys of an idempotent batch:
@@ -501,7 +558,10 @@ func (c *Core) countKeys(p *Part, pl *Plan, st *partState, pp *PartPlan, now tim
 	for j := start; j < len(keys); j++ {
 		if keys[j].Present {
 			lo, hi := keyOf(keys[j], st.key)
-			if _, ok := c.keys.Lookup(lo, hi, now); ok {
+			lockcheck.Take("key table")
+			_, ok := c.keys.Lookup(lo, hi, now)
+			lockcheck.Drop()
+			if ok {
 				pp.Verdict.Dropped++ // observed, not dropped
 			}
 		}

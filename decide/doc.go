@@ -22,12 +22,15 @@
 //     timers. Imports only the standard library, protocol, seqstate, its
 //     store of legacy records (package sent, under the same contract) and
 //     franz-go's error codes (TestContract enforces all of this).
-//   - Its locks are its own: each call takes and releases the locks it needs
-//     (a client instance's, a partition shard's, in that order) and holds
-//     none when it returns, so no lock is shared with I/O. A client
-//     instance's lock is its alone, and record identities are computed
-//     before any lock is taken: the work a request causes is paid by its
-//     own client instance.
+//   - Its locks are its own, one at a time: each step takes the locks it
+//     needs one after the other (a client instance's, a partition shard's,
+//     a table shard's), never two at once, and holds none when it returns,
+//     so no lock is shared with I/O (docs/architecture.md, "Locks"; a
+//     lockcheck build checks it). What a request waits for is registered
+//     under the lock of the state that settles it. A client instance's
+//     lock is its alone, and record identities are computed before any
+//     lock is taken: the work a request causes is paid by its own client
+//     instance.
 //   - Settled before woken: an event updates every state a waiter looks at
 //     before it names the waiter to wake (TestWaitersNeverMissAnOutcome).
 //   - Bounded: the legacy records remembered (Config.MaxRecords, shared

@@ -3,6 +3,7 @@ package decide
 import (
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide/internal/lockcheck"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
@@ -37,7 +38,9 @@ func (c *Core) settleTable(pl *Plan, outs []seqstate.Outcome, now time.Time) {
 	if len(outs) == 0 {
 		return
 	}
+	lockcheck.Take("producer table")
 	pl.dropped = c.table.SettleBatchesDropped(outs, now, pl.dropped[:0])
+	lockcheck.Drop()
 	for _, d := range pl.dropped {
 		c.fly(d.Key, d.Batch, now)
 	}
@@ -67,7 +70,7 @@ func (pl *Plan) resendOf(k seqstate.Key, b seqstate.Batch) bool {
 // fly keeps b of key k as flying.
 func (c *Core) fly(k seqstate.Key, b seqstate.Batch, now time.Time) {
 	p, sh := c.parts.get(partKeyOf(k.Topic, k.Partition))
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	c.pruneFlying(p, now)
 	for i := range p.flying {
 		if f := &p.flying[i]; f.key == k && f.batch == b {
@@ -85,7 +88,7 @@ func (c *Core) fly(k seqstate.Key, b seqstate.Batch, now time.Time) {
 // land forgets b of key k as flying: its outcome is settled.
 func (c *Core) land(k seqstate.Key, b seqstate.Batch, now time.Time) {
 	p, sh := c.parts.get(partKeyOf(k.Topic, k.Partition))
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	c.pruneFlying(p, now)
 	for i := range p.flying {
 		if f := &p.flying[i]; f.key == k && f.batch == b {
@@ -122,7 +125,7 @@ func (c *Core) awaitFlying(k seqstate.Key, b seqstate.Batch, conn ConnID, now ti
 		return false
 	}
 	p, sh := c.parts.get(partKeyOf(k.Topic, k.Partition))
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	c.pruneFlying(p, now)
 	for _, f := range p.flying {
 		if f.key == k && f.batch.Epoch == b.Epoch && f.batch.FirstSeq == b.FirstSeq && f.batch.Count == b.Count &&

@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/dedupproxy/dedupproxy/decide/internal/lockcheck"
 	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -62,10 +63,13 @@ func (c *Core) outcome(pl *Plan, sc *protocol.ProduceResponseScanner, body []byt
 	return c.wakeUpstream(pl, wake), err
 }
 
-// wakeUpstream signals an event on every partition pl sent upstream, once
-// the state their waiters look at is settled: a waiter that registered
-// after the signal found that state settled already.
+// wakeUpstream signals an event on every partition pl sent upstream, and
+// names the waiters of the legacy batches it settled (pl.woken),
+// once the state their waiters look at is settled: a waiter that
+// registered after the signal found that state settled already.
 func (c *Core) wakeUpstream(pl *Plan, wake []ConnID) []ConnID {
+	wake = append(wake, pl.woken...)
+	pl.woken = pl.woken[:0]
 	for i := range pl.Parts {
 		if pl.Parts[i].Act != Answer {
 			st := &pl.st[i]
@@ -125,7 +129,7 @@ func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartitio
 		if pr.ErrorCode == 0 {
 			p.seen = max(p.seen, pr.BaseOffset)
 		}
-		sh.mu.Unlock()
+		sh.unlock()
 	}
 }
 
@@ -133,7 +137,7 @@ func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartitio
 // -1 if none: a batch sent now lies past it in the log.
 func (c *Core) seenOf(topic seqstate.TopicID, partition int32) int64 {
 	p, sh := c.parts.get(partKeyOf(topic, partition))
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	return p.seen
 }
 
@@ -164,7 +168,9 @@ func (c *Core) rebuiltAnswer(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 	return protocol.LocalPartitionResult{BaseOffset: base, LogAppendTime: pr.LogAppendTime, LogStartOffset: pr.LogStartOffset}
 }
 
-// outcomeLegacy settles the records part i sent upstream.
+// outcomeLegacy settles the records part i sent upstream, under their
+// instance's lock, and names the batch's waiters to wake (pl.woken); a batch
+// whose offsets only the log can tell is then filed with its partition.
 func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartition, written bool, now time.Time) {
 	st := &pl.st[i]
 	b := st.b.B
@@ -173,11 +179,21 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 	}
 	in := pl.conn.Inst
 	in.Lock()
-	defer in.Unlock()
 	if !st.b.Live() || b.Phase != sent.InFlight {
+		in.Unlock()
 		return
 	}
-	ns := now.UnixNano()
+	c.settleOutcome(pl, st, b, pr, written, now.UnixNano())
+	pl.woken = b.Woken(pl.woken)
+	ref, resolving := b.Ref(), b.Phase == sent.Resolving
+	in.Unlock()
+	if resolving {
+		c.listUnknown(ref, now.UnixNano())
+	}
+}
+
+// settleOutcome is outcomeLegacy's settling, with b's instance locked.
+func (c *Core) settleOutcome(pl *Plan, st *partState, b *sent.Batch, pr *protocol.ProduceResponsePartition, written bool, ns int64) {
 	if !written {
 		// Not written: nothing of it is in the log. (The records the
 		// proxy matched, in st.m, were appended long ago; the client, told
@@ -212,25 +228,26 @@ func (c *Core) outcomeLegacy(pl *Plan, i int, pr *protocol.ProduceResponsePartit
 		// acknowledgement, and the log has the offsets.
 		b.Phase = sent.Resolving
 		b.Inst.Disown(b)
-		c.listUnknown(b, ns)
 	} else if b.Conn == nil || !b.Conn.Open {
 		b.Inst.Disown(b)
 	}
 }
 
-// listUnknown files b with its partition, whose next tail read settles it.
-// Past maxUnknown, b is settled at once as if the read had not found it:
-// a retry of it is forwarded, at worst a duplicate, as without the proxy.
-// Call with b's instance locked (the partition's is taken inside).
-func (c *Core) listUnknown(b *sent.Batch, ns int64) {
-	p, sh := c.parts.get(partKeyOf(b.Topic, b.Partition))
+// listUnknown files batch ref with its partition, whose next tail read
+// settles it; call with no lock held. Past maxUnknown, it is settled at
+// once as if the read had not found it: a retry of it is forwarded, at
+// worst a duplicate, as without the proxy. (A read that ends between the
+// batch's change and this finds it unlisted: a retry waiting on it asks
+// for another.)
+func (c *Core) listUnknown(ref sent.Ref, ns int64) {
+	p, sh := c.parts.get(partKeyOf(ref.B.Topic, ref.B.Partition))
 	full := len(p.unknown) >= maxUnknown
 	if !full {
-		p.unknown = append(p.unknown, b.Ref())
+		p.unknown = append(p.unknown, ref)
 	}
-	sh.mu.Unlock()
+	sh.unlock()
 	if full {
-		c.settleLocked(b, nil, false, ns)
+		c.settleFromLog(ref, nil, false, ns)
 	}
 }
 
@@ -327,12 +344,16 @@ func (c *Core) lostPart(pl *Plan, i int, now time.Time) {
 	} else if b := st.b.B; b != nil {
 		in := pl.conn.Inst
 		in.Lock()
-		if st.b.Live() && b.Phase == sent.InFlight {
-			b.Phase = sent.Unknown
-			b.Inst.Disown(b)
-			c.listUnknown(b, now.UnixNano())
+		if !st.b.Live() || b.Phase != sent.InFlight {
+			in.Unlock()
+			return
 		}
+		b.Phase = sent.Unknown
+		b.Inst.Disown(b)
+		pl.woken = b.Woken(pl.woken)
+		ref := b.Ref()
 		in.Unlock()
+		c.listUnknown(ref, now.UnixNano())
 	}
 }
 
@@ -421,7 +442,9 @@ func (c *Core) commitKeys(pl *Plan, i int, base int64, now time.Time) {
 				off = base + delta
 			}
 			lo, hi := keyOf(k, st.key)
+			lockcheck.Take("key table")
 			c.keys.Commit(lo, hi, off, now)
+			lockcheck.Drop()
 		}
 		delta++
 	}

@@ -3,6 +3,7 @@ package decide
 import (
 	"sync"
 
+	"github.com/dedupproxy/dedupproxy/decide/internal/lockcheck"
 	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
@@ -61,6 +62,9 @@ type partShard struct {
 	_  [48]byte
 }
 
+func (sh *partShard) lock()   { lockcheck.Take("partition shard"); sh.mu.Lock() }
+func (sh *partShard) unlock() { sh.mu.Unlock(); lockcheck.Drop() }
+
 func (ps *partitions) init() {
 	for i := range ps.shards {
 		ps.shards[i].m = map[seqstate.Key]*partition{}
@@ -81,7 +85,7 @@ func (ps *partitions) shard(k seqstate.Key) *partShard {
 // and the log records kept, never a wrong decision.
 func (ps *partitions) get(k seqstate.Key) (*partition, *partShard) {
 	sh := ps.shard(k)
-	sh.mu.Lock()
+	sh.lock()
 	p, ok := sh.m[k]
 	if !ok {
 		if len(sh.m) >= maxPartsPerShard {
@@ -123,7 +127,7 @@ func (p *partition) event(wake []ConnID) []ConnID {
 func (c *Core) wakePartition(k seqstate.Key, wake []ConnID) []ConnID {
 	p, sh := c.parts.get(k)
 	wake = p.event(wake)
-	sh.mu.Unlock()
+	sh.unlock()
 	return wake
 }
 
@@ -137,7 +141,7 @@ func (c *Core) unwait(conn ConnID, keys []seqstate.Key) {
 				break
 			}
 		}
-		sh.mu.Unlock()
+		sh.unlock()
 	}
 }
 
@@ -145,7 +149,7 @@ func (c *Core) unwait(conn ConnID, keys []seqstate.Key) {
 // unknown.
 func (c *Core) LogStart(topic seqstate.TopicID, partition int32) int64 {
 	p, sh := c.parts.get(partKeyOf(topic, partition))
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	return p.logStart
 }
 
@@ -157,7 +161,7 @@ func (c *Core) setLogStart(topic seqstate.TopicID, partition int32, v int64) {
 	}
 	p, sh := c.parts.get(partKeyOf(topic, partition))
 	p.logStart = v
-	sh.mu.Unlock()
+	sh.unlock()
 }
 
 // Rewarm makes a partition read its tail again before its next decision,
@@ -169,13 +173,13 @@ func (c *Core) rewarm(topic seqstate.TopicID, partition int32) {
 	if p.warm == warm {
 		p.warm, p.warmed = cold, false
 	}
-	sh.mu.Unlock()
+	sh.unlock()
 }
 
 // Warm reports whether a partition's tail has been read since start (or
 // its read failed, and it is decided without).
 func (c *Core) Warm(topic seqstate.TopicID, partition int32) bool {
 	p, sh := c.parts.get(partKeyOf(topic, partition))
-	defer sh.mu.Unlock()
+	defer sh.unlock()
 	return p.warm == warm
 }

@@ -49,28 +49,39 @@ type Plan struct {
 	drops   []bool
 	matches []match
 	undo    []sent.Undo
-	logUndo []logUndo
 	waitOn  []seqstate.Key
-	done    []bool
-	settled bool // Outcome or Lost ran
+	// waitFor: batches in flight that legacy records repeat, whose
+	// outcome the request waits for; tailWant: partitions whose tail
+	// settles a batch a record repeats.
+	waitFor  []*sent.Batch
+	tailWant []seqstate.Key
+	woken    []ConnID // waiters of the legacy batches an outcome settled, to wake
+	done     []bool
+	settled  bool // Outcome or Lost ran
 }
 
 // partState is what the plan keeps of one part.
 type partState struct {
-	ti, pi  int
-	legacy  bool
-	mode    Mode
-	match   Match
-	exact   bool   // legacy: a record's timestamp is part of its identity
-	header  string // idempotency key header
-	pass    int8
-	key     seqstate.Key // idempotent: the producer's key; legacy: the partition (ProducerID -1)
-	batch   seqstate.Batch
-	maxTS   int64
-	pending bool // idempotent: registered in the table
-	flying  bool // idempotent: a resend of a flying batch (flying.go), waiting for it
-	flew    bool // idempotent: forwarded without a registration in the table, kept flying until its answer
-	commit  bool // idempotent: commit if appended
+	ti, pi int
+	legacy bool
+	mode   Mode
+	match  Match
+	exact  bool   // legacy: a record's timestamp is part of its identity
+	header string // idempotency key header
+	pass   int8
+	key    seqstate.Key // idempotent: the producer's key; legacy: the partition (ProducerID -1)
+	batch  seqstate.Batch
+	maxTS  int64
+	// legacy: what its partition said before the instance was locked
+	// (partFacts): records read back from its log may match (logged), its
+	// log start offset, the highest offset answered for it.
+	logged   bool
+	logStart int64
+	seen     int64
+	pending  bool // idempotent: registered in the table
+	flying   bool // idempotent: a resend of a flying batch (flying.go), waiting for it
+	flew     bool // idempotent: forwarded without a registration in the table, kept flying until its answer
+	commit   bool // idempotent: commit if appended
 	// legacy: m holds the records it repeats, b those sent upstream
 	m, b            sent.Ref
 	idsAt, idsEnd   int // this part's record IDs in Plan.ids
@@ -96,19 +107,6 @@ const (
 	matchTail
 )
 
-// logUndo restores a log record used up by a decision that ended in a
-// wait (index i of the history it was in, even if replaced since), or one
-// of the log's chain heads (at logKey in logIdx), under the lock that
-// guards them.
-type logUndo struct {
-	shard  *partShard
-	log    []logRec
-	i      int32
-	logIdx map[uint64]int32
-	logKey uint64
-	head   int32
-}
-
 // timedOut answers a part whose outcome the proxy cannot know in time:
 // REQUEST_TIMED_OUT is retriable in every client, and its retry is decided
 // afresh.
@@ -129,7 +127,9 @@ func (pl *Plan) reset(req *Request) {
 	clear(pl.st)
 	pl.seqOps, pl.seqIdx, pl.seqOuts = pl.seqOps[:0], pl.seqIdx[:0], pl.seqOuts[:0]
 	pl.ids, pl.keys, pl.drops, pl.matches = pl.ids[:0], pl.keys[:0], pl.drops[:0], pl.matches[:0]
-	pl.undo, pl.logUndo, pl.waitOn = pl.undo[:0], pl.logUndo[:0], pl.waitOn[:0]
+	pl.undo, pl.waitOn, pl.tailWant = pl.undo[:0], pl.waitOn[:0], pl.tailWant[:0]
+	clear(pl.waitFor)
+	pl.waitFor, pl.woken = pl.waitFor[:0], pl.woken[:0]
 	pl.settled = false
 	for i := range pl.Parts {
 		pl.Parts[i].Verdict.Pass = -1

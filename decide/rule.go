@@ -1,8 +1,10 @@
 package decide
 
 import (
+	"slices"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide/internal/lockcheck"
 	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -39,10 +41,12 @@ func (c *Core) identify(req *Request, pl *Plan) {
 }
 
 // matchLegacy applies the rule (docs/legacy.md, "The rule") to every
-// legacy part of req, with the instance locked: for each record, what it
-// repeats, if anything. Records it takes as retries are used up at once
-// (each earlier record answers for one retry); rollback restores them
-// when the request ends up waiting.
+// legacy part of req, with the instance locked: for each record, what of
+// its instance's it repeats, if anything. Records it takes as retries are
+// used up at once (each earlier record answers for one retry); rollback
+// restores them when the request ends up waiting. A part whose partition
+// has records read back from its log gets its verdict once matchLogs has
+// looked there too.
 func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 	conn, in := req.Conn, req.Conn.Inst
 	ns := now.UnixNano()
@@ -54,8 +58,7 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 		st.key = seqstate.Key{ProducerID: -1, Topic: p.Topic, Partition: p.Partition, Principal: conn.Principal}
 		ids := pl.ids[st.idsAt:st.idsEnd]
 		ms := pl.matches[st.idsAt:st.idsEnd]
-		logged := conn.Principal == 0 && c.hasLog(p.Topic, p.Partition, ns)
-		if !in.AnyDisowned() && !logged && !in.AnyOtherUndelivered(conn, p.Topic, p.Partition) {
+		if !in.AnyDisowned() && !st.logged && !in.AnyOtherUndelivered(conn, p.Topic, p.Partition) {
 			continue // nothing this batch could repeat: the common case
 		}
 		var prev sent.Candidate
@@ -71,10 +74,44 @@ func (c *Core) matchLegacy(req *Request, pl *Plan, now time.Time) {
 				continue
 			}
 			prev = sent.Candidate{}
-			if logged {
-				ms[j] = c.matchLog(pl, p, ids[j], st.mode == Enforce, ns)
+		}
+		if !st.logged {
+			c.verdictLegacy(pl, i, ms, st.mode)
+		}
+	}
+}
+
+// anyUnlockedWork reports whether a legacy part of pl is still to be
+// matched with its instance let go: against its partition's log, or
+// against the idempotency keys.
+func (c *Core) anyUnlockedWork(pl *Plan) bool {
+	for i := range pl.st {
+		st := &pl.st[i]
+		if st.legacy && st.pass < 0 && (st.logged || st.header != "" && c.keys != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchLogs matches the records of each part whose partition has records
+// read back from its log that repeat nothing of their instance's, under
+// the partition's lock alone, and sets those parts' verdicts.
+func (c *Core) matchLogs(req *Request, pl *Plan, now time.Time) {
+	ns := now.UnixNano()
+	for i := range req.Parts {
+		p, st := &req.Parts[i], &pl.st[i]
+		if !st.legacy || st.pass >= 0 || !st.logged {
+			continue
+		}
+		ids, ms := pl.ids[st.idsAt:st.idsEnd], pl.matches[st.idsAt:st.idsEnd]
+		part, sh := c.parts.get(partKeyOf(p.Topic, p.Partition))
+		for j := range ms {
+			if ms[j].kind == matchNone {
+				ms[j] = c.matchLog(part, ids[j], st.mode == Enforce, ns)
 			}
 		}
+		sh.unlock()
 		c.verdictLegacy(pl, i, ms, st.mode)
 	}
 }
@@ -166,12 +203,14 @@ func (c *Core) classify(pl *Plan, conn *Conn, in *sent.Instance, p *Part, st *pa
 	switch {
 	case b.Phase == sent.InFlight:
 		if enforce {
-			pl.waitOn = appendKey(pl.waitOn, partKeyOf(b.Topic, b.Partition))
+			// Waited for under the instance's lock, which its outcome
+			// is settled under (sent.Batch.Await).
+			pl.waitFor = append(pl.waitFor, b)
 		}
 		return match{kind: matchWait, rule: RuleInFlight}
 	case b.Phase == sent.Unknown || (r.Off == sent.OffUnknown && b.Phase == sent.Resolving):
 		if enforce {
-			c.needTail(pl, b)
+			pl.tailWant = appendKey(pl.tailWant, partKeyOf(b.Topic, b.Partition))
 		}
 		return match{kind: matchTail, rule: RuleRetry}
 	}
@@ -197,25 +236,25 @@ func appendKey(keys []seqstate.Key, k seqstate.Key) []seqstate.Key {
 	return append(keys, k)
 }
 
-// needTail asks for a read of b's partition, whose log settles b.
-func (c *Core) needTail(pl *Plan, b *sent.Batch) {
-	k := partKeyOf(b.Topic, b.Partition)
-	p, sh := c.parts.get(k)
-	defer sh.mu.Unlock()
-	if p.warm == reading {
-		// Registered under the partition's lock: the read cannot end
-		// unseen between here and the wait.
-		p.await(pl.conn.ID())
-		pl.waitOn = appendKey(pl.waitOn, k)
-		return
-	}
-	p.warm = reading
-	for _, t := range pl.Tails {
-		if t.Topic == k.Topic && t.Partition == k.Partition {
-			return
+// askTails asks for a read of each partition whose log settles a batch a
+// record repeats, or waits for the read under way: each partition's lock
+// taken alone, after the instance's was let go. (A read that ended
+// meanwhile settled the batch: it is read again, at worst once too often.)
+func (c *Core) askTails(pl *Plan) {
+	for _, k := range pl.tailWant {
+		p, sh := c.parts.get(k)
+		switch {
+		case p.warm == reading:
+			// Registered under the partition's lock: the read cannot end
+			// unseen between here and the wait.
+			p.await(pl.conn.ID())
+			pl.waitOn = appendKey(pl.waitOn, k)
+		case !slices.Contains(pl.Tails, TailKey{k.Topic, k.Partition}):
+			p.warm = reading
+			pl.Tails = append(pl.Tails, TailKey{k.Topic, k.Partition})
 		}
+		sh.unlock()
 	}
-	pl.Tails = append(pl.Tails, TailKey{k.Topic, k.Partition})
 }
 
 // rollback restores the records a decision that ends in a wait used up.
@@ -225,17 +264,6 @@ func (c *Core) rollback(pl *Plan) {
 		pl.undo[k].Restore()
 	}
 	pl.undo = pl.undo[:0]
-	for k := len(pl.logUndo) - 1; k >= 0; k-- {
-		u := &pl.logUndo[k]
-		u.shard.mu.Lock()
-		if u.logIdx != nil {
-			u.logIdx[u.logKey] = u.head
-		} else {
-			u.log[u.i].taken = false
-		}
-		u.shard.mu.Unlock()
-	}
-	pl.logUndo = pl.logUndo[:0]
 }
 
 // unmatch makes part i new data again (its records are not dropped).
@@ -296,48 +324,28 @@ func (c *Core) verdictLegacy(pl *Plan, i int, ms []match, mode Mode) {
 // matchLog matches a record against the records read back from its
 // partition's log after a restart (docs/legacy.md, "After a restart"): the
 // same key, value, headers and timestamp, sent by ANONYMOUS (the only
-// principal a log can vouch for).
-func (c *Core) matchLog(pl *Plan, p *Part, id protocol.RecordID, enforce bool, ns int64) match {
-	k := partKeyOf(p.Topic, p.Partition)
-	part, sh := c.parts.get(k)
-	defer sh.mu.Unlock()
+// principal a log can vouch for). Call with part's shard locked. Nothing
+// it takes is given back: no decision waits after it.
+func (c *Core) matchLog(part *partition, id protocol.RecordID, enforce bool, ns int64) match {
 	h := mixTS(id.Hash, id.Timestamp)
 	if id.Hash == 0 {
 		return match{}
 	}
-	head := true
 	for j := part.logIdx[h]; j != 0; {
 		r := &part.log[j-1]
-		idx := j - 1
 		j = r.next
 		if r.hash != h || r.taken || r.until <= ns {
-			if head {
-				// Never matches again (or is restored with the head
-				// by a rollback): the chain starts past it, so that
-				// identical records cost O(1) each.
-				pl.logUndo = append(pl.logUndo, logUndo{shard: sh, logIdx: part.logIdx, logKey: h, head: idx + 1})
-				part.logIdx[h] = j
-			}
+			// Never matches again: the chain starts past it, so that
+			// identical records cost O(1) each.
+			part.logIdx[h] = j
 			continue
 		}
 		if enforce {
 			r.taken = true
-			pl.logUndo = append(pl.logUndo, logUndo{shard: sh, log: part.log, i: idx})
 		}
 		return match{kind: matchDrop, off: r.off, rule: RuleLog, at: -1, age: ns - (r.until - c.legacy.Window)}
 	}
 	return match{}
-}
-
-// hasLog reports whether records read back from partition's log may still
-// be matched at ns; once none may, they are let go.
-func (c *Core) hasLog(topic seqstate.TopicID, partition int32, ns int64) bool {
-	p, sh := c.parts.get(partKeyOf(topic, partition))
-	defer sh.mu.Unlock()
-	if len(p.log) > 0 && p.logUntil <= ns {
-		p.log, p.logIdx = nil, nil
-	}
-	return len(p.log) > 0
 }
 
 // keysLegacy drops the records of legacy parts whose idempotency key was
@@ -368,7 +376,9 @@ func (c *Core) keysLegacy(req *Request, pl *Plan, now time.Time) {
 				continue
 			}
 			lo, hi := keyOf(k, st.key)
+			lockcheck.Take("key table")
 			off, ok := c.keys.Lookup(lo, hi, now)
+			lockcheck.Drop()
 			if !ok {
 				continue
 			}
@@ -411,7 +421,7 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 		}
 		ids, ms := pl.ids[st.idsAt:st.idsEnd], pl.matches[st.idsAt:st.idsEnd]
 		if pp.Act == Answer {
-			pp.Local = c.answerOf(p, ms)
+			pp.Local = c.answerOf(ms, st.logStart)
 		}
 		if req.Acks != -1 {
 			// Only an acks=all append is durable: an unclean leader
@@ -448,7 +458,7 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 			// Another client's batch of the same records may be in the log
 			// before it: looking for it there starts past what was
 			// answered before it was sent (settleLocked).
-			f.After = c.seenOf(p.Topic, p.Partition)
+			f.After = st.seen
 			for j := range ids {
 				if pp.Act == Rebuild && ms[j].kind == matchDrop {
 					continue
@@ -472,7 +482,7 @@ func (c *Core) registerLegacy(req *Request, pl *Plan, now time.Time) {
 
 // answerOf is the proxy's answer to a legacy part it answers whole: error
 // 0, and the one base offset true for all its records, or -1.
-func (c *Core) answerOf(p *Part, ms []match) protocol.LocalPartitionResult {
+func (c *Core) answerOf(ms []match, logStart int64) protocol.LocalPartitionResult {
 	base := baseOf(func(j int) int64 { return ms[j].off }, len(ms))
 	at := ms[0].at
 	for _, m := range ms {
@@ -480,5 +490,5 @@ func (c *Core) answerOf(p *Part, ms []match) protocol.LocalPartitionResult {
 			at = -1
 		}
 	}
-	return protocol.LocalPartitionResult{BaseOffset: base, LogAppendTime: at, LogStartOffset: c.LogStart(p.Topic, p.Partition)}
+	return protocol.LocalPartitionResult{BaseOffset: base, LogAppendTime: at, LogStartOffset: logStart}
 }

@@ -596,6 +596,9 @@ func (r *runner) printPlan(sr *scriptReq) string {
 			on = append(on, fmt.Sprintf("p%d", k.Partition))
 		}
 		sort.Strings(on)
+		if len(pl.waitFor) > 0 {
+			on = append([]string{"batches in flight"}, on...)
+		}
 		if len(on) == 0 {
 			return "decide again at once"
 		}

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/dedupproxy/dedupproxy/decide/internal/lockcheck"
 	"github.com/dedupproxy/dedupproxy/decide/sent"
 	"github.com/dedupproxy/dedupproxy/protocol"
 	"github.com/dedupproxy/dedupproxy/seqstate"
@@ -41,7 +42,7 @@ func (c *Core) tailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 	{
 		p, sh := c.parts.get(pk)
 		first = !p.warmed
-		sh.mu.Unlock()
+		sh.unlock()
 	}
 	for len(records) > 0 {
 		var bh protocol.BatchHeader
@@ -65,7 +66,9 @@ func (c *Core) tailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 			// principal wrote it: ANONYMOUS (docs/security.md).
 			key := seqstate.Key{ProducerID: bh.ProducerID, Topic: k.Topic, Partition: k.Partition}
 			batch := seqstate.Batch{Epoch: bh.ProducerEpoch, FirstSeq: bh.BaseSequence, Count: bh.LastOffsetDelta + 1}
+			lockcheck.Take("producer table")
 			c.table.CommitLogged(key, batch, bh.BaseOffset, bh.MaxTimestamp, now)
+			lockcheck.Drop()
 		case match != MatchOff:
 			var err error
 			ids = ids[:0]
@@ -94,7 +97,9 @@ func (c *Core) tailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 				for j, rk := range keys {
 					if rk.Present {
 						lo, hi := keyOf(rk, seqstate.Key{Topic: k.Topic})
+						lockcheck.Take("key table")
 						c.keys.Commit(lo, hi, bh.BaseOffset+int64(j), now)
+						lockcheck.Drop()
 					}
 				}
 			}
@@ -130,7 +135,7 @@ func (c *Core) tailRead(k TailKey, records []byte, now time.Time, wake []ConnID)
 	p.warmed = true
 	unknowns := p.unknown
 	p.unknown = nil
-	sh.mu.Unlock()
+	sh.unlock()
 	for _, ref := range unknowns {
 		c.settleFromLog(ref, batches, true, ns)
 	}
@@ -143,7 +148,7 @@ func (c *Core) tailDone(k seqstate.Key, wake []ConnID) []ConnID {
 	p, sh := c.parts.get(k)
 	p.warm = warm
 	wake = p.event(wake)
-	sh.mu.Unlock()
+	sh.unlock()
 	return wake
 }
 
@@ -157,7 +162,7 @@ func (c *Core) tailFailed(k TailKey, now time.Time, wake []ConnID) []ConnID {
 	p.warmed = true
 	unknowns := p.unknown
 	p.unknown = nil
-	sh.mu.Unlock()
+	sh.unlock()
 	for _, ref := range unknowns {
 		c.settleFromLog(ref, nil, false, now.UnixNano())
 	}

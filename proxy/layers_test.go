@@ -16,7 +16,7 @@ import (
 // never one of its own layer or above, so imports run one way and no cycle
 // can form.
 var layers = [][]string{
-	{"protocol", "seqstate", "owner", "certprincipal", "clock"},
+	{"protocol", "seqstate", "owner", "certprincipal", "clock", "decide/internal/lockcheck"},
 	{"decide/sent", "protocol/rewrite"},
 	{"decide"},
 	{"config"},

@@ -2,20 +2,31 @@ package sent
 
 import (
 	"fmt"
+	"slices"
 
+	"github.com/dedupproxy/dedupproxy/decide/internal/lockcheck"
 	"github.com/dedupproxy/dedupproxy/seqstate"
 )
 
 // Lock locks in: every method of an instance, its connections and its
 // batches but the few that say otherwise is called with it locked.
-func (in *Instance) Lock() { in.mu.Lock() }
+func (in *Instance) Lock() { in.lock() }
 
 // Unlock unlocks in.
-func (in *Instance) Unlock() { in.mu.Unlock() }
+func (in *Instance) Unlock() { in.unlock() }
+
+// The core holds one of its locks at a time (docs/architecture.md,
+// "Locks"); a lockcheck build checks it at each of these.
+func (in *Instance) lock()      { lockcheck.Take("client instance"); in.mu.Lock() }
+func (in *Instance) unlock()    { in.mu.Unlock(); lockcheck.Drop() }
+func (sh *legacyShard) lock()   { lockcheck.Take("instance map shard"); sh.mu.Lock() }
+func (sh *legacyShard) unlock() { sh.mu.Unlock(); lockcheck.Drop() }
+func (ps *principals) lock()    { lockcheck.Take("principals"); ps.pmu.Lock() }
+func (ps *principals) unlock()  { ps.pmu.Unlock(); lockcheck.Drop() }
 
 // Seen records that in's client was active at now (ns): the longest idle
 // instance is the first forgotten past the store's bounds.
-func (in *Instance) Seen(now int64) { in.lastSeen = now }
+func (in *Instance) Seen(now int64) { in.lastSeen.Store(now) }
 
 // AnyDisowned reports whether in holds a batch whose acknowledgement its
 // client may not hold.
@@ -29,6 +40,24 @@ func (in *Instance) Disowned() []*Batch { return in.disowned }
 // unless the store's instances are by host).
 func (in *Instance) Key() (principal uint32, clientID string, host [16]byte) {
 	return in.key.principal, in.key.id, in.key.host
+}
+
+// Await registers connection id as waiting for b's outcome (b is
+// InFlight): registered under the lock its outcome is settled under, it
+// cannot miss it.
+func (b *Batch) Await(id ConnID) {
+	if !slices.Contains(b.waiters, id) {
+		b.waiters = append(b.waiters, id)
+	}
+}
+
+// Woken appends b's waiters to wake and forgets them: call it when b leaves
+// InFlight, with the state they look at settled.
+func (b *Batch) Woken(wake []ConnID) []ConnID {
+	wake = append(wake, b.waiters...)
+	clear(b.waiters)
+	b.waiters = b.waiters[:0]
+	return wake
 }
 
 // ID returns the connection's number.
@@ -46,8 +75,8 @@ func (c *Conn) Gone() bool { return c.gone.Load() }
 // when conn was closed before. It locks conn's instance.
 func (ls *Store) Close(conn *Conn, clean bool, now int64) bool {
 	in := conn.Inst
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.lock()
+	defer in.unlock()
 	if !conn.Open {
 		return false
 	}
@@ -66,8 +95,8 @@ func (ls *Store) Close(conn *Conn, clean bool, now int64) bool {
 // Siblings appends to dst the other open connections of conn's instance.
 // It locks the instance.
 func (in *Instance) Siblings(conn *Conn, dst []ConnID) []ConnID {
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.lock()
+	defer in.unlock()
 	for _, o := range in.open {
 		if o != conn {
 			dst = append(dst, o.id)
@@ -79,8 +108,8 @@ func (in *Instance) Siblings(conn *Conn, dst []ConnID) []ConnID {
 // Sibling returns the open connection id of conn's instance other than
 // conn, or nil. It locks the instance.
 func (in *Instance) Sibling(conn *Conn, id ConnID) *Conn {
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.lock()
+	defer in.unlock()
 	for _, o := range in.open {
 		if o.id == id && o != conn {
 			return o
@@ -120,12 +149,10 @@ func (ls *Store) Adopt(principal uint32, clientID string, host [16]byte, topic s
 	if ls.byHost {
 		k.host = host
 	}
-	sh := ls.shardOf(k)
-	sh.mu.Lock()
-	in := sh.instance(k, now)
-	in.mu.Lock()
-	sh.mu.Unlock()
-	defer in.mu.Unlock()
+	in := ls.pin(k, now)
+	in.lock()
+	defer in.unlock()
+	defer in.users.Add(-1)
 	b := in.alloc()
 	b.Recs = b.Recs[:0]
 	for j, hash := range hashes {

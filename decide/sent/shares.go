@@ -40,8 +40,8 @@ type principals struct {
 
 // use returns principal id's use, counting one more instance of it.
 func (ps *principals) use(id uint32) *principalUse {
-	ps.pmu.Lock()
-	defer ps.pmu.Unlock()
+	ps.lock()
+	defer ps.unlock()
 	if ps.princ == nil {
 		ps.princ = map[uint32]*principalUse{}
 	}
@@ -56,8 +56,8 @@ func (ps *principals) use(id uint32) *principalUse {
 
 // drop counts one instance of pu fewer, forgetting pu with its last.
 func (ps *principals) drop(pu *principalUse) {
-	ps.pmu.Lock()
-	defer ps.pmu.Unlock()
+	ps.lock()
+	defer ps.unlock()
 	if pu.insts--; pu.insts == 0 && ps.princ[pu.id] == pu {
 		delete(ps.princ, pu.id)
 	}
@@ -158,8 +158,8 @@ func (ls *Store) Instances() []*Instance {
 // then the oldest whose acknowledgement its client may not hold; it
 // returns how many went.
 func (in *Instance) evict(want int64) int64 {
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.lock()
+	defer in.unlock()
 	before := in.held.Load()
 	for _, conn := range in.open {
 		if before-in.held.Load() >= want {
@@ -197,8 +197,8 @@ type PrincipalUse struct {
 
 // Use appends to dst what each principal with client instances holds.
 func (ps *principals) Use(dst []PrincipalUse) []PrincipalUse {
-	ps.pmu.Lock()
-	defer ps.pmu.Unlock()
+	ps.lock()
+	defer ps.unlock()
 	for _, pu := range ps.princ {
 		dst = append(dst, PrincipalUse{Principal: pu.id, Held: pu.held.Load(), Evicted: pu.evicted.Load()})
 	}

@@ -93,6 +93,9 @@ type Batch struct {
 	AppendTime int64 // the broker's log append time, -1 for CreateTime
 	After      int64 // the highest offset answered for its partition before it was sent: it lies past it
 	Recs       []Rec
+	// waiters are the connections whose request waits for its outcome
+	// (while InFlight).
+	waiters []ConnID
 }
 
 // Ref refers to a batch as it was when taken (Batch.Ref).
@@ -148,6 +151,11 @@ type Instance struct {
 	pu    *principalUse
 	held  atomic.Int64 // records held in its batches (read without mu by makeRoom)
 	conns int          // open connections
+	// users counts its open connections and the callers about to use it
+	// (pin): only an instance with none is evicted. Added to only under
+	// its shard's lock, so that an eviction, which looks under that lock
+	// alone, never takes an instance someone is about to use.
+	users atomic.Int32
 	// undelivered lists, per partition, the batches not yet answered to
 	// their connection: a batch to the same partition from another
 	// connection may be their retry.
@@ -163,7 +171,7 @@ type Instance struct {
 	index    recIndex
 	dirty    bool
 	sweepAt  int64 // ns: no disowned batch's window ends before
-	lastSeen int64
+	lastSeen atomic.Int64 // ns (read by evictIdle without the instance's lock)
 	open     []*Conn  // its open connections
 	free     []*Batch // forgotten batches kept for reuse
 	// live indexes the records of undelivered batches, built when a young
@@ -183,7 +191,7 @@ type Instance struct {
 const youngRequests = 256
 
 // legacyShard holds a share of the instances; its lock guards only the
-// map (taken before an instance's, never after).
+// map, and is never held with another.
 type legacyShard struct {
 	mu    sync.Mutex
 	ls    *Store
@@ -250,29 +258,49 @@ func (ls *Store) Connect(id ConnID, principal uint32, clientID string, host neti
 	if ls.byHost {
 		k.host = host.As16()
 	}
-	sh := ls.shardOf(k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	in := sh.instance(k, now)
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in := ls.pin(k, now) // the pin is the connection's use, let go when it closes
+	in.lock()
+	defer in.unlock()
 	in.conns++
-	in.lastSeen = now
+	in.lastSeen.Store(now)
 	conn := &Conn{id: id, Principal: principal, Inst: in, Named: named, Restamps: restamps, Open: true}
 	in.open = append(in.open, conn)
 	return conn
 }
 
-// instance returns k's instance, made if need be; call with the shard
-// locked.
-func (sh *legacyShard) instance(k instKey, now int64) *Instance {
+// pin returns k's instance, made if need be, with one more user: it is not
+// evicted until that user lets go (users). Each lock it takes, it takes
+// alone.
+func (ls *Store) pin(k instKey, now int64) *Instance {
+	sh := ls.shardOf(k)
+	sh.lock()
+	if in := sh.insts[k]; in != nil {
+		in.users.Add(1)
+		sh.unlock()
+		return in
+	}
+	sh.unlock()
+	pu := ls.use(k.principal)
+	sh.lock()
 	in := sh.insts[k]
-	if in == nil {
+	made := in == nil
+	var victim *Instance
+	if made {
 		if len(sh.insts) >= maxInstancesPerShard {
-			sh.evictIdle(now)
+			victim = sh.evictIdle()
 		}
-		in = &Instance{key: k, ls: sh.ls, pu: sh.ls.use(k.principal), undelivered: map[partKey][]*Batch{}, lastSeen: now}
+		in = &Instance{key: k, ls: ls, pu: pu, undelivered: map[partKey][]*Batch{}}
+		in.lastSeen.Store(now)
 		sh.insts[k] = in
+	}
+	in.users.Add(1)
+	sh.unlock()
+	if !made {
+		ls.drop(pu) // made meanwhile by another connection
+	}
+	if victim != nil {
+		victim.clear()
+		ls.drop(victim.pu)
 	}
 	return in
 }
@@ -286,7 +314,8 @@ func (in *Instance) closed(conn *Conn, now int64) {
 		}
 	}
 	in.conns--
-	in.lastSeen = now
+	in.users.Add(-1)
+	in.lastSeen.Store(now)
 	if in.conns < 2 {
 		in.live, in.liveDirty = recIndex{}, true // one connection: nothing to look up
 	}
@@ -313,8 +342,8 @@ const maxInstancesPerShard = 4096
 
 // all returns the shard's instances.
 func (sh *legacyShard) all() []*Instance {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	sh.lock()
+	defer sh.unlock()
 	out := make([]*Instance, 0, len(sh.insts))
 	for _, in := range sh.insts {
 		out = append(out, in)
@@ -322,30 +351,33 @@ func (sh *legacyShard) all() []*Instance {
 	return out
 }
 
-// evictIdle forgets the instance without connections seen longest ago;
-// call with the shard locked (each instance's lock is taken after it).
-func (sh *legacyShard) evictIdle(now int64) {
+// evictIdle removes from the shard, and returns, the instance without
+// users (no open connection, no one about to use it) seen longest ago, or
+// nil; call with the shard locked. The caller clears it once the shard is
+// unlocked: no one can find it any more.
+func (sh *legacyShard) evictIdle() *Instance {
 	var victim *Instance
 	for _, in := range sh.insts {
-		in.mu.Lock()
-		if in.conns == 0 && (victim == nil || in.lastSeen < victim.lastSeen) {
+		if in.users.Load() == 0 && (victim == nil || in.lastSeen.Load() < victim.lastSeen.Load()) {
 			victim = in
 		}
-		in.mu.Unlock()
 	}
-	if victim == nil {
-		return
+	if victim != nil {
+		delete(sh.insts, victim.key)
 	}
-	victim.mu.Lock()
-	for _, b := range victim.disowned {
+	return victim
+}
+
+// clear forgets an evicted instance's batches.
+func (in *Instance) clear() {
+	in.lock()
+	defer in.unlock()
+	for _, b := range in.disowned {
 		b.inDisowned = false
-		victim.forget(b)
+		in.forget(b)
 	}
-	victim.disowned, victim.disownedRecs = nil, 0
-	victim.free = nil
-	victim.mu.Unlock()
-	delete(sh.insts, victim.key)
-	sh.ls.drop(victim.pu)
+	in.disowned, in.disownedRecs = nil, 0
+	in.free = nil
 }
 
 // alloc takes a batch from the instance's free list.
@@ -368,9 +400,10 @@ func (in *Instance) forget(b *Batch) {
 	if b.Inst != nil {
 		b.Inst.DropUndelivered(b)
 	}
-	recs := b.Recs[:0]
+	recs, waiters := b.Recs[:0], b.waiters[:0]
+	clear(b.waiters)
 	gen := b.gen + 1
-	*b = Batch{gen: gen, Recs: recs}
+	*b = Batch{gen: gen, Recs: recs, waiters: waiters}
 	if len(in.free) < maxFreeBatches && cap(recs) <= maxFreeRecs {
 		in.free = append(in.free, b)
 	}
