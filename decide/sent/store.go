@@ -170,10 +170,10 @@ type Instance struct {
 	// are skipped by lookups meanwhile.
 	index    recIndex
 	dirty    bool
-	sweepAt  int64 // ns: no disowned batch's window ends before
+	sweepAt  int64        // ns: no disowned batch's window ends before
 	lastSeen atomic.Int64 // ns (read by evictIdle without the instance's lock)
-	open     []*Conn  // its open connections
-	free     []*Batch // forgotten batches kept for reuse
+	open     []*Conn      // its open connections
+	free     []*Batch     // forgotten batches kept for reuse
 	// live indexes the records of undelivered batches, built when a young
 	// connection looks one up (see youngRequests) and the batches changed
 	// since; entries of batches answered since are skipped.
