@@ -14,10 +14,10 @@ import (
 // log, and the legacy batches whose outcome only its log can tell.
 type partition struct {
 	warm     warmState
-	warmed   bool     // its first read since start is done (or failed)
-	waiters  []ConnID // requests waiting on an event here
-	logStart int64    // -1 unknown
-	seen     int64    // the highest base offset answered for it, -1 none
+	warmed   bool         // its first read since start is done (or failed)
+	waiters  sent.Waiters // requests waiting on an event here
+	logStart int64        // -1 unknown
+	seen     int64        // the highest base offset answered for it, -1 none
 	// log holds the legacy records read back from the tail, in log order,
 	// for a restart (docs/legacy.md, "After a restart"); logIdx indexes
 	// them by hash.
@@ -106,22 +106,10 @@ func (ps *partitions) get(k seqstate.Key) (*partition, *partShard) {
 const maxPartsPerShard = 4096
 
 // await registers conn as waiting on p; call with p's shard locked.
-func (p *partition) await(conn ConnID) {
-	for _, w := range p.waiters {
-		if w == conn {
-			return
-		}
-	}
-	p.waiters = append(p.waiters, conn)
-}
+func (p *partition) await(conn ConnID) { p.waiters.Add(conn) }
 
 // event appends p's waiters to wake; call with p's shard locked.
-func (p *partition) event(wake []ConnID) []ConnID {
-	wake = append(wake, p.waiters...)
-	clear(p.waiters)
-	p.waiters = p.waiters[:0]
-	return wake
-}
+func (p *partition) event(wake []ConnID) []ConnID { return p.waiters.Take(wake) }
 
 // wakePartition signals an event on partition k.
 func (c *Core) wakePartition(k seqstate.Key, wake []ConnID) []ConnID {

@@ -42,23 +42,35 @@ func (in *Instance) Key() (principal uint32, clientID string, host [16]byte) {
 	return in.key.principal, in.key.id, in.key.host
 }
 
-// Await registers connection id as waiting for b's outcome (b is
-// InFlight): registered under the lock its outcome is settled under, it
-// cannot miss it.
-func (b *Batch) Await(id ConnID) {
-	if !slices.Contains(b.waiters, id) {
-		b.waiters = append(b.waiters, id)
+// Waiters are the connections whose request waits for something (an
+// outcome, a tail read): registered under the lock of the state that
+// settles it, they cannot miss it; the step that settles it names them to
+// wake.
+type Waiters []ConnID
+
+// Add registers connection id, once.
+func (w *Waiters) Add(id ConnID) {
+	if !slices.Contains(*w, id) {
+		*w = append(*w, id)
 	}
 }
 
-// Woken appends b's waiters to wake and forgets them: call it when b leaves
-// InFlight, with the state they look at settled.
-func (b *Batch) Woken(wake []ConnID) []ConnID {
-	wake = append(wake, b.waiters...)
-	clear(b.waiters)
-	b.waiters = b.waiters[:0]
+// Take appends the waiters to wake and forgets them.
+func (w *Waiters) Take(wake []ConnID) []ConnID {
+	wake = append(wake, *w...)
+	clear(*w)
+	*w = (*w)[:0]
 	return wake
 }
+
+// Await registers connection id as waiting for b's outcome (b is
+// InFlight); call with b's instance locked, which its outcome is settled
+// under.
+func (b *Batch) Await(id ConnID) { b.waiters.Add(id) }
+
+// Woken appends b's waiters to wake and forgets them: call it when b leaves
+// InFlight, with the state they look at settled.
+func (b *Batch) Woken(wake []ConnID) []ConnID { return b.waiters.Take(wake) }
 
 // ID returns the connection's number.
 func (c *Conn) ID() ConnID { return c.id }

@@ -95,7 +95,7 @@ type Batch struct {
 	Recs       []Rec
 	// waiters are the connections whose request waits for its outcome
 	// (while InFlight).
-	waiters []ConnID
+	waiters Waiters
 }
 
 // Ref refers to a batch as it was when taken (Batch.Ref).
