@@ -81,8 +81,10 @@ func (k *core) disconnectSibling(conn *decide.Conn, id decide.ConnID, clean bool
 	k.step(decide.Event{Kind: decide.EvSiblingClosed, Conn: conn, ID: id, How: closeOf(clean)}, now)
 }
 
-func (k *core) decide(req *decide.Request, pl *decide.Plan, now time.Time) {
-	k.step(decide.Event{Kind: decide.EvRequest, Req: req, Plan: pl}, now)
+// decide decides req into pl; it returns the connections to wake (its own,
+// when what it is to wait for came as it registered).
+func (k *core) decide(req *decide.Request, pl *decide.Plan, now time.Time) []decide.ConnID {
+	return k.step(decide.Event{Kind: decide.EvRequest, Req: req, Plan: pl}, now).Wake
 }
 
 // outcome hands the broker's answer to the core, as a Produce response

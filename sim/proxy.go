@@ -261,7 +261,7 @@ func (s *session) step(d *deciding) {
 		if d.round == maxDecideRounds {
 			d.dreq.GiveUp = true
 		}
-		s.k.decide(&d.dreq, d.pl, w.Wall())
+		w.wake(s.k.decide(&d.dreq, d.pl, w.Wall()), s.k)
 		w.script.decide(s, d)
 		w.script.expect(d)
 		d.round++
