@@ -133,14 +133,6 @@ func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartitio
 	}
 }
 
-// seenOf returns the highest base offset answered for a partition so far,
-// -1 if none: a batch sent now lies past it in the log.
-func (c *Core) seenOf(topic seqstate.TopicID, partition int32) int64 {
-	p, sh := c.parts.get(partKeyOf(topic, partition))
-	defer sh.unlock()
-	return p.seen
-}
-
 // rebuiltAnswer is the answer to a part the proxy forwarded without the
 // records it repeats: the broker's error if it appended nothing, else
 // error 0 and the one base offset true for all its records, or -1, never a
