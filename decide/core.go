@@ -229,7 +229,7 @@ func (c *Core) decide(req *Request, pl *Plan, now time.Time, fx *Effects) {
 // the rule applied under its client instance's lock; then, with it let go,
 // the records read back from partitions' logs and idempotency keys; then,
 // under it again, the batches remembered. If the request must wait, or a
-// partition's tail be read, it releases what the idempotent parts
+// partition's tail be read, it aborts what the idempotent parts
 // registered and sets pl.Status.
 func (c *Core) decideLegacy(req *Request, pl *Plan, now time.Time) {
 	in, ns := req.Conn.Inst, now.UnixNano()
@@ -249,7 +249,7 @@ func (c *Core) decideLegacy(req *Request, pl *Plan, now time.Time) {
 		}
 		clear(pl.waitFor)
 		in.Unlock()
-		c.releaseIdempotent(pl, now)
+		c.abortIdempotent(pl, now)
 		c.askTails(pl)
 		c.await(req, pl, now)
 		return
@@ -372,7 +372,7 @@ func until(req *Request, now time.Time) time.Time {
 // decideIdempotent decides the idempotent parts (docs/kafka-rules.md §12),
 // all under one table shard lock per producer. It reports whether the
 // request must wait for a batch in flight, or have its records read back
-// (pl.Status says which); the batches it registered are then released.
+// (pl.Status says which); the batches it registered are then aborted.
 func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effects) bool {
 	for i := range req.Parts {
 		p, st := &req.Parts[i], &pl.st[i]
@@ -490,9 +490,9 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 	if !wait && !unread {
 		return false
 	}
-	// The request is decided afresh once it can be: release what this
+	// The request is decided afresh once it can be: abort what this
 	// decision registered.
-	c.releaseIdempotent(pl, now)
+	c.abortIdempotent(pl, now)
 	if !wait {
 		// Its answer needs the records held in pipes: read them, then
 		// decide again.
@@ -526,9 +526,9 @@ func (c *Core) decideIdempotent(req *Request, pl *Plan, now time.Time, fx *Effec
 	return true
 }
 
-// releaseIdempotent releases the batches a decision that ends up waiting
+// abortIdempotent aborts the batches a decision that ends up waiting
 // registered in the producers' table.
-func (c *Core) releaseIdempotent(pl *Plan, now time.Time) {
+func (c *Core) abortIdempotent(pl *Plan, now time.Time) {
 	pl.seqOuts = pl.seqOuts[:0]
 	for j := range pl.seqOps {
 		if st := &pl.st[pl.seqIdx[j]]; st.pending {

@@ -30,9 +30,9 @@ const maxFlying = 64
 const flyingFor = maxWaitTimeout + waitMargin
 
 // settleTable applies outs to the table, keeps as flying the pending
-// batches a release took with it, and forgets as flying the batches of
+// batches an abort took with it, and forgets as flying the batches of
 // outs (their outcome is known, or they never went upstream), but for a
-// resend's own registration released while it waits for its original.
+// resend's own registration aborted while it waits for its original.
 // The caller wakes the partitions of outs afterwards.
 func (c *Core) settleTable(pl *Plan, outs []seqstate.Outcome, now time.Time) {
 	if len(outs) == 0 {
@@ -56,7 +56,7 @@ func (c *Core) settleTable(pl *Plan, outs []seqstate.Outcome, now time.Time) {
 }
 
 // resendOf reports whether b of key k is a part of pl that waits for a
-// flying batch, its own registration released: the original is still
+// flying batch, its own registration aborted: the original is still
 // flying.
 func (pl *Plan) resendOf(k seqstate.Key, b seqstate.Batch) bool {
 	for i := range pl.st {

@@ -14,7 +14,7 @@ import (
 // Outcome applies the broker's answer to what pl sent upstream: body is
 // the Produce response body after its header, sc the caller's reusable
 // scanner. Appended batches are committed with their offsets, the others
-// released; a part the answer does not mention is handled as Lost. It
+// aborted; a part the answer does not mention is handled as Lost. It
 // appends to wake the connections whose waiting requests may now be
 // decided.
 func (c *Core) outcome(pl *Plan, sc *protocol.ProduceResponseScanner, body []byte, now time.Time, wake []ConnID) ([]ConnID, error) {
@@ -100,7 +100,7 @@ func (c *Core) outcomePart(pl *Plan, i int, pr *protocol.ProduceResponsePartitio
 	case st.pass >= 0:
 	case !st.legacy:
 		// A batch forwarded without a registration and not appended has
-		// nothing of its own to release, and a release would take another
+		// nothing of its own to abort, and an abort would take another
 		// copy's registration of the same sequences.
 		if st.pending || st.commit && appended {
 			ts := pr.LogAppendTime
@@ -281,7 +281,7 @@ func (c *Core) settleIdempotent(pl *Plan, now time.Time) {
 
 // Lost settles pl when the broker's answer will never come (the broker
 // connection broke, or was never written to): idempotent batches are
-// released, and legacy ones become unknown — the partition's log will tell
+// aborted, and legacy ones become unknown — the partition's log will tell
 // whether they were appended (docs/warm.md, "Unknown outcomes").
 func (c *Core) lost(pl *Plan, now time.Time, wake []ConnID) []ConnID {
 	if pl.settled || pl.Status != Ready {
@@ -300,7 +300,7 @@ func (c *Core) lost(pl *Plan, now time.Time, wake []ConnID) []ConnID {
 
 // Unsent settles pl when its request was never forwarded (its client
 // left while it waited): nothing of it is in the log. Its idempotent
-// batches are released and its legacy ones settled as not written, so
+// batches are aborted and its legacy ones settled as not written, so
 // that nothing waits on them.
 func (c *Core) unsent(pl *Plan, now time.Time, wake []ConnID) []ConnID {
 	if pl.settled || pl.Status != Ready {

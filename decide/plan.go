@@ -43,7 +43,7 @@ type Plan struct {
 	seqOps  []seqstate.Op
 	seqIdx  []int // seqOps[j] is part seqIdx[j]
 	seqOuts []seqstate.Outcome
-	dropped []seqstate.Op // pending batches a release took with it
+	dropped []seqstate.Op // pending batches an abort took with it
 	ids     []protocol.RecordID
 	keys    []protocol.RecordKey
 	drops   []bool

@@ -27,14 +27,14 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 //	case name=N [retained=5] [max=1024] [shards=1] [expiry=24h] [fences=16]
 //	check|decide pid= epoch= seq= n= [fp=0] [topic=t] [part=0] [at=D]
 //	commit pid= epoch= seq= n= offset= ts= [fp=0] [topic] [part] [at=D]
-//	release pid= epoch= seq= n= [topic] [part]
+//	abort pid= epoch= seq= n= [topic] [part]
 //	init pid= epoch= [at=D]
 //	expire at=D
 //	state pid= [topic] [part]
 //	stats
 //
 // at=D sets the clock to a fixed base time plus D and stays set. commit,
-// release and state print the key's window; check prints the decision.
+// abort and state print the key's window; check prints the decision.
 // Run with -rewrite to regenerate expected output (only when the diff is
 // understood).
 
@@ -244,9 +244,9 @@ func runCommand(t *testing.T, rp **ddRunner, path string, b *ddBlock) string {
 		k, bt := key(), batch()
 		r.t.Commit(k, bt, num("offset", ""), num("ts", ""), r.now)
 		out = r.t.dumpKey(k)
-	case "release":
+	case "abort":
 		k, bt := key(), batch()
-		r.t.Release(k, bt)
+		r.t.Abort(k, bt)
 		out = r.t.dumpKey(k)
 	case "init":
 		r.t.ObserveInitProducerID(num("pid", ""), int16(num("epoch", "")), r.now)

@@ -14,7 +14,7 @@ type Decision uint8
 
 const (
 	// Accept: forward the batch. Check has registered it as pending; the
-	// caller must later Commit or Release it.
+	// caller must later Commit or Abort it.
 	Accept Decision = iota + 1
 	// Duplicate: the batch is a retry of a batch the broker already appended.
 	// Answer error NONE with Result.BaseOffset and Result.MaxTimestamp as

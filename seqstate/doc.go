@@ -12,7 +12,7 @@
 //     the small, rarely used InitProducerId epoch floors); no prometheus, slog
 //     or net (TestImports enforces this). Counters are plain getters for the
 //     proxy to wrap in GaugeFunc/CounterFunc.
-//   - No allocation for a known key: Check, Decide, Commit and Release of a
+//   - No allocation for a known key: Check, Decide, Commit and Abort of a
 //     producer-partition the table holds allocate nothing, nor do their
 //     per-request forms (CheckBatches, DecideBatches, SettleBatches, on
 //     caller-owned slices), LookupTopic and LookupTopicID. A new key allocates only when its
@@ -175,7 +175,7 @@
 // batch meanwhile is InFlight, never forwarded twice. Duplicates are found
 // among committed batches only, as Kafka checks its committed state.
 //
-// # Commit and Release
+// # Commit and Abort
 //
 // Commit marks a pending batch committed with its offsets. A batch the table
 // does not hold as pending is applied as the broker applied it (the broker
@@ -184,14 +184,14 @@
 // it follows the tail, an unknown key gets a new entry; otherwise the entry is
 // forgotten.
 //
-// Release drops a pending batch the broker did not append and every batch
+// Abort drops a pending batch the broker did not append and every batch
 // registered after it; the next expected sequence falls back to the batch
 // before it. The later pending batches will be rejected by the broker as out
 // of order (their predecessor is missing), so dropping them keeps the table
-// where the broker is; their own Release is a no-op. If that leaves no batch,
-// or if a committed batch followed the released one, the entry is forgotten:
+// where the broker is; their own Abort is a no-op. If that leaves no batch,
+// or if a committed batch followed the aborted one, the entry is forgotten:
 // the table no longer knows the broker's state, and unknown is always safe.
-// SettleBatchesDropped names the pending batches a release, or a forgotten
+// SettleBatchesDropped names the pending batches an abort, or a forgotten
 // entry, took with it: they may still be on their way to the broker, and the
 // caller may wait for their answer before deciding a retry of one.
 //
@@ -242,7 +242,7 @@
 //	case seqstate.Accept:
 //		// forward; on the response:
 //		//   appended (error 0, 7 or 20): t.Commit(k, b, baseOffset, maxTimestamp, now)
-//		//   otherwise:                   t.Release(k, b)
+//		//   otherwise:                   t.Abort(k, b)
 //	case seqstate.Duplicate:
 //		// answer error 0, base_offset r.BaseOffset, log_append_time_ms r.MaxTimestamp
 //	case seqstate.InFlight:
@@ -260,7 +260,7 @@
 //	t.CheckBatches(ops, now) // ops[i].Result as from Check
 //	// on the response, for each forwarded batch:
 //	outs = append(outs[:0], seqstate.Outcome{Key: k, Batch: b, Appended: true, BaseOffset: off, MaxTimestamp: ts}, ...)
-//	t.SettleBatches(outs, now) // Commit if Appended, else Release
+//	t.SettleBatches(outs, now) // Commit if Appended, else Abort
 //	// periodically, e.g. every producer.id.expiration.check.interval.ms (10 min):
 //	t.Expire(now)
 package seqstate

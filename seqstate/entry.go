@@ -387,7 +387,7 @@ func (e entry) setEpoch(epoch int16) {
 // can still retry is one it has not seen acknowledged, and an idempotent client
 // keeps at most 5 of those per partition, so with RetainedBatches >= 5 none is
 // lost; only a client with more than RetainedBatches in flight can push a
-// pending batch out (its Release is then a no-op and its Commit forgets the
+// pending batch out (its Abort is then a no-op and its Commit forgets the
 // entry, see commit).
 func (e entry) register(b Batch, last int32, now int64) {
 	e.setEpoch(b.Epoch)
@@ -440,7 +440,7 @@ func (e entry) commitNewest(b Batch, baseOffset, maxTimestamp, now int64) bool {
 	return true
 }
 
-// outcome tells the Table what to do with the entry after commit or release.
+// outcome tells the Table what to do with the entry after commit or abort.
 type outcome uint8
 
 const (
@@ -458,7 +458,7 @@ func (e entry) passed(b Batch) bool {
 
 // pendingInto appends to dropped, when it is not nil, the pending batches
 // of the window but the one at index skip (-1 for none), with k as their
-// key: a release or a forgotten entry takes them, still on their way to
+// key: an abort or a forgotten entry takes them, still on their way to
 // the broker.
 func (e entry) pendingInto(k Key, skip int, dropped *[]Op) {
 	if dropped == nil {
@@ -520,18 +520,18 @@ func (e entry) pushCommitted(b Batch, last int32, baseOffset, maxTimestamp int64
 	e.setOffsets(e.push(b.FirstSeq, uint32(last), b.Count, b.Fingerprint), baseOffset, maxTimestamp)
 }
 
-// release drops a pending batch the broker did not append, and every batch
+// abort drops a pending batch the broker did not append, and every batch
 // after it: the next expected sequence falls back to the batch before it.
 // Later pending batches go too, because the broker will reject them as out of
 // order when they arrive (ProducerAppendInfo.checkSequence: they no longer
-// follow its last sequence); their own Release is then a no-op, and if the
+// follow its last sequence); their own Abort is then a no-op, and if the
 // broker does append one (it had no state for the producer) its Commit is
 // applied as described at commit.
 //
 // The entry is forgotten, so the producer becomes unknown, when the window
 // ends up empty (the entry was created by, or its epoch changed with, the
-// released batch, so the table no longer knows the broker's state) or when a
-// committed batch followed the released one (the broker appended a batch
+// aborted batch, so the table no longer knows the broker's state) or when a
+// committed batch followed the aborted one (the broker appended a batch
 // without its predecessor, which only a stateless producer can do).
 //
 // A batch that is not pending (unknown, already committed, or already
@@ -540,7 +540,7 @@ func (e entry) pushCommitted(b Batch, last int32, baseOffset, maxTimestamp int64
 // The later pending batches dropped are appended to dropped (with k as
 // their key), when it is not nil: they are still on their way to the
 // broker, which may yet append one (see Table.SettleBatchesDropped).
-func (e entry) release(k Key, b Batch, dropped *[]Op) outcome {
+func (e entry) abort(k Key, b Batch, dropped *[]Op) outcome {
 	if b.Epoch != e.h.epoch {
 		return keep
 	}

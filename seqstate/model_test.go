@@ -264,7 +264,7 @@ func (m *model) commit(k Key, b Batch, off, ts, now int64) {
 	m.appendBatch(e, b.Epoch, x, now)
 }
 
-func (m *model) release(k Key, b Batch) {
+func (m *model) abort(k Key, b Batch) {
 	if k.ProducerID < 0 || b.FirstSeq < 0 || b.Count < 1 {
 		return
 	}
@@ -493,7 +493,7 @@ func (s *shard) walk(tb testing.TB, i int) (keys []Key, idxs []int32) {
 
 // driver turns a byte source into operations on a Table and the model, the
 // way a client population would: mostly in-sequence batches and their
-// retries, with epoch bumps, random sequences, commits and releases in any
+// retries, with epoch bumps, random sequences, commits and aborts in any
 // order, InitProducerId, clock jumps and sweeps.
 type driver struct {
 	tb        testing.TB
@@ -661,7 +661,7 @@ func (d *driver) step() {
 		b := c.inFlight[i]
 		c.inFlight = slices.Delete(c.inFlight, i, i+1)
 		d.settle(Outcome{Key: k, Batch: b}, now)
-		d.m.release(k, b)
+		d.m.abort(k, b)
 	case 12: // the client bumps its epoch (or a transactional InitProducerId)
 		if d.byte()%4 != 0 {
 			return
@@ -730,7 +730,7 @@ func (d *driver) check(k Key, b Batch, now time.Time, register bool) Result {
 	return ops[0].Result
 }
 
-// settle is Commit or Release, through SettleBatches on odd ops.
+// settle is Commit or Abort, through SettleBatches on odd ops.
 func (d *driver) settle(o Outcome, now time.Time) {
 	switch {
 	case d.ops%2 == 1:
@@ -739,7 +739,7 @@ func (d *driver) settle(o Outcome, now time.Time) {
 	case o.Appended:
 		d.t.Commit(o.Key, o.Batch, o.BaseOffset, o.MaxTimestamp, now)
 	default:
-		d.t.Release(o.Key, o.Batch)
+		d.t.Abort(o.Key, o.Batch)
 	}
 }
 

@@ -25,7 +25,7 @@ type Outcome struct {
 	Batch Batch
 	// Appended: the broker appended the batch (see Commit for the errors
 	// that count as appended), at BaseOffset with MaxTimestamp. Otherwise
-	// the batch is released (see Release) and the two values are unused.
+	// the batch is aborted (see Abort) and the two values are unused.
 	Appended     bool
 	BaseOffset   int64
 	MaxTimestamp int64
@@ -75,18 +75,18 @@ func (t *Table) checkBatches(ops []Op, now int64, register bool) {
 }
 
 // SettleBatches applies each outcome in order: Commit for an appended
-// batch, Release for the others. Consecutive outcomes whose producer ids
+// batch, Abort for the others. Consecutive outcomes whose producer ids
 // share a shard are applied under one acquisition of its lock, as in
 // CheckBatches.
 func (t *Table) SettleBatches(outs []Outcome, now time.Time) { t.settleBatches(outs, now, nil) }
 
 // SettleBatchesDropped is SettleBatches that also appends to dropped the
-// pending batches a release took with the batch it released (see
-// Release), or an entry forgotten took with it, and returns it: they may
+// pending batches an abort took with the batch it aborted (see
+// Abort), or an entry forgotten took with it, and returns it: they may
 // still be on their way to the broker, which may append them (a batch
-// registered after a released one is refused as out of order unless a
-// resend of the released batch reaches the log first). Their outcome is unknown until their own answer, which
-// the caller still settles. dropped grows only when a release drops
+// registered after an aborted one is refused as out of order unless a
+// resend of the aborted batch reaches the log first). Their outcome is unknown until their own answer, which
+// the caller still settles. dropped grows only when an abort drops
 // something.
 func (t *Table) SettleBatchesDropped(outs []Outcome, now time.Time, dropped []Op) []Op {
 	t.settleBatches(outs, now, &dropped)
@@ -116,7 +116,7 @@ func (t *Table) settleBatches(outs []Outcome, now time.Time, dropped *[]Op) {
 			if o.Appended {
 				s.commit(o.Key, o.Batch, o.BaseOffset, o.MaxTimestamp, ns, dropped)
 			} else {
-				s.release(o.Key, o.Batch, dropped)
+				s.abort(o.Key, o.Batch, dropped)
 			}
 		}
 		if s != nil {

@@ -10,7 +10,7 @@ import (
 // TestBatchesMatchSingle drives two tables with the same Produce requests
 // of 1 to 8 batches, one through CheckBatches, DecideBatches and
 // SettleBatches, the other batch by batch through Check, Decide, Commit and
-// Release: every result and the final state must be the same. Requests are
+// Abort: every result and the final state must be the same. Requests are
 // mostly of one producer, as clients send them, sometimes of several (in
 // one shard or not), with invalid and non-idempotent batches among them.
 func TestBatchesMatchSingle(t *testing.T) {
@@ -90,7 +90,7 @@ func TestBatchesMatchSingle(t *testing.T) {
 						if o.Appended {
 							single.Commit(o.Key, o.Batch, o.BaseOffset, o.MaxTimestamp, now)
 						} else {
-							single.Release(o.Key, o.Batch)
+							single.Abort(o.Key, o.Batch)
 						}
 					}
 				case 9:

@@ -68,7 +68,7 @@ func (t *Table) shard(pid int64) *shard { return &t.shards[t.shardIndex(pid)].sh
 
 // Check decides batch b for key k (see Decision) and, when it accepts it,
 // registers it as pending: the next batch may follow it, and an identical
-// batch gets InFlight until the caller calls Commit or Release for it.
+// batch gets InFlight until the caller calls Commit or Abort for it.
 //
 // A producer id below 0 is not idempotent: Kafka runs none of these checks
 // (AbstractRecordBatch.hasProducerId), so Check accepts it and keeps no state.
@@ -144,7 +144,7 @@ func (s *shard) check(k Key, b Batch, now int64, register bool) Result {
 // -1, and a Duplicate then carries -1 too (see Result.BaseOffset).
 //
 // Commit of a batch the table does not hold as pending is applied as the
-// broker applied it; see the package documentation ("Commit and Release").
+// broker applied it; see the package documentation ("Commit and Abort").
 func (t *Table) Commit(k Key, b Batch, baseOffset, maxTimestamp int64, now time.Time) {
 	if k.ProducerID < 0 || !b.valid() {
 		return
@@ -210,25 +210,25 @@ func (t *Table) CommitLogged(k Key, b Batch, baseOffset, maxTimestamp int64, now
 	s.commit(k, b, baseOffset, maxTimestamp, now.UnixNano(), nil)
 }
 
-// Release records that the broker did not append b, a batch Check accepted:
+// Abort records that the broker did not append b, a batch Check accepted:
 // b and every batch registered after it are dropped, so the next expected
 // sequence is the one after the batch before b. See the package documentation
-// ("Commit and Release").
-func (t *Table) Release(k Key, b Batch) {
+// ("Commit and Abort").
+func (t *Table) Abort(k Key, b Batch) {
 	if k.ProducerID < 0 || !b.valid() {
 		return
 	}
 	s := t.shard(k.ProducerID)
 	s.mu.Lock()
-	s.release(k, b, nil)
+	s.abort(k, b, nil)
 	s.mu.Unlock()
 }
 
-// release is Release under the shard lock, for a valid batch of a producer
-// id of this shard; see entry.release for dropped.
-func (s *shard) release(k Key, b Batch, dropped *[]Op) {
+// abort is Abort under the shard lock, for a valid batch of a producer
+// id of this shard; see entry.abort for dropped.
+func (s *shard) abort(k Key, b Batch, dropped *[]Op) {
 	if idx, ok := s.peek(k); ok {
-		if s.entry(idx).release(k, b, dropped) == forget {
+		if s.entry(idx).abort(k, b, dropped) == forget {
 			s.remove(idx)
 		}
 	}

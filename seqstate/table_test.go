@@ -107,7 +107,7 @@ func (t *Table) topic(name string) TopicID {
 
 // TestConcurrentProducers runs many goroutines on one table under -race. Each
 // goroutine is one producer pipelining batches to a few partitions, with
-// retries, duplicates, releases and epoch bumps, and checks every decision
+// retries, duplicates, aborts and epoch bumps, and checks every decision
 // against what Kafka would answer: producers share shards and locks but never
 // state. A second group hammers shared keys, sweeps and interning to shake
 // out races in eviction and expiry; the table's bookkeeping is checked at the
@@ -138,7 +138,7 @@ func TestConcurrentProducers(t *testing.T) {
 				expect(t, tab.Check(k, b1, now), InFlight)
 				tab.Commit(k, b1, int64(r)*10, int64(r), now)
 				if r%5 == 0 { // b2 fails upstream; the client retries it
-					tab.Release(k, b2)
+					tab.Abort(k, b2)
 					expect(t, tab.Check(k, b2, now), Accept)
 				}
 				tab.Commit(k, b2, int64(r)*10+3, int64(r), now)
@@ -166,7 +166,7 @@ func TestConcurrentProducers(t *testing.T) {
 				tab.Check(k, b, now)
 				tab.Decide(k, b, now)
 				tab.Commit(k, b, 1, 1, now)
-				tab.Release(k, b)
+				tab.Abort(k, b)
 				tab.ObserveInitProducerID(2000+int64(r%5), int16(r%4), now)
 				name := "shared" + strconv.Itoa(r%9)
 				tab.InternTopics([]TopicRef{{Name: name, ID: [16]byte{byte(r % 9), 1}}})
@@ -214,7 +214,7 @@ var (
 )
 
 // TestNoAllocs pins zero allocations on the hot paths for a known key:
-// check-then-commit, duplicate detection, in-flight detection, release and
+// check-then-commit, duplicate detection, in-flight detection, abort and
 // looking up a topic by name or ID, known or not (netip's TestNoAllocs
 // style: each call is checked to have done what it should, so an early
 // return cannot fake a pass).
@@ -249,7 +249,7 @@ func TestNoAllocs(t *testing.T) {
 				t.Fatalf("duplicate: %v", sinkResult.Decision)
 			}
 		}},
-		{"in-flight-then-release", func() {
+		{"in-flight-then-abort", func() {
 			b := Batch{FirstSeq: seq, Count: 1}
 			if d := tab.Check(k, b, now).Decision; d != Accept {
 				t.Fatalf("check: %v", d)
@@ -258,7 +258,7 @@ func TestNoAllocs(t *testing.T) {
 			if sinkResult.Decision != InFlight {
 				t.Fatalf("in flight: %v", sinkResult.Decision)
 			}
-			tab.Release(k, b)
+			tab.Abort(k, b)
 		}},
 		{"decide", func() {
 			sinkResult = tab.Decide(k, Batch{FirstSeq: seq, Count: 1}, now)
@@ -567,7 +567,7 @@ func TestCompactionBoundsMemory(t *testing.T) {
 	tab.dumpAll(t)
 }
 
-// TestSettleBatchesDropped: a release names the pending batches it takes
+// TestSettleBatchesDropped: an abort names the pending batches it takes
 // with it, each with its sequence range and fingerprint, and nothing else.
 func TestSettleBatchesDropped(t *testing.T) {
 	t.Parallel()
@@ -593,7 +593,7 @@ func TestSettleBatchesDropped(t *testing.T) {
 	if r := tab.Decide(k, b2, now); r.Decision != OutOfOrder {
 		t.Errorf("the dropped batch is %v, want out_of_order (no longer pending)", r.Decision)
 	}
-	// A release that drops nothing adds nothing; a commit neither.
+	// An abort that drops nothing adds nothing; a commit neither.
 	if got := tab.SettleBatchesDropped([]Outcome{{Key: k, Batch: b2}, {Key: k, Batch: b0, Appended: true, BaseOffset: 100}}, now, got[:0]); len(got) != 0 {
 		t.Errorf("dropped %+v, want nothing", got)
 	}
