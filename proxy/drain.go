@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
-	"github.com/dedupproxy/dedupproxy/clock"
 	"github.com/dedupproxy/dedupproxy/relay"
 )
 
@@ -42,20 +40,22 @@ func (s *Server) Ready(ctx context.Context) error {
 // "node=ID addr=HOST:PORT", by node id.
 func (s *Server) NodeListeners() []string { return s.nodes.Listeners() }
 
-// drainPoll is how often Shutdown looks for sessions that hold only
-// long-poll Fetches.
-const drainPoll = 5 * time.Millisecond
-
 // cutFetchOnly closes, until done is closed, every session of sessions
 // whose tracker cut accepts; Shutdown's cut accepts those whose requests
 // awaiting a response are all Fetches (or none): a Fetch commits nothing,
 // and a consumer's long poll would hold the drain for its
 // fetch.max.wait.ms (5s with franz-go). Sessions with a Produce (or any
-// other request) in flight are left to drain, until deadline. Nothing new is read once
-// Shutdown stopped reading, so a session found Fetch-only stays so.
+// other request) in flight are left to drain, until deadline. Nothing new is
+// read once Shutdown stopped reading, so what cut looks at changes only when
+// a response is written, which kicks the trackers' shared channel: the
+// sessions are looked at again then, not on a timer.
 func (s *Server) cutFetchOnly(sessions map[*session]*relay.Tracker, cut func(*relay.Tracker) bool, done, deadline <-chan struct{}) {
-	t := clock.Real.NewTicker(drainPoll) // bounds the drain's I/O, not a decision
-	defer t.Stop()
+	kick := make(chan struct{}, 1)
+	for _, tr := range sessions {
+		if tr != nil {
+			tr.Kick(kick)
+		}
+	}
 	for len(sessions) > 0 {
 		for sess, tr := range sessions {
 			if tr == nil || !cut(tr) {
@@ -74,7 +74,7 @@ func (s *Server) cutFetchOnly(sessions map[*session]*relay.Tracker, cut func(*re
 			return
 		case <-deadline: // Shutdown closes everything
 			return
-		case <-t.C:
+		case <-kick:
 		}
 	}
 }

@@ -129,3 +129,69 @@ func TestConsumerCloseIsNoError(t *testing.T) {
 		t.Fatalf("client_errors_total{reason=write} = %v after a normal close; logs:\n%s", n, p.logs.String())
 	}
 }
+
+// TestShutdownCutsConsumerOnceItsProduceIsAnswered: a connection with a
+// Produce and a long-poll Fetch in flight is drained until the Produce is
+// answered, then cut at once, without waiting for the Fetch (fetch.max.wait
+// 5s): the drain is told when a response is written (relay.Tracker.Kick).
+func TestShutdownCutsConsumerOnceItsProduceIsAnswered(t *testing.T) {
+	const topic = "mixed"
+	c := newCluster(t, kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enterOnce, releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	defer free()
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		enterOnce.Do(func() {
+			close(entered)
+			c.SleepControl(func() { <-release }) // the broker holds the Produce
+		})
+		return nil, nil, false
+	})
+	p := startProxy(t, c, nil)
+	r := dialRaw(t, p.addr())
+	r.learnTopics(topic)
+	r.send(produceRequest(topic, -1, recordBatch(t, -1, -1, -1, 1, "held")))
+	fetch := kmsg.NewPtrFetchRequest()
+	fetch.SetVersion(12)
+	fetch.MaxWaitMillis, fetch.MinBytes, fetch.MaxBytes = 5000, 1, 1<<20
+	ft := kmsg.NewFetchRequestTopic()
+	ft.Topic = topic
+	fp := kmsg.NewFetchRequestTopicPartition()
+	fp.Partition, fp.PartitionMaxBytes = 1, 1<<20 // not the Produce's partition: nothing ends the poll
+	ft.Partitions = append(ft.Partitions, fp)
+	fetch.Topics = append(fetch.Topics, ft)
+	r.send(fetch)
+	// The broker takes a connection's requests one at a time: the Fetch
+	// waits behind the Produce, and polls once the Produce is answered.
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Produce never reached the broker")
+	}
+	waitFor(t, 5*time.Second, "the Fetch to be read", func() bool { return testutil.ToFloat64(p.Metrics.Requests.WithLabelValues("Fetch")) > 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- p.Shutdown(ctx) }()
+	waitFor(t, 5*time.Second, "the drain to start", func() bool { return p.Ready(ctx) != nil })
+	select {
+	case err := <-stopped:
+		t.Fatalf("shutdown ended with a Produce in flight: %v", err)
+	default:
+	}
+	start := time.Now()
+	free()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("shutdown still draining 15 s after the Produce was answered")
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("shutdown took %v after the Produce was answered; want the Fetch-only connection cut at once, not its 5 s poll", took)
+	}
+}

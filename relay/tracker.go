@@ -46,6 +46,23 @@ type Tracker struct {
 	// loop): a request held for a handover is then answered by no one.
 	gone     chan struct{}
 	goneOnce sync.Once
+	// kick, once set (Kick), is signalled whenever a request stops
+	// awaiting its response: a drain waits on it instead of polling.
+	kick atomic.Pointer[chan struct{}]
+}
+
+// Kick makes t signal k (without blocking: k has room for one signal)
+// whenever a request it follows stops awaiting its response.
+func (t *Tracker) Kick(k chan struct{}) { t.kick.Store(&k) }
+
+// kicked signals the channel Kick set, if any.
+func (t *Tracker) kicked() {
+	if k := t.kick.Load(); k != nil {
+		select {
+		case *k <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Close closes the client connection and marks it gone.
@@ -79,6 +96,7 @@ func (t *Tracker) ProduceUnsent() {
 	}
 	t.mu.Unlock()
 	t.awaitedFewer()
+	t.kicked()
 }
 
 // awaitedFewer follows a forwarded Produce request that no longer awaits
@@ -186,6 +204,7 @@ func (t *Tracker) Write(b []byte) (int, error) {
 		if answered {
 			t.awaitedFewer()
 		}
+		t.kicked()
 	}
 	return n, err
 }
