@@ -23,7 +23,7 @@ var benchNow = time.Unix(1_700_000_000, 0)
 //	retained=5    80 ns  ->  64 ns
 //	retained=16   83 ns  ->  61 ns
 //
-// The target is 50 ns. BenchmarkShardLockFloor, the two shard
+// The target is 50 ns. BenchmarkShardLockFloor, the two shard
 // lock/unlock pairs every Check+Commit needs, is ~33 ns of it here; the
 // proxy now takes them once per request instead (BenchmarkRequest). In 15
 // alternated runs, retained=5 took a median of 52 ns on the code before
@@ -191,8 +191,8 @@ func BenchmarkCheckCommitParallel(b *testing.B) {
 //	retained=1      184.1 B/entry           91.7 B/entry          83.6 B/entry
 //	retained=5      312.2 B/entry           189.2 B/entry         148.6 B/entry
 //
-// The first target, 150 B/entry with 5 retained batches, is met;
-// its later one, 100 B, is not (the package documentation, Layout, says
+// The first memory target, 150 B/entry with 5 retained batches, is met;
+// a later one, 100 B, is not (the package documentation, Layout, says
 // where the 148.6 B go and why; docs/performance.md lists what was
 // weighed). Neither the per-request API nor the growing first page (see
 // shard.addRoom) changed a byte of it.

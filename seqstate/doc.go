@@ -101,7 +101,7 @@
 // The index does not keep each key's hash: it is recomputed (a multiply)
 // when words move. With RetainedBatches 1 an entry is 83.6 B.
 //
-// The later target, 100 B with 5 retained batches, is not met:
+// A later target, 100 B with 5 retained batches, is not met:
 // without giving up exactness it would take bit-packing nearly every field
 // with escapes, which the hot path pays for on every batch. A slot must tell a
 // duplicate's answer and the checks: a 32-bit fingerprint, the last
