@@ -195,7 +195,15 @@ func (c *Core) decide(req *Request, pl *Plan, now time.Time, fx *Effects) {
 		}
 		pp.Verdict.Pass = st.pass
 	}
-	if req.GiveUp {
+	switch {
+	case !req.Waited.IsZero() && !now.Before(req.Waited):
+		pl.GaveUp = GaveUpWait
+	case req.Rounds >= MaxRounds:
+		pl.GaveUp = GaveUpRounds
+	case req.GiveUp:
+		pl.GaveUp = GaveUpAsked
+	}
+	if pl.GaveUp != NotGivenUp {
 		c.giveUp(req, pl)
 		return
 	}

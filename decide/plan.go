@@ -16,8 +16,10 @@ import (
 // is not Ready.
 type Plan struct {
 	Status Status
-	// Until bounds a Wait: past it, Decide again with Request.GiveUp.
+	// Until bounds a Wait: past it, the request is given up (Request.Waited).
 	Until time.Time
+	// GaveUp says why the request was given up, if it was.
+	GaveUp GaveUp
 	// Tails are the partitions to read for ReadTails.
 	Tails []TailKey
 	// Parts are aligned with Request.Parts.
@@ -113,7 +115,7 @@ const (
 var timedOut = protocol.LocalPartitionResult{ErrorCode: kerr.RequestTimedOut.Code, BaseOffset: -1, LogAppendTime: -1, LogStartOffset: -1}
 
 func (pl *Plan) reset(req *Request) {
-	pl.Status, pl.Until, pl.Tails = Ready, time.Time{}, pl.Tails[:0]
+	pl.Status, pl.Until, pl.Tails, pl.GaveUp = Ready, time.Time{}, pl.Tails[:0], NotGivenUp
 	pl.AnyUp, pl.AnyLocal, pl.Rebuild, pl.Reuse = false, false, false, false
 	pl.Rebuilt = pl.Rebuilt[:0]
 	pl.version, pl.acks, pl.conn, pl.timeout, pl.arrived = req.Version, req.Acks, req.Conn, req.Timeout, req.Arrived

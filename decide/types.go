@@ -114,10 +114,32 @@ type Request struct {
 	// the time of its first decision.
 	Arrived time.Time
 	Parts   []Part
-	// GiveUp answers every part REQUEST_TIMED_OUT: the request waited
-	// past its deadline for an outcome it needs.
+	// Rounds is how many times this request was decided before (0 the
+	// first time); from MaxRounds on it is given up.
+	Rounds int
+	// Waited is the Until of the Wait this decision comes right after
+	// (zero otherwise): from then on the request is given up, its wait
+	// over without the outcome it needs.
+	Waited time.Time
+	// GiveUp gives the request up whatever it waits for: the proxy is
+	// stopping.
 	GiveUp bool
 }
+
+// MaxRounds bounds how often one request is decided again after waits and
+// tail reads; past it the request is given up.
+const MaxRounds = 64
+
+// GaveUp says why a request was given up: every decided part is answered
+// REQUEST_TIMED_OUT, which clients retry, and the retry is decided afresh.
+type GaveUp uint8
+
+const (
+	NotGivenUp  GaveUp = iota
+	GaveUpWait         // its wait ended without the outcome it needs (Request.Waited)
+	GaveUpRounds       // decided MaxRounds times
+	GaveUpAsked        // Request.GiveUp
+)
 
 // Part is one partition of a Produce request that carries one v2 batch of
 // a topic the proxy knows.
@@ -178,8 +200,8 @@ const (
 	// Ready: carry the plan out.
 	Ready Status = iota
 	// Wait: an outcome the request needs is not known yet. Wait until
-	// Effects wake the request's waiter or Plan.Until passes, then call
-	// Decide again (with GiveUp once Until has passed).
+	// Effects wake the request's waiter or Plan.Until passes, then decide
+	// it again with Request.Waited set to Plan.Until.
 	Wait
 	// ReadTails: read the tails of Plan.Tails from the log, hand each to
 	// TailRead or TailFailed, then call Decide again.

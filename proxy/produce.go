@@ -72,10 +72,6 @@ var errClientGone = errors.New("client connection closed")
 // not be read back.
 var errHolesLost = errors.New("cannot read back the records of a produce request held in pipes")
 
-// maxDecideRounds bounds how often one request is decided again after
-// waits and tail reads; past it the request is answered REQUEST_TIMED_OUT.
-const maxDecideRounds = 64
-
 // decideProduce scans a Produce request and has the core decide it,
 // reading tails and waiting as the core asks. nil means relay it
 // untouched: nothing in it could be decided.
@@ -132,6 +128,7 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 		return nil, nil
 	}
 	req.Version, req.Acks, req.GiveUp = h.APIVersion, sc.Acks, false
+	req.Rounds, req.Waited = 0, time.Time{}
 	req.Timeout = time.Duration(max(sc.TimeoutMillis, 0)) * time.Millisecond
 	req.Arrived = c.readAt
 	req.Conn = conn
@@ -149,15 +146,17 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 			putPlan(pl)
 			return nil, errClientGone
 		}
-		now := c.s.now()
-		if round == maxDecideRounds {
-			req.GiveUp = true
-		}
-		// Its effects may wake its own connection: what it is to wait for
-		// came as it registered.
+		// The core gives the request up past its wait's deadline or
+		// decide.MaxRounds rounds; its effects may wake its own connection
+		// (what it is to wait for came as it registered).
+		req.Rounds = round
 		var fx decide.Effects
-		c.s.step(&decide.Event{Kind: decide.EvRequest, Req: req, Plan: &pl.Plan}, now, &fx)
+		c.s.step(&decide.Event{Kind: decide.EvRequest, Req: req, Plan: &pl.Plan}, c.s.now(), &fx)
 		c.s.wakeConns(fx.Wake)
+		req.Waited = time.Time{}
+		if pl.GaveUp == decide.GaveUpWait {
+			c.s.Metrics.WaitTimeouts.Inc()
+		}
 		switch pl.Status {
 		case decide.ReadTails:
 			held = true
@@ -184,11 +183,8 @@ func (c *session) decideProduce(h protocol.RequestHeader, body []byte) (*produce
 				putPlan(pl)
 				return nil, errClientGone
 			}
-			switch {
-			case !c.s.now().Before(pl.Until):
-				c.s.Metrics.WaitTimeouts.Inc()
-				req.GiveUp = true
-			case c.s.closing.Load():
+			req.Waited = pl.Until
+			if c.s.closing.Load() {
 				// Stopping: a waiting request gives up at once
 				// (REQUEST_TIMED_OUT; its client retries, at the next
 				// proxy if this one is going away) instead of holding

@@ -17,10 +17,9 @@ import (
 
 // Timings the proxy's configuration sets (their defaults).
 const (
-	maxDecideRounds = 64               // proxy/produce.go
-	maxInflight     = 256              // max_inflight
-	drainTimeout    = 30 * time.Second // drain_timeout
-	warmTimeout     = 5 * time.Second  // dedup.warm.timeout
+	maxInflight  = 256              // max_inflight
+	drainTimeout = 30 * time.Second // drain_timeout
+	warmTimeout  = 5 * time.Second  // dedup.warm.timeout
 )
 
 // replica is one proxy process and its core.
@@ -258,10 +257,9 @@ func (s *session) step(d *deciding) {
 		if s.gone {
 			return
 		}
-		if d.round == maxDecideRounds {
-			d.dreq.GiveUp = true
-		}
+		d.dreq.Rounds = d.round // the core gives up past its wait or decide.MaxRounds
 		w.wake(s.k.decide(&d.dreq, d.pl, w.Wall()), s.k)
+		d.dreq.Waited = time.Time{}
 		w.script.decide(s, d)
 		w.script.expect(d)
 		d.round++
@@ -277,9 +275,7 @@ func (s *session) step(d *deciding) {
 			if s.wakeSet {
 				// The wake channel held one: awaitWake returns at once.
 				s.wakeSet = false
-				if w.now >= d.until() {
-					d.dreq.GiveUp = true
-				}
+				d.dreq.Waited = d.pl.Until
 				continue
 			}
 			d.waiting = true
@@ -288,7 +284,7 @@ func (s *session) step(d *deciding) {
 			w.At(d.until(), func() {
 				if s.cur == d && d.waiting && d.token == tok {
 					d.waiting = false
-					d.dreq.GiveUp = true
+					d.dreq.Waited = d.pl.Until
 					s.step(d)
 				}
 			})
@@ -339,9 +335,7 @@ func (s *session) woken() {
 		return
 	}
 	d.waiting = false
-	if s.w.now >= d.until() {
-		d.dreq.GiveUp = true
-	}
+	d.dreq.Waited = d.pl.Until
 	s.step(d)
 }
 

@@ -136,8 +136,8 @@ func (r *recorder) decide(s *session, d *deciding) {
 		return
 	}
 	cmd := fmt.Sprintf("decide req=%d", req.ID)
-	if d.dreq.GiveUp {
-		cmd += " giveup"
+	if d.pl.GaveUp != decide.NotGivenUp {
+		cmd += " giveup" // replayed as asked: the same answer
 	}
 	r.line(cmd)
 }
