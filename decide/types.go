@@ -135,10 +135,10 @@ const MaxRounds = 64
 type GaveUp uint8
 
 const (
-	NotGivenUp  GaveUp = iota
-	GaveUpWait         // its wait ended without the outcome it needs (Request.Waited)
-	GaveUpRounds       // decided MaxRounds times
-	GaveUpAsked        // Request.GiveUp
+	NotGivenUp   GaveUp = iota
+	GaveUpWait          // its wait ended without the outcome it needs (Request.Waited)
+	GaveUpRounds        // decided MaxRounds times
+	GaveUpAsked         // Request.GiveUp
 )
 
 // Part is one partition of a Produce request that carries one v2 batch of
