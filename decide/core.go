@@ -255,7 +255,6 @@ func (c *Core) decideLegacy(req *Request, pl *Plan, now time.Time) {
 		for _, b := range pl.waitFor {
 			b.Await(req.Conn.ID())
 		}
-		clear(pl.waitFor)
 		in.Unlock()
 		c.abortIdempotent(pl, now)
 		c.askTails(pl)

@@ -9,16 +9,14 @@ import (
 )
 
 // Lock locks in: every method of an instance, its connections and its
-// batches but the few that say otherwise is called with it locked.
-func (in *Instance) Lock() { in.lock() }
+// batches but the few that say otherwise is called with it locked. The
+// core holds one of its locks at a time (docs/architecture.md, "Locks"); a
+// lockcheck build checks it here and at the locks below.
+func (in *Instance) Lock() { lockcheck.Take("client instance"); in.mu.Lock() }
 
 // Unlock unlocks in.
-func (in *Instance) Unlock() { in.unlock() }
+func (in *Instance) Unlock() { in.mu.Unlock(); lockcheck.Drop() }
 
-// The core holds one of its locks at a time (docs/architecture.md,
-// "Locks"); a lockcheck build checks it at each of these.
-func (in *Instance) lock()      { lockcheck.Take("client instance"); in.mu.Lock() }
-func (in *Instance) unlock()    { in.mu.Unlock(); lockcheck.Drop() }
 func (sh *legacyShard) lock()   { lockcheck.Take("instance map shard"); sh.mu.Lock() }
 func (sh *legacyShard) unlock() { sh.mu.Unlock(); lockcheck.Drop() }
 func (ps *principals) lock()    { lockcheck.Take("principals"); ps.pmu.Lock() }
@@ -87,8 +85,8 @@ func (c *Conn) Gone() bool { return c.gone.Load() }
 // when conn was closed before. It locks conn's instance.
 func (ls *Store) Close(conn *Conn, clean bool, now int64) bool {
 	in := conn.Inst
-	in.lock()
-	defer in.unlock()
+	in.Lock()
+	defer in.Unlock()
 	if !conn.Open {
 		return false
 	}
@@ -107,8 +105,8 @@ func (ls *Store) Close(conn *Conn, clean bool, now int64) bool {
 // Siblings appends to dst the other open connections of conn's instance.
 // It locks the instance.
 func (in *Instance) Siblings(conn *Conn, dst []ConnID) []ConnID {
-	in.lock()
-	defer in.unlock()
+	in.Lock()
+	defer in.Unlock()
 	for _, o := range in.open {
 		if o != conn {
 			dst = append(dst, o.id)
@@ -120,8 +118,8 @@ func (in *Instance) Siblings(conn *Conn, dst []ConnID) []ConnID {
 // Sibling returns the open connection id of conn's instance other than
 // conn, or nil. It locks the instance.
 func (in *Instance) Sibling(conn *Conn, id ConnID) *Conn {
-	in.lock()
-	defer in.unlock()
+	in.Lock()
+	defer in.Unlock()
 	for _, o := range in.open {
 		if o.id == id && o != conn {
 			return o
@@ -162,8 +160,8 @@ func (ls *Store) Adopt(principal uint32, clientID string, host [16]byte, topic s
 		k.host = host
 	}
 	in := ls.pin(k, now)
-	in.lock()
-	defer in.unlock()
+	in.Lock()
+	defer in.Unlock()
 	defer in.users.Add(-1)
 	b := in.alloc()
 	b.Recs = b.Recs[:0]

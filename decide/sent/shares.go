@@ -158,8 +158,8 @@ func (ls *Store) Instances() []*Instance {
 // then the oldest whose acknowledgement its client may not hold; it
 // returns how many went.
 func (in *Instance) evict(want int64) int64 {
-	in.lock()
-	defer in.unlock()
+	in.Lock()
+	defer in.Unlock()
 	before := in.held.Load()
 	for _, conn := range in.open {
 		if before-in.held.Load() >= want {

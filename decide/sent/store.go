@@ -259,8 +259,8 @@ func (ls *Store) Connect(id ConnID, principal uint32, clientID string, host neti
 		k.host = host.As16()
 	}
 	in := ls.pin(k, now) // the pin is the connection's use, let go when it closes
-	in.lock()
-	defer in.unlock()
+	in.Lock()
+	defer in.Unlock()
 	in.conns++
 	in.lastSeen.Store(now)
 	conn := &Conn{id: id, Principal: principal, Inst: in, Named: named, Restamps: restamps, Open: true}
@@ -370,8 +370,8 @@ func (sh *legacyShard) evictIdle() *Instance {
 
 // clear forgets an evicted instance's batches.
 func (in *Instance) clear() {
-	in.lock()
-	defer in.unlock()
+	in.Lock()
+	defer in.Unlock()
 	for _, b := range in.disowned {
 		b.inDisowned = false
 		in.forget(b)

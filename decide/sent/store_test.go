@@ -17,9 +17,31 @@ func TestEvictionSparesInstancesInUse(t *testing.T) {
 	kept := ls.Connect(1, 7, "kept", host, false, false, now) // seen first, and stays open
 	idle := ls.Connect(2, 7, "idle", host, false, false, now)
 	ls.Close(idle, true, now)
-	for i := range legacyShards*maxInstancesPerShard + 1000 {
+	// New clients into the shards of both until each is past its bound
+	// (only those shards: an eviction scans its shard).
+	shardOf := func(id string) *legacyShard { return ls.shardOf(instKey{principal: 7, id: id}) }
+	added := map[*legacyShard]int{shardOf("kept"): 0, shardOf("idle"): 0}
+	full := func() bool {
+		for _, n := range added {
+			if n <= maxInstancesPerShard {
+				return false
+			}
+		}
+		return true
+	}
+	for i := 0; !full(); i++ {
+		if i == 1<<24 {
+			t.Fatal("no client ids hash into the shards under test")
+		}
+		id := fmt.Sprintf("client %d", i)
+		sh := shardOf(id)
+		n, ok := added[sh]
+		if !ok {
+			continue
+		}
+		added[sh] = n + 1
 		now++
-		c := ls.Connect(ConnID(10+i), 7, fmt.Sprintf("client %d", i), host, false, false, now)
+		c := ls.Connect(ConnID(10+i), 7, id, host, false, false, now)
 		ls.Close(c, true, now)
 	}
 	if again := ls.Connect(3, 7, "kept", host, false, false, now); again.Inst != kept.Inst {
